@@ -1,0 +1,187 @@
+// msrl-lite-convert: ONNX -> MindSpore Lite flatbuffer (.ms) with the converter library of the
+// mindspore-lite 2.0.0 wheel.
+//
+// Why ONNX and not MindIR: MindSpore 2.10 writes MindIR v3, which Lite 2.0.0 refuses (it reads <= v1), and
+// the op signatures changed too. ONNX -> .ms through this converter needs no graph rewriting.
+//
+// The wheel ships no converter.h, so the few members we use are declared by hand below. The library's
+// object layout is unknown to us, hence the constructor runs in generously over-allocated storage and the
+// object is never destroyed (the process exits right after the conversion).
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "include/api/status.h"
+#include "include/api/types.h"
+#include "include/registry/converter_context.h"
+
+namespace mindspore {
+class Converter {
+ public:
+  Converter(converter::FmkType fmk_type, const std::vector<char> &model_file, const std::vector<char> &output_file,
+            const std::vector<char> &weight_file);
+  void SetSaveType(ModelType save_type);
+  void SetWeightFp16(bool weight_fp16);
+  Status Convert();
+};
+}  // namespace mindspore
+
+namespace {
+
+constexpr const char *kProg = "msrl-lite-convert";
+
+[[noreturn]] void Fail(int code, const std::string &msg) {
+  std::fprintf(stderr, "%s: error: %s\n", kProg, msg.c_str());
+  std::exit(code);
+}
+
+std::vector<char> Chars(const std::string &s) { return std::vector<char>(s.begin(), s.end()); }
+
+bool IsFile(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  return f.good();
+}
+
+// Lite logs its reasons through glog, while Convert() only returns a status code (and prints a banner on
+// stdout). We capture stdout+stderr during the conversion and report the first "[ERROR]" line, which names
+// the root cause; the later ones only unwind the call chain.
+class OutputCapture {
+ public:
+  OutputCapture() {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    char tmpl[] = "/tmp/msrl-lite-convert-XXXXXX";
+    fd_ = mkstemp(tmpl);
+    if (fd_ < 0) return;
+    unlink(tmpl);
+    saved_out_ = dup(STDOUT_FILENO);
+    saved_err_ = dup(STDERR_FILENO);
+    dup2(fd_, STDOUT_FILENO);
+    dup2(fd_, STDERR_FILENO);
+  }
+  // Restores stdout/stderr and returns what was written while capturing.
+  std::string Release() {
+    if (fd_ < 0) return "";
+    std::fflush(stdout);
+    std::fflush(stderr);
+    dup2(saved_out_, STDOUT_FILENO);
+    dup2(saved_err_, STDERR_FILENO);
+    close(saved_out_);
+    close(saved_err_);
+    std::string text;
+    char buf[65536];
+    lseek(fd_, 0, SEEK_SET);
+    for (ssize_t n; (n = read(fd_, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+    close(fd_);
+    fd_ = -1;
+    return text;
+  }
+
+ private:
+  int fd_ = -1;
+  int saved_out_ = -1;
+  int saved_err_ = -1;
+};
+
+std::string FirstErrorLine(const std::string &log) {
+  size_t start = 0;
+  while (start < log.size()) {
+    size_t end = log.find('\n', start);
+    if (end == std::string::npos) end = log.size();
+    const std::string line = log.substr(start, end - start);
+    if (line.rfind("[ERROR]", 0) == 0) {
+      // glog prefix: "[ERROR] LITE(pid,...):date [file:line] func] message"; keep the message.
+      const size_t file_end = line.find("] ", line.find(" ["));
+      const size_t func_end = file_end == std::string::npos ? file_end : line.find("] ", file_end + 2);
+      return func_end == std::string::npos ? line : line.substr(func_end + 2);
+    }
+    start = end + 1;
+  }
+  return "";
+}
+
+void Usage() {
+  std::fprintf(stderr,
+               "usage: %s --onnx IN.onnx --out OUT.ms [--fp16] [--verbose]\n"
+               "  --fp16     store float32 weights as float16 in the .ms (inputs/outputs stay float32)\n"
+               "  --verbose  pass the converter's own log through to stderr\n",
+               kProg);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  std::string onnx_path, out_path;
+  bool fp16 = false, verbose = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if ((a == "--onnx" || a == "--out") && i + 1 < argc) {
+      (a == "--onnx" ? onnx_path : out_path) = argv[++i];
+    } else if (a == "--fp16") {
+      fp16 = true;
+    } else if (a == "--verbose") {
+      verbose = true;
+    } else if (a == "-h" || a == "--help") {
+      Usage();
+      return 0;
+    } else {
+      Usage();
+      Fail(2, "unknown or incomplete argument '" + a + "'");
+    }
+  }
+  if (onnx_path.empty() || out_path.empty()) {
+    Usage();
+    Fail(2, "--onnx and --out are required");
+  }
+  if (!IsFile(onnx_path)) Fail(3, "cannot read ONNX model '" + onnx_path + "'");
+  const size_t slash = out_path.rfind('/');
+  const std::string out_dir = slash == std::string::npos ? "." : out_path.substr(0, std::max<size_t>(slash, 1));
+  if (access(out_dir.c_str(), W_OK) != 0) Fail(4, "output directory '" + out_dir + "' is missing or not writable");
+
+  // The converter appends ".ms" to names that lack it, so we convert to a private base name next to the
+  // target, then rename whatever it produced onto the exact --out path (atomic on the same filesystem).
+  const std::string tmp_base = out_path + ".tmp" + std::to_string(getpid());
+  alignas(64) static unsigned char storage[4096];
+  auto *conv = new (storage) mindspore::Converter(mindspore::converter::kFmkTypeOnnx, Chars(onnx_path),
+                                                  Chars(tmp_base), Chars(""));
+  conv->SetSaveType(mindspore::kMindIR_Lite);
+  conv->SetWeightFp16(fp16);
+
+  OutputCapture capture;
+  mindspore::Status status = conv->Convert();
+  const std::string log = capture.Release();
+  if (verbose) std::fputs(log.c_str(), stderr);
+
+  std::string produced;
+  for (const std::string &cand : {tmp_base + ".ms", tmp_base}) {
+    if (IsFile(cand)) {
+      produced = cand;
+      break;
+    }
+  }
+  if (status.IsError() || produced.empty()) {
+    if (!produced.empty()) unlink(produced.c_str());
+    std::string why = FirstErrorLine(log);
+    if (why.empty()) why = "status " + std::to_string(static_cast<int>(status.StatusCode()));
+    Fail(1, "converting '" + onnx_path + "' failed: " + why);
+  }
+  if (std::rename(produced.c_str(), out_path.c_str()) != 0) {
+    unlink(produced.c_str());
+    Fail(4, "cannot write '" + out_path + "': " + std::strerror(errno));
+  }
+  // The converter leaves its output read-only (0400); give it ordinary permissions so reruns and copies work.
+  const mode_t mask = umask(0);
+  umask(mask);
+  chmod(out_path.c_str(), 0644 & ~mask);
+  return 0;
+}

@@ -1,0 +1,47 @@
+"""Closed-form log-probabilities, entropies and noise-driven sampling (no ``nn.probability``).
+
+Sampling takes its randomness as an input so that every runtime reproduces it bit for bit:
+Gumbel-max from uniform noise for Categorical, ``mean + std * eps`` for the diagonal Gaussian.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mindspore import Tensor, mint, ops
+
+LOG_2PI = math.log(2.0 * math.pi)
+# Keep uniform noise away from 0 and 1 so that -log(-log(u)) stays finite in float32.
+UNIFORM_EPS = 1e-7
+
+
+def categorical_log_prob(logits: Tensor, one_hot: Tensor) -> Tensor:
+    return (ops.log_softmax(logits, -1) * one_hot).sum(-1)
+
+
+def categorical_entropy(logits: Tensor) -> Tensor:
+    logp = ops.log_softmax(logits, -1)
+    return -(ops.exp(logp) * logp).sum(-1)
+
+
+def gumbel_argmax(logits: Tensor, uniform: Tensor) -> Tensor:
+    """argmax(logits + Gumbel(u)) is a sample from softmax(logits); returns int32 indices."""
+    u = ops.clamp(uniform, UNIFORM_EPS, 1.0 - UNIFORM_EPS)
+    gumbel = -ops.log(-ops.log(u))
+    # mint.argmax exports to ONNX that onnxruntime loads (ops.argmax does not).
+    return mint.argmax(logits + gumbel, dim=-1).astype("int32")
+
+
+def gaussian_log_prob(mean: Tensor, log_std: Tensor, x: Tensor) -> Tensor:
+    z = (x - mean) * ops.exp(-log_std)
+    return (-0.5 * z * z - log_std - 0.5 * LOG_2PI).sum(-1)
+
+
+def gaussian_entropy(log_std: Tensor) -> Tensor:
+    return (log_std + 0.5 * (1.0 + LOG_2PI)).sum(-1)
+
+
+def gaussian_sample(mean: Tensor, log_std: Tensor, normal: Tensor) -> Tensor:
+    # std broadcast through ``log_std + 0 * mean``: the ``exp(log_std) * ones_like(mean)`` form hung
+    # MindSpore Lite's Predict when std is also a graph output.
+    return mean + ops.exp(log_std + 0.0 * mean) * normal

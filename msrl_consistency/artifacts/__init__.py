@@ -1,0 +1,1 @@
+"""Everything written to disk: checkpoints, run directories, exported graphs, bundle manifests."""

@@ -1,0 +1,56 @@
+"""Policy checkpoints: atomic save, strict load (every Parameter present, same shape, same dtype)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mindspore as ms
+
+from msrl_consistency.agent.policy import ActorCritic
+from msrl_consistency.agent.spec import PolicySpec
+from msrl_consistency.artifacts.files import atomic_path
+from msrl_consistency.errors import UsageError
+
+
+def save_policy(policy: ActorCritic, path: str | Path) -> None:
+    """Write the policy's Parameters (weights, log_std, normalisation stats, action bounds) with a CRC."""
+    with atomic_path(path) as tmp:
+        # save_checkpoint appends ".ckpt" to names without it, so give the temp file that suffix.
+        target = tmp.with_suffix(".ckpt")
+        ms.save_checkpoint(policy, str(target), crc_check=True)
+        target.replace(tmp)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, ms.Parameter]:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"checkpoint not found: {path}")
+    try:
+        return ms.load_checkpoint(str(path), crc_check=True)
+    except (ValueError, RuntimeError, OSError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"checkpoint {path} is corrupt or truncated ({first[:160]})") from None
+
+
+def load_policy(path: str | Path, spec: PolicySpec) -> ActorCritic:
+    """Rebuild the policy from ``spec`` and load ``path`` strictly: no missing, extra or reshaped Parameters."""
+    params = read_checkpoint(path)
+    policy = ActorCritic(spec)
+    expected = {p.name: p for p in policy.get_parameters()}
+    missing = sorted(set(expected) - set(params))
+    extra = sorted(set(params) - set(expected))
+    if missing or extra:
+        raise UsageError(
+            f"checkpoint {path} does not match the policy: missing {missing[:4]}, unexpected {extra[:4]}"
+        )
+    for name, param in expected.items():
+        got = params[name]
+        if tuple(got.shape) != tuple(param.shape) or got.dtype != param.dtype:
+            raise UsageError(
+                f"checkpoint {path}: {name} is {got.dtype}{tuple(got.shape)}, the policy expects "
+                f"{param.dtype}{tuple(param.shape)}"
+            )
+    not_loaded, _ = ms.load_param_into_net(policy, params, strict_load=True)
+    if not_loaded:
+        raise UsageError(f"checkpoint {path}: parameters not loaded: {not_loaded[:4]}")
+    return policy

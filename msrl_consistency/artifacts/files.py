@@ -1,0 +1,60 @@
+"""Atomic writes and hashing: a crash never leaves a half-written artefact behind."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temp path in the same directory; rename it over ``path`` only if the block succeeds."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_atomic(path: str | Path, writer: Callable[[Path], None]) -> None:
+    with atomic_path(path) as tmp:
+        writer(tmp)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    write_atomic(path, lambda tmp: tmp.write_bytes(data))
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    text = json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n"
+    write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def _json_default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

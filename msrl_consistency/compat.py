@@ -1,0 +1,78 @@
+"""The one home of MindSpore version quirks (measured on 2.10; the API moved a lot since 2.3).
+
+Everything else imports MindSpore settings through these helpers, so a new MindSpore release
+means editing this file only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+# Silence WARNING-level glog lines (e.g. nn.Adam's FusedSparseAdam deprecation) before the import.
+os.environ.setdefault("GLOG_v", "3")
+
+import mindspore as ms  # noqa: E402
+
+DEVICES = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
+_configured: dict[str, object] = {}
+
+
+def mindspore_version() -> str:
+    return ms.__version__
+
+
+def set_device(device: str = "cpu", device_id: int = 0) -> None:
+    """Select the device once per process (``ms.set_device``; ``set_context(device_target=)`` is deprecated).
+
+    Raises ``ValueError`` with a readable reason when the device is not available here.
+    """
+    key = device.lower()
+    if key not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    target = DEVICES[key]
+    if _configured.get("device") == (target, device_id):
+        return
+    if "device" in _configured:
+        raise ValueError(f"device already set to {_configured['device']}; one device per process")
+    if not ms.hal.is_available(target):
+        raise ValueError(
+            f"device {device!r} is not available in this MindSpore build ({mindspore_version()}); "
+            "install the matching MindSpore package or use --device cpu"
+        )
+    ms.set_device(target, device_id)
+    _configured["device"] = (target, device_id)
+
+
+def set_threads(num_threads: int) -> None:
+    """Pin CPU op threads; MindSpore lets this be set only once per process, so later calls are ignored."""
+    if "threads" in _configured or num_threads <= 0:
+        return
+    ms.device_context.cpu.op_tuning.threads_num(num_threads)
+    _configured["threads"] = num_threads
+
+
+def use_graph_mode() -> None:
+    """Compile Cells (GRAPH_MODE): measured ~10x faster than a jit function holding the optimizer."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def use_pynative_mode() -> None:
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+@contextlib.contextmanager
+def execution_mode(graph: bool) -> Iterator[None]:
+    """Temporarily switch between GRAPH_MODE and PYNATIVE_MODE (the mode is process-global)."""
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE if graph else ms.PYNATIVE_MODE)
+    try:
+        yield
+    finally:
+        ms.set_context(mode=previous)
+
+
+def set_seed(seed: int) -> None:
+    """Seed MindSpore's global RNG: used only by weight initialisers (all sampling noise comes from the host)."""
+    ms.set_seed(seed)

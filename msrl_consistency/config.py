@@ -1,0 +1,248 @@
+"""Training configuration: one dataclass, a docstring per field, every field a CLI flag.
+
+Precedence (lowest first): dataclass defaults → the env's preset (``presets/<env-id>.toml``) →
+``--config FILE.toml`` → explicit command-line flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import textwrap
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from msrl_consistency.errors import UsageError
+
+PRESET_DIR = Path(__file__).with_name("presets")
+
+
+@dataclass
+class TrainConfig:
+    env_id: str = "CartPole-v1"
+    """Gymnasium environment id (Box observations; Discrete or Box actions)."""
+    total_steps: int = 50_000
+    """Total environment steps over all vector envs."""
+    seed: int = 1
+    """Master seed: env resets, weight init, sampling noise and minibatch shuffles derive from it."""
+    run_dir: str = ""
+    """Output directory; default runs/<env-id>-s<seed>."""
+    resume: str = ""
+    """Continue the run in this directory from its last checkpoint."""
+    device: str = "cpu"
+    """MindSpore device: cpu, gpu or ascend."""
+    threads: int = 1
+    """CPU op threads for MindSpore (1 is fastest for small MLPs and keeps results bitwise reproducible)."""
+    num_envs: int = 8
+    """Number of parallel environments."""
+    async_envs: bool = False
+    """Use gymnasium AsyncVectorEnv (subprocesses) instead of SyncVectorEnv."""
+    num_steps: int = 128
+    """Rollout length per env per iteration."""
+    learning_rate: float = 2.5e-4
+    """Adam learning rate."""
+    anneal_lr: bool = True
+    """Linearly anneal the learning rate to zero over the run."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    num_minibatches: int = 4
+    """Minibatches per epoch; must divide num_envs * num_steps."""
+    update_epochs: int = 4
+    """PPO epochs per iteration."""
+    norm_adv: bool = True
+    """Normalise advantages per minibatch."""
+    clip_coef: float = 0.2
+    """Surrogate clipping coefficient."""
+    clip_vloss: bool = True
+    """Clip the value loss like the policy ratio."""
+    ent_coef: float = 0.01
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    """Widths of the actor and critic MLP trunks, e.g. 256,256,128."""
+    activation: str = "tanh"
+    """Trunk activation: tanh or relu."""
+    normalize_obs: bool = True
+    """Normalise observations in-graph with running statistics (frozen in the checkpoint)."""
+    clip_obs: float = 10.0
+    """Clip normalised observations to [-clip_obs, clip_obs]."""
+    action_postprocess: str = "clip"
+    """Box actions: 'clip' to [-1, 1] or 'tanh' squash, then rescale to the env bounds."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian head."""
+    reward_scale: float = 1.0
+    """Multiply rewards by this before GAE (training signal only; returns are reported unscaled)."""
+    checkpoint_every: int = 10
+    """Write a checkpoint every N iterations (and always at the end)."""
+    eval_episodes: int = 10
+    """Deterministic evaluation episodes at the end of training."""
+    progress: bool = True
+    """Show a progress bar with live return and SPS."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        return max(1, self.total_steps // self.batch_size)
+
+    def validate(self) -> None:
+        """Reject inconsistent settings before anything is written."""
+        positive = ("total_steps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "checkpoint_every")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.batch_size % self.num_minibatches:
+            raise UsageError(
+                f"--num-minibatches {self.num_minibatches} does not divide the batch "
+                f"(num_envs {self.num_envs} x num_steps {self.num_steps} = {self.batch_size})"
+            )
+        if self.activation not in ("tanh", "relu"):
+            raise UsageError(f"--activation must be tanh or relu, got {self.activation!r}")
+        if self.action_postprocess not in ("clip", "tanh"):
+            raise UsageError(f"--action-postprocess must be clip or tanh, got {self.action_postprocess!r}")
+        if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
+            raise UsageError(f"--hidden-sizes must be positive widths, got {self.hidden_sizes}")
+        if self.device.lower() not in ("cpu", "gpu", "ascend"):
+            raise UsageError(f"--device must be cpu, gpu or ascend, got {self.device!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Read the attribute docstrings (the string literal after each field) from the class source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = nxt.value.value.strip()
+    return docs
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _parse_int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace("x", ",").split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def build_parser(prog: str = "python -m msrl_consistency.train") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Train a PPO policy with MindSpore; preprocessing and sampling live inside the graph.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--config", default="", help="TOML file with any of the fields below")
+    docs = field_docs(TrainConfig)
+    hints = typing.get_type_hints(TrainConfig)
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        hint = hints[f.name]
+        kind: Any = {bool: _parse_bool, int: int, float: float, str: str}.get(hint, _parse_int_list)
+        parser.add_argument(
+            f"--{_flag(f.name)}",
+            dest=f.name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            metavar="BOOL" if hint is bool else None,
+            help=f"{docs.get(f.name, '')} (default: {getattr(defaults, f.name)})",
+        )
+    return parser
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
+    data = {k.replace("-", "_"): v for k, v in data.items()}
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UsageError(f"config file {path}: unknown field(s) {', '.join(unknown)}")
+    return data
+
+
+def preset_path(env_id: str) -> Path:
+    return PRESET_DIR / f"{env_id}.toml"
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def from_dict(values: dict[str, Any]) -> TrainConfig:
+    """Build a config from a plain dict (run.json, TOML), checking field types."""
+    cfg = TrainConfig()
+    hints = typing.get_type_hints(TrainConfig)
+    for key, value in values.items():
+        if key not in hints:
+            raise UsageError(f"unknown config field {key!r}")
+        expected = hints[key]
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        ok = isinstance(value, list) if expected == list[int] else isinstance(value, expected)
+        if expected is int and isinstance(value, bool):
+            ok = False
+        if not ok:
+            raise UsageError(f"config field {key!r} expects {getattr(expected, '__name__', expected)}, got {value!r}")
+        setattr(cfg, key, value)
+    return cfg
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Merge defaults, the env preset, ``--config`` and flags into a validated config."""
+    args = vars(build_parser().parse_args(argv))
+    config_file = args.pop("config", "")
+    file_values = load_toml(config_file) if config_file else {}
+    env_id = args.get("env_id", file_values.get("env_id", TrainConfig.env_id))
+    values: dict[str, Any] = {}
+    if preset_path(env_id).exists():
+        values.update(load_toml(preset_path(env_id)))
+    values.update(file_values)
+    values.update(args)
+    cfg = from_dict(values)
+    if not cfg.run_dir and not cfg.resume:
+        cfg.run_dir = f"runs/{cfg.env_id}-s{cfg.seed}"
+    cfg.validate()
+    return cfg

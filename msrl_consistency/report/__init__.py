@@ -1,0 +1,1 @@
+"""Human- and machine-readable results: console tables, JSON/Markdown/JUnit reports, plots."""
