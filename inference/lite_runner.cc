@@ -5,6 +5,7 @@
 // loaded into one process, and a Lite graph can hang inside Predict; a child process can be timed out and
 // killed. Protocol (little-endian) and handshake are documented in inference/lite_client.py.
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -271,7 +272,8 @@ int g_proto_out = STDOUT_FILENO;
                      "}\n";
   WriteAll(g_proto_out, line.data(), line.size());
   std::fprintf(stderr, "msrl-lite-runner: %s error: %s\n", kind, OneLine(msg).c_str());
-  std::exit(code);
+  std::fflush(stderr);
+  _exit(code);  // skip the Lite libraries' static teardown after a half-built model
 }
 
 std::string LiteVersion() {
@@ -380,11 +382,14 @@ std::unique_ptr<mindspore::Model> Load(const Args &a) {
                       "; use the .ms from the bundle");
   }
   if (a.device != "cpu") {
-    // The usual cause is a backend plugin whose dependencies (the CANN runtime) are not installed; Lite
-    // only logs that dlopen detail as a warning.
-    static const std::regex kDlopen(R"(dlopen (\S+) failed, error: ([^\n]*))");
+    // The usual cause is a backend plugin whose dependencies (the CANN runtime) are missing. Lite logs that
+    // only as a warning, which GLOG_v=3 hides, so ask the dynamic loader directly.
     std::string detail;
-    if (std::regex_search(log, m, kDlopen)) detail = " (" + m[2].str() + "; is the Ascend CANN runtime installed?)";
+    if (void *h = dlopen("libascend_kernel_plugin_python.so", RTLD_NOW | RTLD_LOCAL)) {
+      dlclose(h);
+    } else if (const char *e = dlerror()) {
+      detail = std::string(" (") + e + "; is the Ascend CANN runtime installed?)";
+    }
     FailHandshake(kExitDevice, "device",
                   "device " + a.device + ":" + std::to_string(a.device_id) + " unavailable: " + why + detail);
   }
@@ -491,26 +496,27 @@ class Server {
     }
     for (uint32_t i = 0; i < n; ++i) {
       const Feed &f = feeds_[i];
-      const std::string who = "input " + std::to_string(i) + " '" + inputs_[i].Name() + "': ";
+      const auto who = [&] { return "input " + std::to_string(i) + " '" + inputs_[i].Name() + "': "; };
       const int want = DtypeCode(inputs_[i].DataType());
       if (f.dtype != static_cast<uint32_t>(want)) {
-        return who + "dtype code " + std::to_string(f.dtype) + " != expected " + kDtypes[want].name;
+        return who() + "dtype code " + std::to_string(f.dtype) + " != expected " + kDtypes[want].name;
       }
       const auto &decl = declared_[i];
       if (!decl.empty() && f.dims.size() != decl.size()) {
-        return who + "rank " + std::to_string(f.dims.size()) + " != expected " + std::to_string(decl.size());
+        return who() + "rank " + std::to_string(f.dims.size()) + " != expected " + std::to_string(decl.size());
       }
       uint64_t elems = 1;
       for (size_t d = 0; d < f.dims.size(); ++d) {
-        if (f.dims[d] < 0) return who + "negative dimension";
+        if (f.dims[d] < 0) return who() + "negative dimension";
         if (!decl.empty() && decl[d] >= 0 && decl[d] != f.dims[d]) {
-          return who + "dim " + std::to_string(d) + " is " + std::to_string(f.dims[d]) + ", model needs " +
+          return who() + "dim " + std::to_string(d) + " is " + std::to_string(f.dims[d]) + ", model needs " +
                  std::to_string(decl[d]);
         }
         elems *= static_cast<uint64_t>(f.dims[d]);
       }
       if (f.nbytes != elems * kDtypes[want].itemsize) {
-        return who + "nbytes " + std::to_string(f.nbytes) + " != " + std::to_string(elems * kDtypes[want].itemsize);
+        return who() + "nbytes " + std::to_string(f.nbytes) + " != " +
+               std::to_string(elems * kDtypes[want].itemsize);
       }
     }
     return "";

@@ -32,15 +32,15 @@ def set_device(device: str = "cpu", device_id: int = 0) -> None:
     if key not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     target = DEVICES[key]
-    if _configured.get("device") == (target, device_id):
-        return
-    if "device" in _configured:
-        raise ValueError(f"device already set to {_configured['device']}; one device per process")
     if not ms.hal.is_available(target):
         raise ValueError(
             f"device {device!r} is not available in this MindSpore build ({mindspore_version()}); "
             "install the matching MindSpore package or use --device cpu"
         )
+    if _configured.get("device") == (target, device_id):
+        return
+    if "device" in _configured:
+        raise ValueError(f"device already set to {_configured['device']}; one device per process")
     ms.set_device(target, device_id)
     _configured["device"] = (target, device_id)
 

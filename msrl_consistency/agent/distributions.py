@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from mindspore import Tensor, mint, ops
+from mindspore import Tensor, ops
 
 LOG_2PI = math.log(2.0 * math.pi)
 # Keep uniform noise away from 0 and 1 so that -log(-log(u)) stays finite in float32.
@@ -28,8 +28,12 @@ def gumbel_argmax(logits: Tensor, uniform: Tensor) -> Tensor:
     """argmax(logits + Gumbel(u)) is a sample from softmax(logits); returns int32 indices."""
     u = ops.clamp(uniform, UNIFORM_EPS, 1.0 - UNIFORM_EPS)
     gumbel = -ops.log(-ops.log(u))
-    # mint.argmax exports to ONNX that onnxruntime loads (ops.argmax does not).
-    return mint.argmax(logits + gumbel, dim=-1).astype("int32")
+    return argmax_int32(logits + gumbel)
+
+
+def argmax_int32(x: Tensor) -> Tensor:
+    """Last-axis argmax as int32 (what Lite returns). ``mint.argmax`` has no PyNative CPU kernel in 2.10."""
+    return ops.argmax(x, dim=-1).astype("int32")
 
 
 def gaussian_log_prob(mean: Tensor, log_std: Tensor, x: Tensor) -> Tensor:

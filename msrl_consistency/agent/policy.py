@@ -11,7 +11,7 @@ One policy, several heads, all sharing the same pre/post-processing:
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Parameter, Tensor, mint, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 from msrl_consistency.agent import distributions as D
 from msrl_consistency.agent.networks import MLP
@@ -71,7 +71,7 @@ class ActorCritic(nn.Cell):
         """(env action, logits or mean): argmax for discrete, the post-processed mean for box."""
         param = self.dist_param(obs)
         if self.discrete:
-            return mint.argmax(param, dim=-1).astype("int32"), param
+            return D.argmax_int32(param), param
         return self.postprocess(param), param
 
 

@@ -14,11 +14,17 @@ from msrl_consistency.errors import UsageError
 
 def save_policy(policy: ActorCritic, path: str | Path) -> None:
     """Write the policy's Parameters (weights, log_std, normalisation stats, action bounds) with a CRC."""
+    # Names relative to the policy: a Parameter's own ``.name`` depends on which Cell wrapped it first.
+    entries = [{"name": name, "data": param.value()} for name, param in policy_parameters(policy).items()]
     with atomic_path(path) as tmp:
         # save_checkpoint appends ".ckpt" to names without it, so give the temp file that suffix.
         target = tmp.with_suffix(".ckpt")
-        ms.save_checkpoint(policy, str(target), crc_check=True)
+        ms.save_checkpoint(entries, str(target), crc_check=True)
         target.replace(tmp)
+
+
+def policy_parameters(policy: ActorCritic) -> dict[str, ms.Parameter]:
+    return dict(policy.parameters_and_names())
 
 
 def read_checkpoint(path: str | Path) -> dict[str, ms.Parameter]:
@@ -36,7 +42,7 @@ def load_policy(path: str | Path, spec: PolicySpec) -> ActorCritic:
     """Rebuild the policy from ``spec`` and load ``path`` strictly: no missing, extra or reshaped Parameters."""
     params = read_checkpoint(path)
     policy = ActorCritic(spec)
-    expected = {p.name: p for p in policy.get_parameters()}
+    expected = policy_parameters(policy)
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:
@@ -50,7 +56,6 @@ def load_policy(path: str | Path, spec: PolicySpec) -> ActorCritic:
                 f"checkpoint {path}: {name} is {got.dtype}{tuple(got.shape)}, the policy expects "
                 f"{param.dtype}{tuple(param.shape)}"
             )
-    not_loaded, _ = ms.load_param_into_net(policy, params, strict_load=True)
-    if not_loaded:
-        raise UsageError(f"checkpoint {path}: parameters not loaded: {not_loaded[:4]}")
+    for name, param in expected.items():
+        param.set_data(params[name].value())
     return policy

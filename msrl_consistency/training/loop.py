@@ -162,10 +162,12 @@ class Trainer:
         stats["explained_variance"] = float("nan") if var_ret == 0 else 1.0 - float(np.var(returns - values)) / var_ret
         return stats
 
-    def run(self, progress: Any = None) -> None:
+    def run(self, progress: Any = None, stop_at: int | None = None) -> None:
+        """Train to the end of the run, or only up to iteration ``stop_at`` (to resume later)."""
         cfg = self.cfg
         start_time, start_step = time.perf_counter(), self.global_step
-        while self.iteration < cfg.num_iterations:
+        last = cfg.num_iterations if stop_at is None else min(stop_at, cfg.num_iterations)
+        while self.iteration < last:
             lr = cfg.learning_rate * (1.0 - self.iteration / cfg.num_iterations if cfg.anneal_lr else 1.0)
             self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
             buf = self.collect()

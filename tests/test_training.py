@@ -1,0 +1,114 @@
+"""Training reliability on tiny budgets: determinism, exact resume, truncation bootstrap, run dir contents."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from msrl_consistency.artifacts import run_dir as rd
+from msrl_consistency.artifacts.checkpoint import load_policy, read_checkpoint
+from msrl_consistency.config import TrainConfig
+from msrl_consistency.training.loop import Trainer
+
+TINY = dict(num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2, checkpoint_every=2, progress=False)
+TIMING_COLUMNS = {"sps", "wall_time"}
+
+
+def tiny_config(**overrides) -> TrainConfig:
+    values = {"env_id": "CartPole-v1", "total_steps": 128, "eval_episodes": 0, **TINY, **overrides}
+    return TrainConfig(**values)
+
+
+def train(cfg: TrainConfig, run_dir: Path, stop_at: int | None = None, state=None) -> Trainer:
+    if state is None:
+        rd.prepare_new_run_dir(run_dir)
+    trainer = Trainer(cfg, run_dir, state)
+    try:
+        if state is None:
+            trainer.checkpoint()
+        trainer.run(stop_at=stop_at)
+        if stop_at is None:
+            trainer.checkpoint()
+    finally:
+        trainer.close()
+    return trainer
+
+
+def metrics_without_timing(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / rd.METRICS_CSV, newline="") as fh:
+        return [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in csv.DictReader(fh)]
+
+
+def weights(run_dir: Path) -> dict[str, np.ndarray]:
+    return {k: v.asnumpy() for k, v in read_checkpoint(run_dir / rd.CHECKPOINT).items()}
+
+
+def assert_same_weights(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_same_seed_gives_bitwise_identical_metrics_and_weights(tmp_path, env_id):
+    cfg = tiny_config(env_id=env_id)
+    train(cfg, tmp_path / "a")
+    train(cfg, tmp_path / "b")
+    assert metrics_without_timing(tmp_path / "a") == metrics_without_timing(tmp_path / "b")
+    assert_same_weights(weights(tmp_path / "a"), weights(tmp_path / "b"))
+    other = tiny_config(env_id=env_id, seed=2)
+    train(other, tmp_path / "c")
+    assert metrics_without_timing(tmp_path / "a") != metrics_without_timing(tmp_path / "c")
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    cfg = tiny_config(total_steps=192)  # 6 iterations, checkpoints every 2
+    train(cfg, tmp_path / "full")
+    train(cfg, tmp_path / "cut", stop_at=3)  # "crashes" after iteration 3; last checkpoint at 2
+    state = rd.load_resume_state(tmp_path / "cut" / rd.RESUME_STATE)
+    assert state["iteration"] == 2
+    resumed = train(cfg, tmp_path / "cut", state=state)
+    assert resumed.resume_exact
+    assert metrics_without_timing(tmp_path / "full") == metrics_without_timing(tmp_path / "cut")
+    assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
+
+
+def test_run_dir_contents_and_strict_reload(tmp_path):
+    cfg = tiny_config(env_id="Pendulum-v1", eval_episodes=0)
+    trainer = train(cfg, tmp_path / "run")
+    info = json.loads((tmp_path / "run" / rd.RUN_JSON).read_text())
+    assert info["env_id"] == "Pendulum-v1" and info["global_step"] == 128
+    assert info["policy_spec"]["action_kind"] == "box" and info["policy_spec"]["action_high"] == [2.0]
+    assert set(info["versions"]) >= {"python", "mindspore", "gymnasium", "numpy"}
+    assert info["normalization"]["count"] > 128
+    policy = load_policy(tmp_path / "run" / rd.CHECKPOINT, trainer.spec)
+    # The frozen statistics in the checkpoint are exactly the ones in run.json (as float32).
+    np.testing.assert_array_equal(policy.normalizer.mean.asnumpy(), np.float32(info["normalization"]["mean"]))
+    header = (tmp_path / "run" / rd.METRICS_CSV).read_text().splitlines()[0].split(",")
+    for column in ("return_mean", "approx_kl", "clipfrac", "explained_variance", "sps", "entropy"):
+        assert column in header
+
+
+def test_truncated_steps_bootstrap_the_final_value(tmp_path):
+    # Chain of length 100 truncated by TimeLimit at 50 steps: rewards at t=49 carry gamma * V(final obs).
+    cfg = tiny_config(env_id="msrl/Chain-v0", num_envs=1, num_steps=50, num_minibatches=1, total_steps=50)
+    rd.prepare_new_run_dir(tmp_path / "run")
+    trainer = Trainer(cfg, tmp_path / "run")
+    import gymnasium as gym
+
+    trainer.envs.close()
+    trainer.envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("msrl/Chain-v0", length=100)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    trainer.obs, _ = trainer.envs.reset(seed=0)
+    buf = trainer.collect()
+    trainer.close()
+    final_value = trainer.policy.value(Tensor(np.array([[50.0, 1.0]], np.float32))).asnumpy()[0]
+    assert buf["dones"][49, 0] and not buf["dones"][:49].any()
+    assert buf["rewards"][49, 0] == pytest.approx(1.0 + cfg.gamma * final_value, rel=1e-5)
+    np.testing.assert_array_equal(buf["rewards"][:49, 0], 1.0)
