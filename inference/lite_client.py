@@ -20,6 +20,7 @@ Protocol (all integers little-endian), over the runner's stdin/stdout:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -29,7 +30,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -114,6 +115,12 @@ _KIND_ERRORS: dict[str, type[LiteRunnerError]] = {
 }
 
 
+_STATUS_ERRORS: dict[int, type[LiteRunnerError]] = {
+    STATUS_BAD_REQUEST: FeedError,
+    STATUS_INFER_FAILED: InferenceError,
+}
+
+
 class TensorMeta(NamedTuple):
     """A model input or output as Lite reports it; ``-1`` marks a dynamic dimension."""
 
@@ -165,7 +172,8 @@ class LiteRunner:
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = bytearray()  # bytes received from the runner; self._pos is the parse position
         self._pos = 0
-        self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="msrl-lite-runner-", suffix=".log")
+        # A file, not a pipe: the runner can never block on a full stderr pipe nobody drains. Closed in close().
+        self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="msrl-lite-runner-")  # noqa: SIM115
         exe = Path(runner) if runner is not None else runner_path()
         if not (exe.is_file() and os.access(exe, os.X_OK)):
             self._stderr.close()
@@ -243,10 +251,8 @@ class LiteRunner:
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(OSError):
                     os.write(self._in, _QUIT)
-                except OSError:
-                    pass
                 try:
                     proc.wait(timeout=2.0)
                 except subprocess.TimeoutExpired:
@@ -264,9 +270,9 @@ class LiteRunner:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        try:  # noqa: SIM105 - plain try: at interpreter shutdown even contextlib may be gone
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn down modules already
+        except Exception:
             pass
 
     @property
@@ -277,7 +283,7 @@ class LiteRunner:
     # ---- internals ----------------------------------------------------------------------------------
 
     @staticmethod
-    def _meta(t: dict) -> TensorMeta:
+    def _meta(t: dict[str, Any]) -> TensorMeta:
         return TensorMeta(t["name"], _DTYPE_BY_NAME[t["dtype"]], tuple(int(d) for d in t["shape"]))
 
     @staticmethod
@@ -298,7 +304,8 @@ class LiteRunner:
             raise LiteRunnerError("runner is closed")
         return self._proc
 
-    def _handshake(self, load_timeout: float) -> dict:
+    def _handshake(self, load_timeout: float) -> dict[str, Any]:
+        """Reads the runner's one-line JSON greeting; a refusal becomes the matching exception."""
         deadline = time.monotonic() + load_timeout
         try:
             while b"\n" not in self._buf:
@@ -347,7 +354,10 @@ class LiteRunner:
         (msg_len,) = _U32.unpack_from(self._buf, self._need(4, deadline))
         off = self._need(msg_len, deadline)
         msg = self._buf[off:off + msg_len].decode(errors="replace")
-        raise (FeedError if status == STATUS_BAD_REQUEST else InferenceError)(f"runner: {msg}")
+        error = _STATUS_ERRORS.get(status)
+        if error is None:
+            self._crashed(f"unknown response status {status}: {msg}")
+        raise error(f"runner: {msg}")
 
     def _need(self, n: int, deadline: float) -> int:
         """Makes n unread bytes available in the buffer; returns their offset and consumes them."""
@@ -371,17 +381,14 @@ class LiteRunner:
             self._crashed()
         self._buf += data
 
-    def _crashed(self, why: str = "") -> None:
+    def _crashed(self, why: str = "") -> NoReturn:
         proc = self._alive()
         try:
             code = proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             self._kill(proc)
             code = proc.returncode
-        if code is not None and code < 0:
-            how = f"killed by {signal.Signals(-code).name}"
-        else:
-            how = f"exited with code {code}"
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
         tail = self._stderr_tail()
         self.close()
         raise RunnerCrashed(f"runner (pid {proc.pid}) {how}{': ' + why if why else ''}"
@@ -398,8 +405,6 @@ class LiteRunner:
 
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()

@@ -40,8 +40,14 @@ constexpr uint32_t kOk = 0, kBadRequest = 1, kInferFailed = 2;
 constexpr uint32_t kMaxInputs = 1024, kMaxRank = 32;
 
 // Exit codes of the handshake failure kinds (also sent as "kind" in the JSON line).
-enum Exit : int { kExitArgs = 2, kExitMissing = 3, kExitLoad = 4, kExitMindIR = 5, kExitDevice = 6,
-                  kExitProtocol = 7 };
+enum Exit : int {
+  kExitArgs = 2,
+  kExitMissing = 3,
+  kExitLoad = 4,
+  kExitMindIR = 5,
+  kExitDevice = 6,
+  kExitProtocol = 7,  // the request stream became unreadable; exits after one error frame
+};
 
 struct DtypeInfo {
   DataType lite;
@@ -576,6 +582,13 @@ class Server {
 }  // namespace
 
 int main(int argc, char **argv) {
+  // Load failures are classified from Lite's ERROR log lines, so GLOG_v must not silence them. Lite reads
+  // GLOG_v during static initialisation, hence the re-exec instead of a plain setenv.
+  if (const char *v = std::getenv("GLOG_v"); v != nullptr && std::atoi(v) > 3) {
+    setenv("GLOG_v", "3", 1);
+    execv("/proc/self/exe", argv);
+  }
+
   // stdout is the protocol channel: keep a private handle to it and point fd 1 at stderr, so any printf or
   // log line from the libraries lands in the diagnostics stream instead of corrupting frames.
   std::fflush(stdout);

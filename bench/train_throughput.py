@@ -1,0 +1,343 @@
+"""Training throughput and sample efficiency: our MindSpore PPO vs a lean PyTorch PPO vs Stable-Baselines3.
+
+Every (env, seed, framework) run is its own subprocess, run one after another: the frameworks never share
+a process (thread pools, MindSpore's global context) and the machine only carries one heavy job. Ours is
+the real CLI, so its total time includes MindSpore import and graph compile; its SPS is the steady state
+read from metrics.csv (after the first iteration, which holds the compile).
+
+    .venv/bin/python bench/train_throughput.py --envs CartPole-v1 --seeds 1,2,3 --frameworks ours,torch,sb3
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from msrl_consistency.config import load_toml, preset_path  # noqa: E402  (no MindSpore import here)
+
+# "Solved" levels for the training curve: the moving average of the last WINDOW episodes must stay at or above.
+THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0, "BipedalWalker-v3": 300.0, "Hopper-v5": 3000.0}
+WINDOW = 10
+# rl-zoo3's tuned PPO settings (hyperparams/ppo.yml); Pendulum without gSDE so all three use a plain Gaussian.
+SB3_ZOO: dict[str, dict[str, Any]] = {
+    "CartPole-v1": dict(n_envs=8, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                        ent_coef=0.0, learning_rate="lin_1e-3", clip_range="lin_0.2"),
+    "Pendulum-v1": dict(n_envs=4, n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0,
+                        learning_rate=1e-3, clip_range=0.2),
+}  # fmt: skip
+
+
+def preset(env_id: str) -> dict[str, Any]:
+    path = preset_path(env_id)
+    return load_toml(path) if path.exists() else {"env_id": env_id}
+
+
+def steps_to_threshold(episodes: list[tuple[int, float]], threshold: float, window: int = WINDOW) -> int | None:
+    """Env step of the first episode from which the moving average never drops below ``threshold`` again."""
+    if not episodes:
+        return None
+    returns = np.array([r for _, r in episodes])
+    moving = np.array([returns[max(0, i - window + 1) : i + 1].mean() for i in range(len(returns))])
+    below = np.flatnonzero(moving < threshold)
+    if len(below) == 0:
+        return int(episodes[0][0])
+    if below[-1] == len(returns) - 1:
+        return None
+    return int(episodes[below[-1] + 1][0])
+
+
+# -- workers (run in their own process) ----------------------------------------------------------------
+def sb3_hparams(env_id: str) -> dict[str, Any]:
+    """rl-zoo3 settings where known, else our preset translated to SB3 names."""
+    if env_id in SB3_ZOO:
+        return dict(SB3_ZOO[env_id])
+    p = preset(env_id)
+    n_envs, n_steps = p.get("num_envs", 8), p.get("num_steps", 128)
+    return dict(
+        n_envs=n_envs,
+        n_steps=n_steps,
+        batch_size=n_envs * n_steps // p.get("num_minibatches", 4),
+        n_epochs=p.get("update_epochs", 4),
+        gamma=p.get("gamma", 0.99),
+        gae_lambda=p.get("gae_lambda", 0.95),
+        ent_coef=p.get("ent_coef", 0.01),
+        learning_rate=f"lin_{p.get('learning_rate', 2.5e-4)}",
+    )
+
+
+def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int) -> dict[str, Any]:
+    import gymnasium as gym
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.set_num_threads(1)
+    hp = sb3_hparams(env_id)
+    for key in ("learning_rate", "clip_range"):
+        if isinstance(hp.get(key), str):
+            initial = float(hp[key][4:])
+            hp[key] = lambda progress, v=initial: progress * v  # progress_remaining goes 1 → 0
+    n_envs = hp.pop("n_envs")
+
+    class Recorder(BaseCallback):
+        """Episode returns from the Monitor wrapper, and when the first rollout ended (for steady SPS)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.episodes: list[tuple[int, float]] = []
+            self.first_rollout: tuple[int, float] | None = None
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.episodes.append((self.num_timesteps, float(info["episode"]["r"])))
+            return True
+
+        def _on_rollout_start(self) -> None:
+            if self.first_rollout is None and self.num_timesteps > 0:
+                self.first_rollout = (self.num_timesteps, time.perf_counter())
+
+    envs = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    model = PPO("MlpPolicy", envs, seed=seed, device="cpu", verbose=0, **hp)
+    rec = Recorder()
+    start = time.perf_counter()
+    model.learn(total_timesteps=steps, callback=rec)
+    end = time.perf_counter()
+    done_steps = int(model.num_timesteps)
+    steady = done_steps / (end - start)
+    if rec.first_rollout is not None and rec.first_rollout[0] < done_steps:
+        steady = (done_steps - rec.first_rollout[0]) / (end - rec.first_rollout[1])
+    returns = []
+    for k in range(eval_episodes):
+        env = gym.make(env_id)
+        obs, _ = env.reset(seed=seed + 10_000 + k)
+        total, done = 0.0, False
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    return {
+        "wall_time": end - start,
+        "sps": done_steps / (end - start),
+        "sps_steady": steady,
+        "global_step": done_steps,
+        "episodes": rec.episodes,
+        "eval_returns": returns,
+        "hparams": sb3_hparams(env_id),
+    }
+
+
+def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, out: Path) -> None:
+    if framework == "torch":
+        import torch_ppo
+
+        hp = {k: v for k, v in preset(env_id).items() if k not in torch_ppo.IGNORED_KEYS}
+        result = torch_ppo.train(env_id, steps, seed, eval_episodes=eval_episodes, **hp)
+        result["hparams"] = hp
+    else:
+        result = run_sb3(env_id, steps, seed, eval_episodes)
+    out.write_text(json.dumps(result))
+
+
+# -- driver ---------------------------------------------------------------------------------------------
+def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, run_dir: Path) -> dict[str, Any]:
+    """The training CLI as a user runs it; timings are taken from its metrics.csv and the process clock."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "msrl_consistency.train",
+        "--env-id",
+        env_id,
+        "--run-dir",
+        str(run_dir),
+        "--total-steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--progress",
+        "false",
+        "--eval-episodes",
+        str(eval_episodes),
+    ]
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    total = time.perf_counter() - start
+    with open(run_dir / "metrics.csv", newline="") as fh:
+        rows = [(int(r["global_step"]), float(r["wall_time"])) for r in csv.DictReader(fh)]
+    with open(run_dir / "episodes.csv", newline="") as fh:
+        episodes = [(int(r["global_step"]), float(r["return"])) for r in csv.DictReader(fh)]
+    info = json.loads((run_dir / "run.json").read_text())
+    (step0, t0), (step1, t1) = rows[0], rows[-1]
+    steady = (step1 - step0) / (t1 - t0) if len(rows) > 1 else step1 / t1
+    return {
+        "wall_time": t1,
+        "sps": step1 / t1,
+        "sps_steady": steady,
+        "global_step": step1,
+        "episodes": episodes,
+        "eval_returns": info["eval"]["returns"] if info.get("eval") else [],
+        "total_time": total,
+        "compile_time": t0 - (step0 / steady),
+        "hparams": info["config"],
+    }
+
+
+def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, out_dir: Path) -> dict[str, Any]:
+    run_dir = out_dir / "runs" / f"{framework}-{env_id}-s{seed}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    if framework == "ours":
+        result = run_ours(env_id, steps, seed, eval_episodes, run_dir)
+    else:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            framework,
+            "--envs",
+            env_id,
+            "--steps",
+            str(steps),
+            "--seeds",
+            str(seed),
+            "--eval-episodes",
+            str(eval_episodes),
+            "--out",
+            str(run_dir / "result.json"),
+        ]
+        start = time.perf_counter()
+        subprocess.run(cmd, cwd=REPO, check=True)
+        total = time.perf_counter() - start
+        result = json.loads((run_dir / "result.json").read_text())
+        result["total_time"] = total
+    result.update(framework=framework, env_id=env_id, seed=seed)
+    result["steps_to_threshold"] = steps_to_threshold(result["episodes"], THRESHOLDS.get(env_id, float("inf")))
+    result["eval_mean"] = float(np.mean(result["eval_returns"])) if result["eval_returns"] else None
+    return result
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def tables(results: list[dict[str, Any]]) -> str:
+    """Per-run table, then one summary row per (env, framework); SPS ratios are against the torch run."""
+    torch_sps = {(r["env_id"], r["seed"]): r["sps_steady"] for r in results if r["framework"] == "torch"}
+    torch_mean = {env: float(np.mean([v for (e, _), v in torch_sps.items() if e == env])) for env, _ in torch_sps}
+    lines = [
+        "| framework | env | seed | train s/100k | total s | steady SPS | SPS vs torch | steps to ≥thr | eval mean |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        ref = torch_sps.get((r["env_id"], r["seed"]))
+        ratio = f"{r['sps_steady'] / ref:.2f}x" if ref else "–"
+        per_100k = r["wall_time"] / r["global_step"] * 100_000
+        lines.append(
+            f"| {r['framework']} | {r['env_id']} | {r['seed']} | {per_100k:.1f} | {r['total_time']:.1f} | "
+            f"{r['sps_steady']:,.0f} | {ratio} | {fmt(r['steps_to_threshold'])} | {fmt(r['eval_mean'], 1)} |"
+        )
+    lines += [
+        "",
+        "| framework | env | seeds | mean steady SPS | SPS vs torch | reached thr | median steps to thr | eval means |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["env_id"], r["framework"]), []).append(r)
+    for (env, fw), rs in groups.items():
+        sps = float(np.mean([r["sps_steady"] for r in rs]))
+        ratio = f"{sps / torch_mean[env]:.2f}x" if env in torch_mean else "–"
+        reached = [r["steps_to_threshold"] for r in rs if r["steps_to_threshold"] is not None]
+        median = float(np.median(reached)) if reached else None
+        evals = ", ".join(fmt(r["eval_mean"], 1) for r in rs)
+        lines.append(
+            f"| {fw} | {env} | {len(rs)} | {sps:,.0f} | {ratio} | {len(reached)}/{len(rs)} | {fmt(median)} | {evals} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Moving-average training return vs env steps, one panel per env, one colour per framework."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(dict.fromkeys(r["env_id"] for r in results))
+    colours = {"ours": "tab:red", "torch": "tab:blue", "sb3": "tab:green"}
+    fig, axes = plt.subplots(1, len(envs), figsize=(6.5 * len(envs), 4.2), squeeze=False)
+    for ax, env in zip(axes[0], envs, strict=True):
+        seen: set[str] = set()
+        for r in (r for r in results if r["env_id"] == env and r["episodes"]):
+            steps, returns = np.array(r["episodes"]).T
+            moving = np.array([returns[max(0, i - WINDOW + 1) : i + 1].mean() for i in range(len(returns))])
+            label = None if r["framework"] in seen else r["framework"]
+            seen.add(r["framework"])
+            ax.plot(steps, moving, color=colours.get(r["framework"], "grey"), alpha=0.8, lw=1.2, label=label)
+        if env in THRESHOLDS:
+            ax.axhline(THRESHOLDS[env], color="black", ls="--", lw=0.8)
+        ax.set(title=f"PPO on {env} (moving mean of {WINDOW} episodes)", xlabel="env steps", ylabel="return")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", default="CartPole-v1", help="comma-separated Gymnasium ids")
+    parser.add_argument("--steps", type=int, default=0, help="env steps per run (default: the env preset's)")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--frameworks", default="ours,torch,sb3")
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--out", default="reports/bench/train_throughput", help="output dir (json, md, png, runs)")
+    parser.add_argument("--worker", choices=["torch", "sb3"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    envs = [e for e in args.envs.split(",") if e]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    if args.worker:
+        steps = args.steps or int(preset(envs[0]).get("total_steps", 50_000))
+        worker(args.worker, envs[0], steps, seeds[0], args.eval_episodes, Path(args.out))
+        return 0
+
+    out_dir = REPO / args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for env_id in envs:
+        steps = args.steps or int(preset(env_id).get("total_steps", 50_000))
+        # Frameworks interleaved per seed, so a load change on the shared machine hits all of them alike.
+        for seed in seeds:
+            for fw in args.frameworks.split(","):
+                r = run_one(fw, env_id, steps, seed, args.eval_episodes, out_dir)
+                print(
+                    f"{fw:5s} {env_id} seed {seed}: steady {r['sps_steady']:,.0f} SPS, total {r['total_time']:.1f}s, "
+                    f"steps to thr {fmt(r['steps_to_threshold'])}, eval {fmt(r['eval_mean'], 1)}",
+                    flush=True,
+                )
+                results.append(r)
+                (out_dir / "train_throughput.json").write_text(json.dumps({"results": results}, indent=1))
+    table = tables(results)
+    (out_dir / "train_throughput.md").write_text(table + "\n")
+    plot(results, out_dir / "reward_curves.png")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

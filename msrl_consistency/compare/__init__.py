@@ -1,0 +1,1 @@
+"""Seeded feeds, comparison statistics, episode replay and the result types verify reports."""

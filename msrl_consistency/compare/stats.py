@@ -1,0 +1,120 @@
+"""Element-wise comparison statistics (Polygraphy/msprobe conventions).
+
+An element fails only when ``abs > atol`` **and** ``rel > rtol``; NaN matches NaN at the same position
+and nothing else. Integer outputs (discrete actions) compare exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Tolerance:
+    atol: float
+    rtol: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+# Presets: fp32 sits well above the ~1e-6 seen between MindSpore and Lite (and the ~3e-5 of ONNX Runtime
+# on large logits); fp16 allows the ~1.5e-3 logit drift measured for half precision.
+TOLERANCE_PRESETS: dict[str, Tolerance] = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 1e-2)}
+# ONNX Runtime's MLAS GEMM sums in another order: measured up to ~1.2e-3 abs on value outputs of magnitude ~40
+# (rel 3e-5) and ~1e-4 abs where such terms cancel to near zero, so its fp32 atol is wider.
+RUNTIME_OVERRIDES: dict[str, dict[str, Tolerance]] = {"onnxruntime": {"fp32": Tolerance(2e-3, 1e-4)}}
+
+
+def tolerance_for(preset: str, runtime: str) -> Tolerance:
+    return RUNTIME_OVERRIDES.get(runtime, {}).get(preset, TOLERANCE_PRESETS[preset])
+
+
+def _ordered(x: np.ndarray) -> np.ndarray:
+    """Map float32 bit patterns to integers whose difference is the ULP distance."""
+    i = x.astype(np.float32).view(np.int32).astype(np.int64)
+    return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
+@dataclass
+class ArrayComparison:
+    """How far ``got`` is from ``ref`` for one output."""
+
+    name: str
+    passed: bool
+    count: int
+    exact: bool  # integer comparison
+    mismatches: int
+    first_mismatch: int | None  # flat index of the first failing element
+    max_abs: float = 0.0
+    mean_abs: float = 0.0
+    p99_abs: float = 0.0
+    max_rel: float = 0.0
+    mean_rel: float = 0.0
+    p99_rel: float = 0.0
+    cosine: float = 1.0
+    max_ulp: int = 0
+    required_atol: float = 0.0  # the smallest atol that passes with rtol = 0
+    required_rtol: float = 0.0  # the smallest rtol that passes with atol = 0
+    within_1e3: float = 1.0
+    within_1e2: float = 1.0
+    nan_mismatches: int = 0
+    atol: float | None = None
+    rtol: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compare_arrays(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> ArrayComparison:
+    ref, got = np.asarray(ref), np.asarray(got)
+    if ref.shape != got.shape:
+        return ArrayComparison(name, False, int(ref.size), False, int(ref.size), 0, max_abs=float("inf"))
+    if np.issubdtype(ref.dtype, np.integer) or np.issubdtype(got.dtype, np.integer):
+        diff = (ref.astype(np.int64) != got.astype(np.int64)).ravel()
+        first = int(np.argmax(diff)) if diff.any() else None
+        return ArrayComparison(name, not diff.any(), int(ref.size), True, int(diff.sum()), first)
+
+    r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+    nan_r, nan_g = np.isnan(r), np.isnan(g)
+    nan_mismatch = nan_r != nan_g
+    both = ~(nan_r | nan_g)
+    abs_d = np.where(both, np.abs(r - g), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel_d = np.where(both, abs_d / np.abs(r), 0.0)
+    rel_d = np.where(both & (abs_d == 0), 0.0, rel_d)
+    rel_d = np.nan_to_num(rel_d, nan=0.0, posinf=np.inf)
+    fail = ((abs_d > tol.atol) & (rel_d > tol.rtol)) | nan_mismatch
+    rv, gv = r[both], g[both]
+    denom = np.linalg.norm(rv) * np.linalg.norm(gv)
+    cosine = float(np.dot(rv, gv) / denom) if denom > 0 else (1.0 if np.array_equal(rv, gv) else 0.0)
+    ulp = np.abs(_ordered(ref.ravel()[both]) - _ordered(got.ravel()[both])) if both.any() else np.zeros(1, np.int64)
+    valid_abs, valid_rel = abs_d[both], rel_d[both]
+    if not len(valid_abs):
+        valid_abs = valid_rel = np.zeros(1)
+    return ArrayComparison(
+        name=name,
+        passed=not fail.any(),
+        count=int(r.size),
+        exact=False,
+        mismatches=int(fail.sum()),
+        first_mismatch=int(np.argmax(fail)) if fail.any() else None,
+        max_abs=float(valid_abs.max()),
+        mean_abs=float(valid_abs.mean()),
+        p99_abs=float(np.percentile(valid_abs, 99)),
+        max_rel=float(valid_rel.max()),
+        mean_rel=float(valid_rel.mean()),
+        p99_rel=float(np.percentile(valid_rel, 99)),
+        cosine=cosine,
+        max_ulp=int(ulp.max()),
+        required_atol=float(valid_abs.max()),
+        required_rtol=float(valid_rel.max()),
+        within_1e3=float((valid_abs <= 1e-3).mean()),
+        within_1e2=float((valid_abs <= 1e-2).mean()),
+        nan_mismatches=int(nan_mismatch.sum()),
+        atol=tol.atol,
+        rtol=tol.rtol,
+    )

@@ -1,0 +1,1 @@
+"""One module per inference runtime behind one contract (``base.Runtime``); ``registry`` lists them."""

@@ -1,0 +1,51 @@
+"""``ms-cell`` (the training path, PyNative) and ``ms-graph`` (the same Cell compiled in GRAPH_MODE).
+
+Both rebuild the policy from the training checkpoint with a strict load, so they are the reference
+every exported graph is compared with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Tensor
+
+from msrl_consistency import compat
+from msrl_consistency.agent import PolicySpec
+from msrl_consistency.runtimes.base import Runtime, RuntimeSource
+
+
+class MsCellRuntime(Runtime):
+    name = "ms-cell"
+    description = "MindSpore Cell rebuilt from the checkpoint, PyNative (the training path)"
+    graph_mode = False
+
+    @classmethod
+    def unavailable_reason(cls, source: RuntimeSource) -> str | None:
+        if source.checkpoint is None:
+            return "needs the training checkpoint (--ckpt)"
+        if not source.checkpoint.is_file():
+            return f"checkpoint not found: {source.checkpoint}"
+        return None
+
+    def _load(self) -> None:
+        from msrl_consistency.artifacts.checkpoint import load_policy
+        from msrl_consistency.artifacts.graphs import export_heads
+
+        compat.set_device(self.source.device, self.source.device_id)
+        spec = PolicySpec.from_dict(self.source.bundle.policy_spec)
+        policy = load_policy(self.source.checkpoint, spec)  # type: ignore[arg-type]
+        self.cell = export_heads(policy)[self.graph]
+
+    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        with compat.execution_mode(graph=self.graph_mode):
+            outs = self.cell(*[Tensor(a) for a in arrays])
+        return [o.asnumpy() for o in outs]
+
+    def versions(self) -> dict[str, str]:
+        return {"mindspore": compat.mindspore_version()}
+
+
+class MsGraphRuntime(MsCellRuntime):
+    name = "ms-graph"
+    description = "the same Cell compiled in GRAPH_MODE"
+    graph_mode = True

@@ -1,0 +1,31 @@
+"""``ms-mindir``: the exported MindIR loaded back with ``nn.GraphCell(ms.load(...))``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from msrl_consistency import compat
+from msrl_consistency.runtimes.base import Runtime
+
+
+class MsMindirRuntime(Runtime):
+    name = "ms-mindir"
+    description = "MindSpore GraphCell on the bundle's .mindir"
+
+    def _load(self) -> None:
+        import mindspore as ms
+
+        compat.set_device(self.source.device, self.source.device_id)
+        path = self.source.bundle.file(self.graph, "mindir")
+        self.cell = ms.nn.GraphCell(ms.load(str(path)))
+
+    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        from mindspore import Tensor
+
+        outs = self.cell(*[Tensor(a) for a in arrays])
+        if not isinstance(outs, tuple | list):
+            outs = (outs,)
+        return [o.asnumpy() for o in outs]
+
+    def versions(self) -> dict[str, str]:
+        return {"mindspore": compat.mindspore_version()}

@@ -1,0 +1,39 @@
+"""``onnxruntime``: the bundle's ONNX graph on ONNX Runtime's CPU provider (one thread)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+
+from msrl_consistency.runtimes.base import Runtime, RuntimeSource
+
+
+class OnnxRuntime(Runtime):
+    name = "onnxruntime"
+    description = "ONNX Runtime (CPUExecutionProvider) on the bundle's .onnx"
+
+    @classmethod
+    def unavailable_reason(cls, source: RuntimeSource) -> str | None:
+        if importlib.util.find_spec("onnxruntime") is None:
+            return "the onnxruntime package is not installed"
+        return None
+
+    def _load(self) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        path = self.source.bundle.file(self.graph, "onnx")
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.outputs]
+
+    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return self.session.run(self.output_names, dict(zip(self.input_names, arrays, strict=True)))
+
+    def versions(self) -> dict[str, str]:
+        import onnxruntime as ort
+
+        return {"onnxruntime": ort.__version__}

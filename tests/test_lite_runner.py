@@ -1,0 +1,366 @@
+"""End-to-end tests of the Lite deploy path: ONNX -> msrl-lite-convert -> .ms -> msrl-lite-runner <- LiteRunner.
+
+The models are tiny ONNX graphs built with onnx.helper, so no MindSpore is needed except for the one test
+that needs a real MindIR v3 file. Everything is skipped only when the binaries have not been built
+(`make lite`, which `make test` runs first).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from inference.lite_client import (
+    DeviceUnavailable,
+    FeedError,
+    LiteRunner,
+    LiteRunnerError,
+    MindIRVersionError,
+    ModelLoadError,
+    RunnerCrashed,
+    RunnerTimeout,
+    RunnerUnavailable,
+    TensorMeta,
+    runner_available,
+    runner_path,
+)
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+CONVERTER = runner_path().with_name("msrl-lite-convert")
+MAGIC = 0x4D534C52
+
+_ok, _why = runner_available()
+pytestmark = [
+    pytest.mark.skipif(not _ok, reason=_why),
+    pytest.mark.skipif(not CONVERTER.is_file(), reason=f"{CONVERTER} not built (run `make lite`)"),
+]
+
+
+class Mlp(NamedTuple):
+    """A converted test model plus the weights to recompute its outputs in NumPy."""
+
+    onnx: Path
+    ms: Path
+    weights: tuple[np.ndarray, ...]
+
+    def reference(self, obs: np.ndarray) -> np.ndarray:
+        w1, b1, w2, b2, w3, b3 = (w.astype(np.float64) for w in self.weights)
+        h = np.tanh(obs.astype(np.float64) @ w1 + b1)
+        h = np.tanh(h @ w2 + b2)
+        return (h @ w3 + b3).astype(np.float32)
+
+
+def _mlp_onnx(path: Path, *, obs: int = 4, hidden: int = 64, act: int = 2, argmax: bool = False,
+              seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Gemm+Tanh MLP with a dynamic batch dim, the shape of a small policy network."""
+    rng = np.random.default_rng(seed)
+    # Usual policy-net init scales (1/sqrt(fan_in), small last layer), so outputs are O(1) like real logits.
+    shapes = [(obs, hidden), (hidden,), (hidden, hidden), (hidden,), (hidden, act), (act,)]
+    scales = [obs**-0.5, 0.1, hidden**-0.5, 0.1, 0.3 * hidden**-0.5, 0.1]
+    weights = tuple((rng.standard_normal(s) * k).astype(np.float32) for s, k in zip(shapes, scales, strict=True))
+    names = ["w1", "b1", "w2", "b2", "w3", "b3"]
+    nodes = [
+        helper.make_node("Gemm", ["obs", "w1", "b1"], ["h1"]),
+        helper.make_node("Tanh", ["h1"], ["a1"]),
+        helper.make_node("Gemm", ["a1", "w2", "b2"], ["h2"]),
+        helper.make_node("Tanh", ["h2"], ["a2"]),
+        helper.make_node("Gemm", ["a2", "w3", "b3"], ["logits"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", act])]
+    if argmax:
+        nodes.append(helper.make_node("ArgMax", ["logits"], ["action"], axis=1, keepdims=0))
+        outputs.append(helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"]))
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", obs])], outputs,
+        [numpy_helper.from_array(w, n) for w, n in zip(weights, names, strict=True)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return weights
+
+
+def _convert(onnx_path: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CONVERTER), "--onnx", str(onnx_path), "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("lite")
+
+
+@pytest.fixture(scope="module")
+def mlp(model_dir: Path) -> Mlp:
+    weights = _mlp_onnx(model_dir / "mlp.onnx")
+    res = _convert(model_dir / "mlp.onnx", model_dir / "mlp.ms")
+    assert res.returncode == 0, res.stderr
+    return Mlp(model_dir / "mlp.onnx", model_dir / "mlp.ms", weights)
+
+
+@pytest.fixture(scope="module")
+def argmax_mlp(model_dir: Path) -> Mlp:
+    weights = _mlp_onnx(model_dir / "am.onnx", argmax=True, seed=1)
+    res = _convert(model_dir / "am.onnx", model_dir / "am.ms")
+    assert res.returncode == 0, res.stderr
+    return Mlp(model_dir / "am.onnx", model_dir / "am.ms", weights)
+
+
+@pytest.fixture(scope="module")
+def runner(mlp: Mlp):
+    with LiteRunner(mlp.ms, timeout=10.0) as r:
+        yield r
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)  # the runner leads its own process group (start_new_session)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# ---- converter ------------------------------------------------------------------------------------------
+
+
+def test_converter_writes_exact_out_path(mlp: Mlp, tmp_path: Path) -> None:
+    out = tmp_path / "policy.ms"
+    res = _convert(mlp.onnx, out)
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.ms"]
+    assert res.stdout == ""
+
+
+def test_converter_fp16_weights(mlp: Mlp, tmp_path: Path) -> None:
+    out = tmp_path / "fp16.ms"
+    res = _convert(mlp.onnx, out, "--fp16")
+    assert res.returncode == 0, res.stderr
+    assert out.stat().st_size < mlp.ms.stat().st_size * 0.7  # weights stored as float16
+    obs = np.random.default_rng(5).standard_normal((16, 4)).astype(np.float32)
+    with LiteRunner(out) as r:
+        np.testing.assert_allclose(r.infer(obs)["logits"], mlp.reference(obs), atol=2e-2)
+
+
+def test_converter_reports_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x01garbage" * 10)
+    res = _convert(bad, tmp_path / "bad.ms")
+    assert res.returncode != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("msrl-lite-convert: error:"), res.stderr
+    assert not (tmp_path / "bad.ms").exists()
+    assert _convert(tmp_path / "missing.onnx", tmp_path / "x.ms").returncode != 0
+
+
+# ---- inference ------------------------------------------------------------------------------------------
+
+
+def test_handshake_metadata(runner: LiteRunner, mlp: Mlp) -> None:
+    assert runner.lite_version.count(".") >= 1
+    assert runner.device == "cpu"
+    assert runner.inputs == [TensorMeta("obs", np.dtype(np.float32), (-1, 4))]
+    assert [o.name for o in runner.outputs] == ["logits"]
+    assert runner.ping() < 1.0
+
+
+def test_batch_matches_numpy(runner: LiteRunner, mlp: Mlp) -> None:
+    obs = np.random.default_rng(1).standard_normal((256, 4)).astype(np.float32)
+    out = runner.infer(obs)
+    assert list(out) == ["logits"]
+    assert out["logits"].shape == (256, 2) and out["logits"].dtype == np.float32
+    np.testing.assert_allclose(out["logits"], mlp.reference(obs), atol=1e-5)
+
+
+def test_single_steps(runner: LiteRunner, mlp: Mlp) -> None:
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        obs = rng.standard_normal((1, 4)).astype(np.float32)
+        np.testing.assert_allclose(runner.infer(obs)["logits"], mlp.reference(obs), atol=1e-5)
+
+
+def test_batch_size_changes(runner: LiteRunner, mlp: Mlp) -> None:
+    rng = np.random.default_rng(3)
+    for batch in (1, 7, 1, 64, 3, 3, 1):
+        obs = rng.standard_normal((batch, 4)).astype(np.float32)
+        logits = runner.infer(obs)["logits"]
+        assert logits.shape == (batch, 2)
+        np.testing.assert_allclose(logits, mlp.reference(obs), atol=1e-5)
+
+
+def test_int_output(argmax_mlp: Mlp) -> None:
+    obs = np.random.default_rng(4).standard_normal((50, 4)).astype(np.float32)
+    with LiteRunner(argmax_mlp.ms) as r:
+        assert [(o.name, o.dtype) for o in r.outputs] == [("logits", np.float32), ("action", np.int32)]
+        out = r.infer(obs)
+    np.testing.assert_array_equal(out["action"], np.argmax(argmax_mlp.reference(obs), axis=1))
+
+
+def test_client_side_feed_errors(runner: LiteRunner) -> None:
+    good = np.zeros((2, 4), np.float32)
+    for bad_args in [(good.astype(np.float64),), (good[:, :3],), (good[None],), (), (good, good)]:
+        with pytest.raises(FeedError):
+            runner.infer(*bad_args)
+    assert runner.infer(good)["logits"].shape == (2, 2)
+
+
+def test_runner_side_bad_request_keeps_runner_alive(mlp: Mlp) -> None:
+    with LiteRunner(mlp.ms) as r:
+        r.inputs = [TensorMeta("obs", np.dtype(np.float32), (-1, -1))]  # disable the client-side dim check
+        with pytest.raises(FeedError, match="runner: .*dim 1 is 3"):
+            r.infer(np.zeros((2, 3), np.float32))
+        assert r.infer(np.zeros((2, 4), np.float32))["logits"].shape == (2, 2)
+
+
+def test_raw_protocol(mlp: Mlp) -> None:
+    """Drives the binary directly, so the wire format documented in lite_client is pinned down."""
+    proc = subprocess.Popen([str(runner_path()), "--model", str(mlp.ms)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+    hello = json.loads(proc.stdout.readline())
+    assert hello["ok"] and hello["inputs"] == [{"name": "obs", "dtype": "float32", "shape": [-1, 4]}]
+
+    def request(frame: bytes) -> tuple[int, bytes]:
+        proc.stdin.write(frame)
+        proc.stdin.flush()
+        magic, status = struct.unpack("<II", proc.stdout.read(8))
+        assert magic == MAGIC
+        if status != 0:
+            (n,) = struct.unpack("<I", proc.stdout.read(4))
+            return status, proc.stdout.read(n)
+        return status, b""
+
+    def infer_frame(dtype: int, dims: tuple[int, ...], payload: bytes, n_inputs: int = 1) -> bytes:
+        head = struct.pack("<IIIII", MAGIC, 1, n_inputs, dtype, len(dims)) + struct.pack(f"<{len(dims)}q", *dims)
+        return head + struct.pack("<Q", len(payload)) + payload
+
+    obs = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    assert request(infer_frame(0, (2, 4), obs.tobytes()[:-4])) == (1, b"input 0 'obs': nbytes 28 != 32")
+    status, msg = request(infer_frame(3, (2, 4), obs.astype(np.int64).tobytes()))
+    assert status == 1 and b"dtype" in msg
+    assert request(struct.pack("<III", MAGIC, 1, 0))[0] == 1
+    assert request(struct.pack("<II", MAGIC, 2)) == (0, b"")
+    assert struct.unpack("<I", proc.stdout.read(4)) == (0,)  # ping: zero outputs
+
+    assert request(infer_frame(0, (2, 4), obs.tobytes())) == (0, b"")
+    (n_out, name_len) = struct.unpack("<II", proc.stdout.read(8))
+    assert (n_out, proc.stdout.read(name_len)) == (1, b"logits")
+    dtype, ndim = struct.unpack("<II", proc.stdout.read(8))
+    dims = struct.unpack(f"<{ndim}q", proc.stdout.read(8 * ndim))
+    (nbytes,) = struct.unpack("<Q", proc.stdout.read(8))
+    logits = np.frombuffer(proc.stdout.read(nbytes), np.float32).reshape(dims)
+    assert dtype == 0 and dims == (2, 2)
+    np.testing.assert_allclose(logits, mlp.reference(obs), atol=1e-5)
+
+    proc.stdin.close()  # EOF is a clean shutdown
+    assert proc.wait(timeout=10) == 0
+
+
+# ---- failure handling -----------------------------------------------------------------------------------
+
+
+def test_hang_times_out_and_kills(mlp: Mlp, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSRL_LITE_RUNNER_FAULT", "hang")
+    r = LiteRunner(mlp.ms, timeout=1.0)
+    pid = r.pid
+    assert pid is not None
+    start = time.monotonic()
+    with pytest.raises(RunnerTimeout, match="within the timeout"):
+        r.infer(np.zeros((1, 4), np.float32))
+    assert time.monotonic() - start < 3.0
+    assert _gone(pid)
+    with pytest.raises(LiteRunnerError, match="closed"):
+        r.ping()
+    r.close()
+
+
+def test_crash_is_reported(mlp: Mlp, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSRL_LITE_RUNNER_FAULT", "crash")
+    r = LiteRunner(mlp.ms)
+    pid = r.pid
+    assert pid is not None
+    with pytest.raises(RunnerCrashed, match="SIGABRT"):
+        r.infer(np.zeros((1, 4), np.float32))
+    assert _gone(pid)
+
+
+def test_close_is_idempotent(mlp: Mlp) -> None:
+    r = LiteRunner(mlp.ms)
+    proc = r._proc
+    assert proc is not None
+    r.close()
+    r.close()
+    assert proc.returncode == 0
+    with pytest.raises(LiteRunnerError):
+        r.infer(np.zeros((1, 4), np.float32))
+
+
+def test_missing_model(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="not found") as info:
+        LiteRunner(tmp_path / "nope.ms")
+    assert info.value.exit_code == 4
+
+
+@pytest.mark.parametrize("content", ["truncated", "garbage", "empty"])
+def test_corrupt_model(mlp: Mlp, tmp_path: Path, content: str) -> None:
+    data = {"truncated": mlp.ms.read_bytes()[:4000], "garbage": os.urandom(3000), "empty": b""}[content]
+    bad = tmp_path / "bad.ms"
+    bad.write_bytes(data)
+    with pytest.raises(ModelLoadError):
+        LiteRunner(bad, load_timeout=20.0)
+
+
+def test_runner_binary_missing(mlp: Mlp, tmp_path: Path) -> None:
+    with pytest.raises(RunnerUnavailable) as info:
+        LiteRunner(mlp.ms, runner=tmp_path / "no-runner")
+    assert info.value.exit_code == 3
+
+
+def test_ascend_unavailable(mlp: Mlp) -> None:
+    with pytest.raises(DeviceUnavailable, match="ascend") as info:
+        LiteRunner(mlp.ms, device="ascend", device_id=0)
+    assert info.value.exit_code == 6
+
+
+_EXPORT_MINDIR = """
+import sys
+import numpy as np
+import mindspore as ms
+from mindspore import nn
+
+ms.export(nn.Dense(4, 2), ms.Tensor(np.zeros((1, 4), np.float32)), file_name=sys.argv[1], file_format="MINDIR")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mindspore") is None, reason="mindspore not installed")
+def test_mindir_v3_is_refused_with_versions(tmp_path: Path) -> None:
+    # MindSpore runs in its own process: its libmindspore_core.so clashes with Lite's.
+    script = tmp_path / "export_mindir.py"
+    script.write_text(_EXPORT_MINDIR)
+    subprocess.run([sys.executable, str(script), str(tmp_path / "dense")], check=True, capture_output=True,
+                   timeout=120, env={**os.environ, "GLOG_v": "3"})
+    with pytest.raises(MindIRVersionError) as info:
+        LiteRunner(tmp_path / "dense.mindir")
+    msg = str(info.value)
+    assert "MindIR v3" in msg and "MindSpore 2." in msg and "<= v1" in msg and ".ms" in msg
+    assert info.value.exit_code == 5 and isinstance(info.value, ModelLoadError)
+
+
+def test_exit_codes_are_distinct() -> None:
+    classes = [RunnerUnavailable, ModelLoadError, MindIRVersionError, DeviceUnavailable, FeedError, RunnerTimeout,
+               RunnerCrashed]
+    codes = [c.exit_code for c in classes]
+    assert codes == [3, 4, 5, 6, 7, 8, 9]
+    assert all(issubclass(c, LiteRunnerError) for c in classes)
