@@ -4,6 +4,10 @@
 // Why ONNX and not MindIR: MindSpore 2.10 writes MindIR v3, which Lite 2.0.0 refuses (it reads <= v1), and
 // the op signatures changed too. ONNX -> .ms through this converter needs no graph rewriting.
 //
+// --fp16 maps to the converter's SetWeightFp16: float32 weights are stored as float16 in the .ms (about
+// half the size); graph inputs/outputs stay float32. Computing in fp16 would be a runtime choice
+// (CPUDeviceInfo::SetEnableFP16), which the runner leaves off, so results are float32 math on fp16 weights.
+//
 // The wheel ships no converter.h, so the few members we use are declared by hand below. The library's
 // object layout is unknown to us, hence the constructor runs in generously over-allocated storage and the
 // object is never destroyed (the process exits right after the conversion).

@@ -122,7 +122,11 @@ _STATUS_ERRORS: dict[int, type[LiteRunnerError]] = {
 
 
 class TensorMeta(NamedTuple):
-    """A model input or output as Lite reports it; ``-1`` marks a dynamic dimension."""
+    """A model input or output as Lite reports it; ``-1`` marks a dynamic dimension.
+
+    Output shapes are Lite's view before any inference and can be incomplete (a dynamic-batch ``[-1, 2]``
+    output may read ``(-1,)``); only input shapes are used for validation.
+    """
 
     name: str
     dtype: np.dtype

@@ -34,7 +34,7 @@ namespace {
 
 using mindspore::DataType;
 
-constexpr uint32_t kMagic = 0x4D534C52;  // "MSLR"
+constexpr uint32_t kMagic = 0x4D534C52;  // "MSLR" read as a u32; on the wire (little-endian): "RLSM"
 constexpr uint32_t kOpInfer = 1, kOpPing = 2, kOpQuit = 3;
 constexpr uint32_t kOk = 0, kBadRequest = 1, kInferFailed = 2;
 constexpr uint32_t kMaxInputs = 1024, kMaxRank = 32;
@@ -115,20 +115,20 @@ class Reader {
   // Returns false on EOF/error. `at_boundary` tells whether EOF happened before any byte of this read.
   bool Read(void *dst, size_t n, bool *at_boundary = nullptr) {
     auto *out = static_cast<uint8_t *>(dst);
-    if (at_boundary) *at_boundary = (pos_ == end_);
+    const size_t total = n;
     while (n > 0) {
-      if (pos_ == end_ && !Fill()) return false;
-      size_t k = std::min(n, end_ - pos_);
-      if (out) {
-        std::memcpy(out, buf_.data() + pos_, k);
-        out += k;
+      if (pos_ == end_ && !Fill()) {
+        if (at_boundary) *at_boundary = (n == total);
+        return false;
       }
+      size_t k = std::min(n, end_ - pos_);
+      std::memcpy(out, buf_.data() + pos_, k);
+      out += k;
       pos_ += k;
       n -= k;
     }
     return true;
   }
-  bool Skip(size_t n) { return Read(nullptr, n); }
   template <typename T>
   bool Get(T *v) {
     return Read(v, sizeof(T));

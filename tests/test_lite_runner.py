@@ -151,7 +151,7 @@ def test_converter_fp16_weights(mlp: Mlp, tmp_path: Path) -> None:
     assert out.stat().st_size < mlp.ms.stat().st_size * 0.7  # weights stored as float16
     obs = np.random.default_rng(5).standard_normal((16, 4)).astype(np.float32)
     with LiteRunner(out) as r:
-        np.testing.assert_allclose(r.infer(obs)["logits"], mlp.reference(obs), atol=2e-2)
+        np.testing.assert_allclose(r.infer(obs)["logits"], mlp.reference(obs), atol=2e-3)  # seen: 2e-4
 
 
 def test_converter_reports_one_line_error(tmp_path: Path) -> None:

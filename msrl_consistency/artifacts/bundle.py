@@ -166,6 +166,8 @@ def _manifest(
         "policy_spec": spec.to_dict(),
         "precision": options.precision,
         "action_postprocess": post,
+        # State-independent std of the Gaussian head: lets a verifier compute KL from the exported mean alone.
+        "gaussian_log_std": None if spec.discrete else policy.log_std.asnumpy().tolist(),
         "normalization": {
             "enabled": spec.normalize_obs,
             "clip": spec.clip_obs,

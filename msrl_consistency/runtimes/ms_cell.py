@@ -7,11 +7,10 @@ every exported graph is compared with.
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Tensor
 
-from msrl_consistency import compat
-from msrl_consistency.agent import PolicySpec
 from msrl_consistency.runtimes.base import Runtime, RuntimeSource
+
+# MindSpore is imported lazily so that runtimes that do not need it (lite, onnxruntime) work on a deploy box.
 
 
 class MsCellRuntime(Runtime):
@@ -28,20 +27,29 @@ class MsCellRuntime(Runtime):
         return None
 
     def _load(self) -> None:
+        from msrl_consistency import compat
+        from msrl_consistency.agent import PolicySpec
         from msrl_consistency.artifacts.checkpoint import load_policy
         from msrl_consistency.artifacts.graphs import export_heads
 
         compat.set_device(self.source.device, self.source.device_id)
         spec = PolicySpec.from_dict(self.source.bundle.policy_spec)
         policy = load_policy(self.source.checkpoint, spec)  # type: ignore[arg-type]
+        self.policy = policy
         self.cell = export_heads(policy)[self.graph]
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        from mindspore import Tensor
+
+        from msrl_consistency import compat
+
         with compat.execution_mode(graph=self.graph_mode):
             outs = self.cell(*[Tensor(a) for a in arrays])
         return [o.asnumpy() for o in outs]
 
     def versions(self) -> dict[str, str]:
+        from msrl_consistency import compat
+
         return {"mindspore": compat.mindspore_version()}
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from msrl_consistency import compat
 from msrl_consistency.runtimes.base import Runtime
 
 
@@ -14,6 +13,8 @@ class MsMindirRuntime(Runtime):
 
     def _load(self) -> None:
         import mindspore as ms
+
+        from msrl_consistency import compat
 
         compat.set_device(self.source.device, self.source.device_id)
         path = self.source.bundle.file(self.graph, "mindir")
@@ -28,4 +29,6 @@ class MsMindirRuntime(Runtime):
         return [o.asnumpy() for o in outs]
 
     def versions(self) -> dict[str, str]:
+        from msrl_consistency import compat
+
         return {"mindspore": compat.mindspore_version()}

@@ -1,0 +1,61 @@
+"""Baselines: stored metrics with per-metric margins (MindSpeed-RL style), checked on every verify.
+
+File format: ``{"schema": "msrl-consistency/baseline", "metrics": {"<runtime>/<check>/<output>.max_abs":
+{"value": v, "margin_abs": a, "margin_rel": r}}}``; a metric regresses when it exceeds
+``value + max(margin_abs, margin_rel * |value|)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from msrl_consistency.artifacts.files import write_json_atomic
+from msrl_consistency.compare.verifier import Check, VerifyResult
+from msrl_consistency.errors import UsageError
+
+BASELINE_SCHEMA = "msrl-consistency/baseline"
+TRACKED = ("max_abs", "p99_abs", "mismatches")
+
+
+def collect_metrics(result: VerifyResult) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for c in result.checks:
+        for output, stats in c.metrics.get("outputs", {}).items():
+            for key in TRACKED:
+                metrics[f"{c.runtime}/{c.name}/{output}.{key}"] = float(stats[key])
+        for key in ("differing_actions", "episodes_diverged"):
+            if key in c.metrics:
+                metrics[f"{c.runtime}/{c.name}.{key}"] = float(c.metrics[key])
+    return metrics
+
+
+def save_baseline(path: Path, result: VerifyResult, margin_abs: float = 1e-6, margin_rel: float = 0.5) -> None:
+    metrics = {k: {"value": v, "margin_abs": margin_abs, "margin_rel": margin_rel} for k, v in collect_metrics(result).items()}
+    write_json_atomic(path, {"schema": BASELINE_SCHEMA, "metrics": metrics})
+
+
+def check_baseline(path: Path, result: VerifyResult) -> Check:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"baseline file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"baseline {path} is not valid JSON: {exc}") from None
+    if data.get("schema") != BASELINE_SCHEMA:
+        raise UsageError(f"{path} is not a baseline file (schema {data.get('schema')!r})")
+    current = collect_metrics(result)
+    regressions = []
+    for key, spec in data["metrics"].items():
+        if key not in current:
+            continue
+        limit = spec["value"] + max(spec.get("margin_abs", 0.0), spec.get("margin_rel", 0.0) * abs(spec["value"]))
+        if current[key] > limit:
+            regressions.append(f"{key} {current[key]:.3g} > {limit:.3g}")
+    compared = len(set(data["metrics"]) & set(current))
+    summary = (
+        f"{len(regressions)} of {compared} metrics regressed: " + "; ".join(regressions[:5])
+        if regressions else f"{compared} metrics within their baseline margins"
+    )  # fmt: skip
+    return Check("baseline", "baseline", "fail" if regressions else "pass", summary, {"regressions": regressions})
