@@ -193,7 +193,7 @@ def evaluate(agent: Agent, env_id: str, seed: int, episodes: int) -> list[float]
 
 
 def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **hparams: Any) -> dict[str, Any]:
-    """Train PPO; return wall time (training loop only), SPS, per-episode ``(global_step, return)`` and eval."""
+    """Train PPO; return wall and CPU time (training loop only), SPS, per-episode ``(global_step, return)`` and eval."""
     hp = HParams.from_dict(hparams)
     torch.set_num_threads(1)
     torch.manual_seed(seed)
@@ -217,7 +217,7 @@ def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **h
     ep_return = np.zeros(n)
     global_step = 0
     obs, _ = envs.reset(seed=seed)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     first_iter_end = start
     for it in range(iterations):
         if hp.anneal_lr:
@@ -278,11 +278,12 @@ def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **h
             agent.obs_var.copy_(torch.as_tensor(rms.var, dtype=torch.float32))
         if it == 0:
             first_iter_end = time.perf_counter()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     envs.close()
     steady = (global_step - batch) / (start + wall - first_iter_end) if iterations > 1 else global_step / wall
     return {
         "wall_time": wall,
+        "cpu_time": cpu,
         "sps": global_step / wall,
         "sps_steady": steady,
         "global_step": global_step,

@@ -15,3 +15,50 @@ from msrl_consistency import compat  # noqa: E402
 def _mindspore_cpu() -> None:
     compat.set_device("cpu")
     compat.set_threads(1)
+
+
+from pathlib import Path  # noqa: E402
+
+from msrl_consistency.artifacts import run_dir as rd  # noqa: E402
+from msrl_consistency.config import TrainConfig  # noqa: E402
+
+TINY_RUN = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=2, checkpoint_every=100,
+                progress=False, eval_episodes=0)  # fmt: skip
+
+
+def train_tiny(run_dir: Path, env_id: str, seed: int = 1, total_steps: int = 256) -> Path:
+    """A few PPO iterations: enough for non-trivial normalisation statistics and weights."""
+    from msrl_consistency.training.loop import Trainer
+
+    rd.prepare_new_run_dir(run_dir)
+    trainer = Trainer(TrainConfig(env_id=env_id, seed=seed, total_steps=total_steps, **TINY_RUN), run_dir)
+    try:
+        trainer.run()
+        trainer.checkpoint()
+    finally:
+        trainer.close()
+    return run_dir / rd.CHECKPOINT
+
+
+@pytest.fixture(scope="session")
+def cartpole_ckpt(tmp_path_factory) -> Path:
+    return train_tiny(tmp_path_factory.mktemp("runs") / "cartpole", "CartPole-v1")
+
+
+@pytest.fixture(scope="session")
+def pendulum_ckpt(tmp_path_factory) -> Path:
+    return train_tiny(tmp_path_factory.mktemp("runs") / "pendulum", "Pendulum-v1")
+
+
+@pytest.fixture(scope="session")
+def cartpole_bundle(cartpole_ckpt, tmp_path_factory):
+    from msrl_consistency.artifacts.bundle import ExportOptions, export_bundle
+
+    return export_bundle(cartpole_ckpt, tmp_path_factory.mktemp("bundles") / "cartpole", ExportOptions())
+
+
+@pytest.fixture(scope="session")
+def pendulum_bundle(pendulum_ckpt, tmp_path_factory):
+    from msrl_consistency.artifacts.bundle import ExportOptions, export_bundle
+
+    return export_bundle(pendulum_ckpt, tmp_path_factory.mktemp("bundles") / "pendulum", ExportOptions())

@@ -1,0 +1,92 @@
+"""The bundle: manifest contents, hashes, tamper detection, atomic writes, self-check refusal."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from inference.bundle import BundleError, load_bundle, sha256_file
+from msrl_consistency.artifacts import bundle as B
+from msrl_consistency.artifacts.bundle import ExportCheckFailed, ExportOptions, export_bundle
+from msrl_consistency.compare.stats import Tolerance
+from msrl_consistency.errors import UsageError
+
+
+@pytest.mark.parametrize("which", ["cartpole", "pendulum"])
+def test_manifest_pins_files_versions_and_preprocessing(which, request):
+    bundle = request.getfixturevalue(f"{which}_bundle")
+    ckpt = request.getfixturevalue(f"{which}_ckpt")
+    m = bundle.manifest
+    assert (m["schema"], m["schema_version"], m["precision"]) == ("msrl-consistency/bundle", 1, "fp32")
+    assert m["source"]["checkpoint_sha256"] == sha256_file(ckpt)
+    assert m["exporter"]["mind_ir_version"] == 3 and m["exporter"]["mindspore"] == "2.10.0"
+    assert m["exporter"]["lite_sdk"] == "2.0.0"
+    for name in ("policy", "policy_sample"):
+        files = m["graphs"][name]["files"]
+        assert set(files) == {"mindir", "onnx", "ms"}
+        for entry in files.values():
+            assert sha256_file(bundle.root / entry["file"]) == entry["sha256"]
+    assert [i["name"] for i in m["graphs"]["policy_sample"]["inputs"]] == ["obs", "noise"]
+    assert m["graphs"]["policy"]["inputs"][0]["shape"][0] == -1  # dynamic batch
+    assert len(m["normalization"]["sha256"]) == 64 and m["normalization"]["enabled"]
+    assert m["self_check"]["passed"] and m["self_check"]["samples"] == 256
+    if which == "pendulum":
+        assert m["action_postprocess"] == {"mode": "clip", "low": [-2.0], "high": [2.0]}
+        assert m["graphs"]["policy"]["outputs"][0]["dtype"] == "float32"
+    else:
+        assert m["action_postprocess"] is None and m["graphs"]["policy"]["outputs"][0]["dtype"] == "int32"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "manifest"])
+def test_tampered_bundle_is_refused(cartpole_bundle, tmp_path, damage):
+    copy = tmp_path / "b"
+    shutil.copytree(cartpole_bundle.root, copy)
+    target = copy / "policy.ms"
+    data = target.read_bytes()
+    if damage == "flip":
+        target.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    elif damage == "truncate":
+        target.write_bytes(data[: len(data) // 2])
+    elif damage == "delete":
+        target.unlink()
+    else:
+        (copy / "manifest.json").write_text("{ not json")
+    with pytest.raises(BundleError, match="does not match|missing|corrupt"):
+        load_bundle(copy)
+
+
+def test_existing_bundle_needs_force(cartpole_ckpt, cartpole_bundle):
+    with pytest.raises(UsageError, match="--force"):
+        export_bundle(cartpole_ckpt, cartpole_bundle.root, ExportOptions())
+
+
+def test_failed_self_check_leaves_nothing_behind(cartpole_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setattr(B, "tolerance_for", lambda preset, runtime: Tolerance(0.0, 0.0))
+    out = tmp_path / "bundle"
+    # ONNX Runtime's GEMM differs from MindSpore by ~1e-6: with zero tolerance the self-check must refuse.
+    with pytest.raises(ExportCheckFailed, match="self-check failed"):
+        export_bundle(cartpole_ckpt, out, ExportOptions(formats=("onnx",)))
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fp16_bundle_is_marked_and_keeps_fp32_io(pendulum_ckpt, tmp_path):
+    bundle = export_bundle(pendulum_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16", formats=("mindir",)))
+    assert bundle.manifest["precision"] == "fp16"
+    assert bundle.manifest["graphs"]["policy"]["inputs"][0]["dtype"] == "float32"
+    assert json.loads((bundle.root / "manifest.json").read_text())["self_check"]["passed"]
+
+
+def test_export_cli_rejects_bad_input(tmp_path):
+    from msrl_consistency import export
+
+    with pytest.raises(UsageError, match="checkpoint|run directory"):
+        export.main(["--ckpt", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "o")])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.ckpt").write_bytes(np.arange(10).tobytes())
+    with pytest.raises(UsageError):
+        export.main(["--ckpt", str(tmp_path / "run" / "checkpoint.ckpt"), "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
