@@ -7,7 +7,7 @@ LITE_RUNNER := .lite/bin/msrl-lite-runner
 LITE_CONVERT := .lite/bin/msrl-lite-convert
 export GLOG_v ?= 3
 
-.PHONY: setup lite demo test lint bench clean
+.PHONY: setup lite demo test gate lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,7 @@ setup: $(STAMP) $(LITE_RUNNER)
 lite: $(LITE_RUNNER)
 
 demo: setup
+	rm -rf runs/demo-cartpole bundles/demo-cartpole
 	$(PY) -m msrl_consistency.train --env-id CartPole-v1 --run-dir runs/demo-cartpole
 	$(PY) -m msrl_consistency.export --ckpt runs/demo-cartpole/checkpoint.ckpt --out bundles/demo-cartpole
 	$(PY) -m msrl_consistency.verify --mindir bundles/demo-cartpole/policy.mindir \
@@ -31,6 +32,22 @@ demo: setup
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# The consistency gate CI runs: small policies, full export, verify must exit 0.
+gate: setup
+	rm -rf runs/gate-* bundles/gate-* reports/gate-*
+	$(PY) -m msrl_consistency.train --env-id CartPole-v1 --total-steps 8192 --run-dir runs/gate-cartpole \
+		--progress false --eval-episodes 3
+	$(PY) -m msrl_consistency.export --ckpt runs/gate-cartpole/checkpoint.ckpt --out bundles/gate-cartpole \
+		--require-lite --force
+	$(PY) -m msrl_consistency.verify --mindir bundles/gate-cartpole/policy.mindir \
+		--ckpt runs/gate-cartpole/checkpoint.ckpt --require ms-mindir,lite,onnxruntime --out reports/gate-cartpole
+	$(PY) -m msrl_consistency.train --env-id Pendulum-v1 --total-steps 8192 --run-dir runs/gate-pendulum \
+		--progress false --eval-episodes 3
+	$(PY) -m msrl_consistency.export --ckpt runs/gate-pendulum/checkpoint.ckpt --out bundles/gate-pendulum \
+		--require-lite --force
+	$(PY) -m msrl_consistency.verify --mindir bundles/gate-pendulum/policy.mindir \
+		--ckpt runs/gate-pendulum/checkpoint.ckpt --require ms-mindir,lite,onnxruntime --out reports/gate-pendulum
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -182,12 +182,28 @@ class LiteRunner:
         if not (exe.is_file() and os.access(exe, os.X_OK)):
             self._stderr.close()
             raise RunnerUnavailable(f"Lite runner not found or not executable: {exe} (build it with `make lite`)")
-        cmd = [str(exe), "--model", self.model_path, "--device", device, "--device-id", str(device_id),
-               "--threads", str(threads)]
+        cmd = [
+            str(exe),
+            "--model",
+            self.model_path,
+            "--device",
+            device,
+            "--device-id",
+            str(device_id),
+            "--threads",
+            str(threads),
+        ]
         env = dict(os.environ)
         env.setdefault("GLOG_v", "3")  # Lite logs warnings by default; keep the stderr log small
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                      env=env, start_new_session=True, bufsize=0)
+        self._proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+            start_new_session=True,
+            bufsize=0,
+        )
         self._in = self._proc.stdin.fileno()  # type: ignore[union-attr]
         self._out = self._proc.stdout.fileno()  # type: ignore[union-attr]
         hello = self._handshake(load_timeout)
@@ -230,14 +246,14 @@ class LiteRunner:
         for _ in range(count):
             (name_len,) = _U32.unpack_from(buf, self._need(4, deadline))
             off = self._need(name_len + 8, deadline)
-            name = buf[off:off + name_len].decode()
+            name = buf[off : off + name_len].decode()
             code, ndim = _U32X2.unpack_from(buf, off + name_len)
             dims = struct.unpack_from(f"<{ndim}q", buf, self._need(8 * ndim, deadline))
             (nbytes,) = _U64.unpack_from(buf, self._need(8, deadline))
             if code >= len(DTYPES):
                 self._crashed(f"runner sent unknown dtype code {code}")
             off = self._need(nbytes, deadline)
-            out[name] = np.frombuffer(buf[off:off + nbytes], dtype=DTYPES[code]).reshape(dims)
+            out[name] = np.frombuffer(buf[off : off + nbytes], dtype=DTYPES[code]).reshape(dims)
         return out
 
     def ping(self) -> float:
@@ -296,12 +312,17 @@ class LiteRunner:
         if arr.dtype != meta.dtype:
             raise FeedError(f"input '{meta.name}': dtype {arr.dtype} != expected {meta.dtype}")
         if arr.ndim != len(meta.shape):
-            raise FeedError(f"input '{meta.name}': shape {arr.shape} has rank {arr.ndim}, "
-                            f"expected rank {len(meta.shape)} {meta.shape}")
+            raise FeedError(
+                f"input '{meta.name}': shape {arr.shape} has rank {arr.ndim}, "
+                f"expected rank {len(meta.shape)} {meta.shape}"
+            )
         if any(want >= 0 and got != want for got, want in zip(arr.shape, meta.shape, strict=True)):
             raise FeedError(f"input '{meta.name}': shape {arr.shape} does not match {meta.shape}")
-        return (_U32X2.pack(_DTYPE_CODE[meta.dtype], arr.ndim) + struct.pack(f"<{arr.ndim}q", *arr.shape)
-                + _U64.pack(arr.nbytes))
+        return (
+            _U32X2.pack(_DTYPE_CODE[meta.dtype], arr.ndim)
+            + struct.pack(f"<{arr.ndim}q", *arr.shape)
+            + _U64.pack(arr.nbytes)
+        )
 
     def _alive(self) -> subprocess.Popen[bytes]:
         if self._proc is None:
@@ -342,13 +363,13 @@ class LiteRunner:
         view = memoryview(frame)
         try:
             while view:
-                view = view[os.write(self._in, view):]
+                view = view[os.write(self._in, view) :]
         except BrokenPipeError:
             self._crashed()
 
     def _status(self, deadline: float) -> None:
         """Starts reading a response: drops the previous one, checks magic, raises on a non-ok status."""
-        del self._buf[:self._pos]
+        del self._buf[: self._pos]
         self._pos = 0
         magic, status = _U32X2.unpack_from(self._buf, self._need(8, deadline))
         if magic != MAGIC:
@@ -357,7 +378,7 @@ class LiteRunner:
             return
         (msg_len,) = _U32.unpack_from(self._buf, self._need(4, deadline))
         off = self._need(msg_len, deadline)
-        msg = self._buf[off:off + msg_len].decode(errors="replace")
+        msg = self._buf[off : off + msg_len].decode(errors="replace")
         error = _STATUS_ERRORS.get(status)
         if error is None:
             self._crashed(f"unknown response status {status}: {msg}")
@@ -378,8 +399,9 @@ class LiteRunner:
             proc = self._alive()
             self._kill(proc)
             self.close()
-            raise RunnerTimeout(f"runner (pid {proc.pid}) gave no answer within the timeout while waiting for "
-                                f"{what}; killed it")
+            raise RunnerTimeout(
+                f"runner (pid {proc.pid}) gave no answer within the timeout while waiting for {what}; killed it"
+            )
         data = os.read(self._out, 1 << 16)
         if not data:
             self._crashed()
@@ -395,8 +417,9 @@ class LiteRunner:
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
         tail = self._stderr_tail()
         self.close()
-        raise RunnerCrashed(f"runner (pid {proc.pid}) {how}{': ' + why if why else ''}"
-                            f"{'; stderr: ' + tail if tail else ''}")
+        raise RunnerCrashed(
+            f"runner (pid {proc.pid}) {how}{': ' + why if why else ''}{'; stderr: ' + tail if tail else ''}"
+        )
 
     def _stderr_tail(self, lines: int = 5) -> str:
         if self._stderr.closed:

@@ -17,7 +17,9 @@ from inference.lite_client import LiteRunner, LiteRunnerError
 PLAY_NOISE_STREAM = 21
 
 
-def play(bundle_dir: str, episodes: int, seed: int, stochastic: bool, fmt: str, device: str, device_id: int) -> list[float]:
+def play(
+    bundle_dir: str, episodes: int, seed: int, stochastic: bool, fmt: str, device: str, device_id: int
+) -> list[float]:
     import gymnasium as gym
 
     bundle = load_bundle(bundle_dir)

@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         plot_reward_curve(run_dir / rd.EPISODES_CSV, run_dir / rd.REWARD_PLOT, f"PPO on {cfg.env_id}")
     summary = f"trained {cfg.env_id} for {trainer.global_step} steps → {run_dir}"
     if eval_returns:
-        summary += f"; deterministic eval return {sum(eval_returns) / len(eval_returns):.1f} over {len(eval_returns)} ep"
+        summary += (
+            f"; deterministic eval return {sum(eval_returns) / len(eval_returns):.1f} over {len(eval_returns)} ep"
+        )
     print(summary)
     return 0
 

@@ -62,8 +62,9 @@ class Mlp(NamedTuple):
         return (h @ w3 + b3).astype(np.float32)
 
 
-def _mlp_onnx(path: Path, *, obs: int = 4, hidden: int = 64, act: int = 2, argmax: bool = False,
-              seed: int = 0) -> tuple[np.ndarray, ...]:
+def _mlp_onnx(
+    path: Path, *, obs: int = 4, hidden: int = 64, act: int = 2, argmax: bool = False, seed: int = 0
+) -> tuple[np.ndarray, ...]:
     """Gemm+Tanh MLP with a dynamic batch dim, the shape of a small policy network."""
     rng = np.random.default_rng(seed)
     # Usual policy-net init scales (1/sqrt(fan_in), small last layer), so outputs are O(1) like real logits.
@@ -83,7 +84,10 @@ def _mlp_onnx(path: Path, *, obs: int = 4, hidden: int = 64, act: int = 2, argma
         nodes.append(helper.make_node("ArgMax", ["logits"], ["action"], axis=1, keepdims=0))
         outputs.append(helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"]))
     graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", obs])], outputs,
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", obs])],
+        outputs,
         [numpy_helper.from_array(w, n) for w, n in zip(weights, names, strict=True)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -94,8 +98,12 @@ def _mlp_onnx(path: Path, *, obs: int = 4, hidden: int = 64, act: int = 2, argma
 
 
 def _convert(onnx_path: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(CONVERTER), "--onnx", str(onnx_path), "--out", str(out), *extra],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(CONVERTER), "--onnx", str(onnx_path), "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -226,8 +234,12 @@ def test_runner_side_bad_request_keeps_runner_alive(mlp: Mlp) -> None:
 
 def test_raw_protocol(mlp: Mlp) -> None:
     """Drives the binary directly, so the wire format documented in lite_client is pinned down."""
-    proc = subprocess.Popen([str(runner_path()), "--model", str(mlp.ms)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(runner_path()), "--model", str(mlp.ms)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert proc.stdin is not None and proc.stdout is not None
     hello = json.loads(proc.stdout.readline())
     assert hello["ok"] and hello["inputs"] == [{"name": "obs", "dtype": "float32", "shape": [-1, 4]}]
@@ -349,8 +361,13 @@ def test_mindir_v3_is_refused_with_versions(tmp_path: Path) -> None:
     # MindSpore runs in its own process: its libmindspore_core.so clashes with Lite's.
     script = tmp_path / "export_mindir.py"
     script.write_text(_EXPORT_MINDIR)
-    subprocess.run([sys.executable, str(script), str(tmp_path / "dense")], check=True, capture_output=True,
-                   timeout=120, env={**os.environ, "GLOG_v": "3"})
+    subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "dense")],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "GLOG_v": "3"},
+    )
     with pytest.raises(MindIRVersionError) as info:
         LiteRunner(tmp_path / "dense.mindir")
     msg = str(info.value)
@@ -359,8 +376,15 @@ def test_mindir_v3_is_refused_with_versions(tmp_path: Path) -> None:
 
 
 def test_exit_codes_are_distinct() -> None:
-    classes = [RunnerUnavailable, ModelLoadError, MindIRVersionError, DeviceUnavailable, FeedError, RunnerTimeout,
-               RunnerCrashed]
+    classes = [
+        RunnerUnavailable,
+        ModelLoadError,
+        MindIRVersionError,
+        DeviceUnavailable,
+        FeedError,
+        RunnerTimeout,
+        RunnerCrashed,
+    ]
     codes = [c.exit_code for c in classes]
     assert codes == [3, 4, 5, 6, 7, 8, 9]
     assert all(issubclass(c, LiteRunnerError) for c in classes)

@@ -26,7 +26,10 @@ def run_main(*argv: str) -> int:
     [
         (["--env-id", "NoSuchEnv-v9"], "unknown environment id"),
         (["--env-id", "Blackjack-v1"], "unsupported observation space"),
-        (["--env-id", "CartPole-v1", "--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], "does not divide"),
+        (
+            ["--env-id", "CartPole-v1", "--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"],
+            "does not divide",
+        ),
         (["--hidden-sizes", "64,-1"], "hidden-sizes"),
         (["--device", "tpu"], "--device"),
     ],

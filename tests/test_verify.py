@@ -98,8 +98,10 @@ class OtherNoiseStream:
     def infer(self, obs, noise=None):
         if noise is None:
             return self.inner.infer(obs)
-        other = self.rng.random(noise.shape, dtype=np.float32) if noise.min() >= 0 else self.rng.standard_normal(
-            noise.shape, dtype=np.float32
+        other = (
+            self.rng.random(noise.shape, dtype=np.float32)
+            if noise.min() >= 0
+            else self.rng.standard_normal(noise.shape, dtype=np.float32)
         )
         return self.inner.infer(obs, other)
 
@@ -160,15 +162,42 @@ def test_baseline_regression_is_detected(cartpole_bundle, cartpole_ckpt, tmp_pat
 
 def test_cli_exit_codes(cartpole_bundle, cartpole_ckpt, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "msrl_consistency.verify", *args], capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "msrl_consistency.verify", *args], capture_output=True, text=True, timeout=600
+        )
 
-    ok = run("--mindir", str(cartpole_bundle.root / "policy.mindir"), "--ckpt", str(cartpole_ckpt),
-             "--observations", "500", "--episodes", "2", "--runtimes", "ms-mindir", "--out", str(tmp_path / "ok"))  # fmt: skip
+    ok = run(
+        "--mindir",
+        str(cartpole_bundle.root / "policy.mindir"),
+        "--ckpt",
+        str(cartpole_ckpt),
+        "--observations",
+        "500",
+        "--episodes",
+        "2",
+        "--runtimes",
+        "ms-mindir",
+        "--out",
+        str(tmp_path / "ok"),
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert (tmp_path / "ok" / "report.md").exists()
     missing = run("--mindir", str(tmp_path / "nope.mindir"))
     assert missing.returncode == 2 and missing.stderr.strip().startswith("error:")
-    required = run("--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--runtimes", "lite-python",
-                   "--require", "lite-python", "--observations", "100", "--episodes", "1", "--out", str(tmp_path / "r"))  # fmt: skip
+    required = run(
+        "--bundle",
+        str(cartpole_bundle.root),
+        "--ckpt",
+        str(cartpole_ckpt),
+        "--runtimes",
+        "lite-python",
+        "--require",
+        "lite-python",
+        "--observations",
+        "100",
+        "--episodes",
+        "1",
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert required.returncode == 3, required.stderr[-2000:]

@@ -82,6 +82,3 @@ def numpy_normalize(obs: np.ndarray, mean: np.ndarray, var: np.ndarray, clip: fl
     obs, mean, var = (np.asarray(a, np.float32) for a in (obs, mean, var))
     x = (obs - mean) / np.sqrt(var + np.float32(NORM_EPS))
     return np.clip(x, -clip, clip)
-
-
-

@@ -139,7 +139,12 @@ def _write_graph(cell: Any, contract: G.GraphSpec, tmp: Path, options: ExportOpt
 
 def _entry(path: Path, root: Path) -> dict[str, Any]:
     fmt = path.suffix.lstrip(".")
-    entry: dict[str, Any] = {"file": path.name, "format": fmt, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    entry: dict[str, Any] = {
+        "file": path.name,
+        "format": fmt,
+        "sha256": sha256_file(path),
+        "bytes": path.stat().st_size,
+    }
     if fmt == "mindir":
         entry["mind_ir_version"] = mindir_version(path)
     return entry
@@ -233,7 +238,8 @@ def _self_check(bundle: Bundle, heads: dict[str, Any], options: ExportOptions) -
                 worst = max(worst, cmp.max_abs)
                 if not cmp.passed:
                     failures.append(
-                        f"{graph}.{fmt} output {name}: {cmp.mismatches}/{cmp.count} elements off (max abs {cmp.max_abs:.3g})"
+                        f"{graph}.{fmt} output {name}: {cmp.mismatches}/{cmp.count} elements off "
+                        f"(max abs {cmp.max_abs:.3g})"
                     )
             results.append(
                 {"graph": graph, "format": fmt, "runtime": runtime.name, "max_abs": worst, "tolerance": tol.to_dict()}
@@ -270,6 +276,3 @@ def describe(bundle: Bundle) -> str:
     worst = max((r.get("max_abs", 0.0) for r in check["results"]), default=0.0)
     lines.append(f"  self-check: {check['samples']} observations, worst max |diff| {worst:.2e}")
     return "\n".join(lines)
-
-
-

@@ -46,9 +46,7 @@ def load_policy(path: str | Path, spec: PolicySpec) -> ActorCritic:
     missing = sorted(set(expected) - set(params))
     extra = sorted(set(params) - set(expected))
     if missing or extra:
-        raise UsageError(
-            f"checkpoint {path} does not match the policy: missing {missing[:4]}, unexpected {extra[:4]}"
-        )
+        raise UsageError(f"checkpoint {path} does not match the policy: missing {missing[:4]}, unexpected {extra[:4]}")
     for name, param in expected.items():
         got = params[name]
         if tuple(got.shape) != tuple(param.shape) or got.dtype != param.dtype:

@@ -49,8 +49,9 @@ def diagnose(
         return Diagnosis("provenance", "the bundle was exported from a different checkpoint (sha256 differs)")
     if det_param_ok and det_action_ok and not sample_ok:
         return Diagnosis(
-            "sampling", "deterministic outputs agree but sampled actions differ under identical noise: the noise "
-            "stream or its transformation differs"
+            "sampling",
+            "deterministic outputs agree but sampled actions differ under identical noise: the noise "
+            "stream or its transformation differs",
         )
     if det_param_ok and not det_action_ok:
         if unscaled_action is not None and _close(got_action, unscaled_action):
@@ -58,12 +59,15 @@ def diagnose(
         return Diagnosis("postprocessing", "same logits/mean but different actions: action post-processing differs")
     if not det_param_ok:
         if param_without_norm is not None and _close(got_param, param_without_norm):
-            return Diagnosis("preprocessing", "outputs match the policy without observation normalisation: "
-                             "the graph does not normalise observations")
+            return Diagnosis(
+                "preprocessing",
+                "outputs match the policy without observation normalisation: the graph does not normalise observations",
+            )
         if bundle_precision == "fp16":
             return Diagnosis(
-                "precision", f"an fp16 export: max relative difference {max_rel_param:.1e}, cosine "
-                f"{cosine_param:.6f}; use the fp16 tolerance preset or export fp32"
+                "precision",
+                f"an fp16 export: max relative difference {max_rel_param:.1e}, cosine "
+                f"{cosine_param:.6f}; use the fp16 tolerance preset or export fp32",
             )
         stage = "network (actor)" if value_ok else "network (actor and critic)"
         return Diagnosis("network", f"{stage} outputs differ with preprocessing ruled out: weights differ")

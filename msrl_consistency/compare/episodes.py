@@ -112,11 +112,13 @@ def action_differences(ref: EpisodeTrace, got: EpisodeTrace, discrete: bool, ato
     diff = np.where(both, diff, 0.0)
     diverged = diff > (0.5 if discrete else atol)
     first = [int(np.argmax(diverged[:, k])) if diverged[:, k].any() else None for k in range(diff.shape[1])]
-    length_mismatch = (ref.lengths != got.lengths)
+    length_mismatch = ref.lengths != got.lengths
     return {
         "per_step_max": diff.max(1),
         "differing_steps": int(diverged.sum()),
         "first_divergent_step": first,
-        "episodes_diverged": int(sum(f is not None for f in first) + int(np.sum(length_mismatch & np.array([f is None for f in first])))),
+        "episodes_diverged": int(
+            sum(f is not None for f in first) + int(np.sum(length_mismatch & np.array([f is None for f in first])))
+        ),
         "return_delta": (got.returns - ref.returns),
     }

@@ -38,7 +38,14 @@ def edge_observations(bundle: Bundle) -> np.ndarray:
     norm = bundle.manifest["normalization"]
     mean, std = np.asarray(norm["mean"]), np.sqrt(np.asarray(norm["var"]))
     low, high = _finite_bounds(bundle)
-    rows = [np.zeros_like(mean), mean, mean + 50 * std, mean - 50 * std, np.full_like(mean, 1e4), -np.full_like(mean, 1e4)]
+    rows = [
+        np.zeros_like(mean),
+        mean,
+        mean + 50 * std,
+        mean - 50 * std,
+        np.full_like(mean, 1e4),
+        -np.full_like(mean, 1e4),
+    ]
     for bound in (low, high):
         rows.append(np.where(np.isfinite(bound), bound, mean))
     return np.asarray(rows, np.float32)

@@ -11,7 +11,9 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
-def argmax_flips(ref_logits: np.ndarray, got_logits: np.ndarray, ref_action: np.ndarray, got_action: np.ndarray) -> dict:
+def argmax_flips(
+    ref_logits: np.ndarray, got_logits: np.ndarray, ref_action: np.ndarray, got_action: np.ndarray
+) -> dict:
     """Rows where the chosen action differs, with the reference's top-2 logit margin at each."""
     flips = np.flatnonzero(ref_action != got_action)
     top2 = np.sort(ref_logits.astype(np.float64), -1)[:, -2:]

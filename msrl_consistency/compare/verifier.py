@@ -153,11 +153,16 @@ def verify(
     if checkpoint is not None and checkpoint.is_file():
         checkpoint_matches = sha256_file(checkpoint) == bundle.manifest["source"]["checkpoint_sha256"]
         checks.append(
-            Check("bundle", "provenance", "pass" if checkpoint_matches else "fail",
-                  "bundle exported from this checkpoint" if checkpoint_matches else
-                  "bundle was exported from a different checkpoint (sha256 differs)",
-                  {"checkpoint": str(checkpoint)})
-        )  # fmt: skip
+            Check(
+                "bundle",
+                "provenance",
+                "pass" if checkpoint_matches else "fail",
+                "bundle exported from this checkpoint"
+                if checkpoint_matches
+                else "bundle was exported from a different checkpoint (sha256 differs)",
+                {"checkpoint": str(checkpoint)},
+            )
+        )
     ref_runtime = None
     if reference is None:
         reason = RUNTIMES[REFERENCE].unavailable_reason(source)
@@ -184,8 +189,9 @@ def verify(
                 raise RuntimeUnavailable(f"required runtime {name} is unavailable: {pair}")
             checks.append(Check(name, "available", "skip", f"unavailable: {pair}"))
             continue
-        runtimes[name] = _check_runtime(name, pair, bundle, reference, preset, options, checks, episode_diffs,
-                                        checkpoint_matches)  # fmt: skip
+        runtimes[name] = _check_runtime(
+            name, pair, bundle, reference, preset, options, checks, episode_diffs, checkpoint_matches
+        )
     if ref_runtime is not None:
         ref_runtime.close()
     checks.extend(_version_checks(bundle, runtimes))
@@ -218,7 +224,9 @@ def _check_runtime(
         sto.open()
     except IncompatibleModel as exc:
         status = "fail" if name in options.required else "warn"
-        checks.append(Check(name, "version_contract", status, str(exc), diagnosis={"stage": "version", "detail": str(exc)}))
+        checks.append(
+            Check(name, "version_contract", status, str(exc), diagnosis={"stage": "version", "detail": str(exc)})
+        )
         return {"status": "incompatible", "reason": str(exc)}
     except MsrlError as exc:
         checks.append(Check(name, "load", "fail", str(exc)))
@@ -274,7 +282,11 @@ def _check_runtime(
 
 
 def _compare_outputs(
-    runtime: str, check: str, ref: dict[str, np.ndarray], got: dict[str, np.ndarray], tol: dict[str, Tolerance],
+    runtime: str,
+    check: str,
+    ref: dict[str, np.ndarray],
+    got: dict[str, np.ndarray],
+    tol: dict[str, Tolerance],
     feeds: Feeds,
 ) -> tuple[Check, dict[str, Any]]:
     finite = ~np.isnan(feeds.obs).any(1)  # NaN rows are checked separately (argmax of NaN is undefined)
@@ -282,9 +294,11 @@ def _compare_outputs(
     failed = [c for c in cmps.values() if not c.passed]
     worst = max(cmps.values(), key=lambda c: c.max_abs)
     summary = (
-        f"{len(failed)} output(s) differ: " + ", ".join(f"{c.name} {c.mismatches}/{c.count} (max abs {c.max_abs:.2e})" for c in failed)
-        if failed else f"{int(finite.sum())} observations agree; worst {worst.name} max abs {worst.max_abs:.2e}"
-    )  # fmt: skip
+        f"{len(failed)} output(s) differ: "
+        + ", ".join(f"{c.name} {c.mismatches}/{c.count} (max abs {c.max_abs:.2e})" for c in failed)
+        if failed
+        else f"{int(finite.sum())} observations agree; worst {worst.name} max abs {worst.max_abs:.2e}"
+    )
     metrics = {"outputs": {k: c.to_dict() for k, c in cmps.items()}}
     return Check(runtime, check, "fail" if failed else "pass", summary, metrics), cmps
 
@@ -296,7 +310,9 @@ def _policy_metrics(
     param = "logits" if bundle.discrete else "mean"
     r_param, g_param = ref.det[param][finite], got_det[param][finite]
     if bundle.discrete:
-        det_check.metrics["argmax"] = P.argmax_flips(r_param, g_param, ref.det["action"][finite], got_det["action"][finite])
+        det_check.metrics["argmax"] = P.argmax_flips(
+            r_param, g_param, ref.det["action"][finite], got_det["action"][finite]
+        )
         kl = P.categorical_kl(r_param, g_param)
     else:
         kl = P.gaussian_kl(r_param, g_param, np.asarray(bundle.manifest["gaussian_log_std"]))
@@ -313,16 +329,18 @@ def _nan_check(runtime: str, ref: Reference, got_det: dict, got_sto: dict) -> Ch
     mismatched = []
     for outs, ref_outs in ((got_det, ref.det), (got_sto, ref.sto)):
         for k, v in outs.items():
-            if np.issubdtype(v.dtype, np.floating):
-                if not np.array_equal(np.isnan(v[rows]), np.isnan(ref_outs[k][rows])):
-                    mismatched.append(k)
+            if v.dtype.kind != "f":
+                continue
+            if not np.array_equal(np.isnan(v[rows]), np.isnan(ref_outs[k][rows])):
+                mismatched.append(k)
     # NaN observations are invalid input: a runtime that handles them differently is flagged, not failed.
     status = "warn" if mismatched else "pass"
     summary = (
         f"NaN observations propagate differently in {', '.join(sorted(set(mismatched)))} (e.g. Clip maps NaN "
         "to a bound)"
-        if mismatched else f"{int(rows.sum())} NaN observations propagate as in the reference (flagged; actions undefined)"
-    )  # fmt: skip
+        if mismatched
+        else f"{int(rows.sum())} NaN observations propagate as in the reference (flagged; actions undefined)"
+    )
     return Check(runtime, "nan_propagation", status, summary)
 
 
@@ -339,8 +357,9 @@ def _teacher_forced(runtime, mode, trace: E.EpisodeTrace, act, noise, discrete: 
     status = "fail" if diff.any() else "pass"
     summary = (
         f"{int(diff.sum())} of {int(trace.alive.sum())} actions differ, first at step {first}"
-        if diff.any() else f"all {int(trace.alive.sum())} actions agree on the reference's observations"
-    )  # fmt: skip
+        if diff.any()
+        else f"all {int(trace.alive.sum())} actions agree on the reference's observations"
+    )
     return Check(runtime, f"episodes.teacher_forced.{mode}", status, summary, metrics)
 
 
@@ -359,8 +378,9 @@ def _free_running_check(runtime: str, mode: str, diff: dict, trace: E.EpisodeTra
     summary = (
         f"{diff['episodes_diverged']} of {len(delta)} episodes diverge (first at step {min(first) if first else '?'}), "
         f"max |return delta| {metrics['max_abs_return_delta']:.3g}"
-        if status == "fail" else f"{len(delta)} episodes identical to the reference, step by step"
-    )  # fmt: skip
+        if status == "fail"
+        else f"{len(delta)} episodes identical to the reference, step by step"
+    )
     return Check(runtime, f"episodes.free_running.{mode}", status, summary, metrics)
 
 
@@ -370,9 +390,19 @@ def _version_checks(bundle: Bundle, runtimes: dict[str, dict[str, Any]]) -> list
     checks = []
     for name, info in runtimes.items():
         ms_version = info.get("versions", {}).get("mindspore")
-        if ms_version and exporter.get("mindspore") and ms_version.split(".")[:2] != exporter["mindspore"].split(".")[:2]:
-            checks.append(Check(name, "version_contract", "warn",
-                                f"exported with MindSpore {exporter['mindspore']}, running {ms_version}"))  # fmt: skip
+        if (
+            ms_version
+            and exporter.get("mindspore")
+            and ms_version.split(".")[:2] != exporter["mindspore"].split(".")[:2]
+        ):
+            checks.append(
+                Check(
+                    name,
+                    "version_contract",
+                    "warn",
+                    f"exported with MindSpore {exporter['mindspore']}, running {ms_version}",
+                )
+            )
     return checks
 
 
@@ -381,16 +411,22 @@ def save_golden(path: Path, result: VerifyResult) -> None:
     """Inputs, reference outputs and episode traces in one portable .npz (plus the manifest hash)."""
     ref, bundle = result.reference, result.bundle
     arrays: dict[str, np.ndarray] = {
-        "obs": ref.feeds.obs, "source": ref.feeds.source.astype("U8"), "noise": ref.feeds.noise,
+        "obs": ref.feeds.obs,
+        "source": ref.feeds.source.astype("U8"),
+        "noise": ref.feeds.noise,
         "episode_noise": ref.episode_noise,
-    }  # fmt: skip
+    }
     arrays.update({f"det/{k}": v for k, v in ref.det.items()})
     arrays.update({f"sto/{k}": v for k, v in ref.sto.items()})
     for mode, trace in ref.traces.items():
         for field_name in ("obs", "actions", "rewards", "alive"):
             arrays[f"trace/{mode}/{field_name}"] = getattr(trace, field_name)
-    meta = {"env_id": bundle.env_id, "seed": result.options.seed, "episodes": result.options.episodes,
-            "manifest_sha256": sha256_file(bundle.root / "manifest.json")}  # fmt: skip
+    meta = {
+        "env_id": bundle.env_id,
+        "seed": result.options.seed,
+        "episodes": result.options.episodes,
+        "manifest_sha256": sha256_file(bundle.root / "manifest.json"),
+    }
     arrays["meta"] = np.array(json.dumps(meta))
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez_compressed(tmp, **arrays)

@@ -32,7 +32,9 @@ def collect_metrics(result: VerifyResult) -> dict[str, float]:
 
 
 def save_baseline(path: Path, result: VerifyResult, margin_abs: float = 1e-6, margin_rel: float = 0.5) -> None:
-    metrics = {k: {"value": v, "margin_abs": margin_abs, "margin_rel": margin_rel} for k, v in collect_metrics(result).items()}
+    metrics = {
+        k: {"value": v, "margin_abs": margin_abs, "margin_rel": margin_rel} for k, v in collect_metrics(result).items()
+    }
     write_json_atomic(path, {"schema": BASELINE_SCHEMA, "metrics": metrics})
 
 

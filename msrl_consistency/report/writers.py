@@ -136,8 +136,10 @@ def plot_action_diffs(result: VerifyResult, out: Path) -> bool:
 
 def write_reports(result: VerifyResult, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {k: out_dir / v for k, v in
-             {"json": "report.json", "md": "report.md", "junit": "junit.xml", "plot": "action_diff.png"}.items()}  # fmt: skip
+    paths = {
+        k: out_dir / v
+        for k, v in {"json": "report.json", "md": "report.md", "junit": "junit.xml", "plot": "action_diff.png"}.items()
+    }
     write_json_atomic(paths["json"], report_dict(result))
     md, xml = markdown(result), junit(result)
     write_atomic(paths["md"], lambda tmp: tmp.write_text(md))

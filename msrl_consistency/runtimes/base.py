@@ -109,7 +109,10 @@ class Runtime(abc.ABC):
             if not isinstance(arr, np.ndarray) or arr.dtype != meta.dtype:
                 got = getattr(arr, "dtype", type(arr).__name__)
                 raise FeedError(f"{self.graph} input {meta.name!r} must be {meta.dtype}, got {got}")
-            if arr.ndim != len(meta.shape) or any(m != -1 and m != s for m, s in zip(meta.shape, arr.shape)):
+            fixed_ok = arr.ndim == len(meta.shape) and all(
+                m in (-1, s) for m, s in zip(meta.shape, arr.shape, strict=True)
+            )
+            if not fixed_ok:
                 raise FeedError(f"{self.graph} input {meta.name!r} must have shape {meta.shape}, got {arr.shape}")
             if batch is not None and arr.shape[0] != batch:
                 raise FeedError(f"{self.graph} inputs disagree on the batch size ({batch} vs {arr.shape[0]})")
