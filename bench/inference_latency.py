@@ -1,0 +1,90 @@
+"""Per-runtime inference latency on one bundle: single-observation p50/p99 and batch-256 throughput.
+
+ONNX Runtime (in-process) is the baseline measured in the same run; ratios are what to compare across
+machines. Usage: ``python bench/inference_latency.py [--bundle DIR] [--ckpt RUN/checkpoint.ckpt]``
+(default: trains and exports a small CartPole-v1 policy into reports/bench/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from inference.bundle import load_bundle
+from msrl_consistency.compare.feeds import seeded_feeds
+from msrl_consistency.runtimes.base import RuntimeSource
+from msrl_consistency.runtimes.registry import create
+
+BASELINE = "onnxruntime"
+RUNTIMES = ["onnxruntime", "lite", "ms-mindir", "ms-graph", "ms-cell"]
+
+
+def prepare(out: Path) -> tuple[Path, Path]:
+    run, bundle = out / "run-cartpole", out / "bundle-cartpole"
+    if not (bundle / "manifest.json").exists():
+        py = sys.executable
+        subprocess.run([py, "-m", "msrl_consistency.train", "--total-steps", "4096", "--run-dir", str(run),
+                        "--progress", "false", "--eval-episodes", "0"], check=True)  # fmt: skip
+        subprocess.run([py, "-m", "msrl_consistency.export", "--ckpt", str(run / "checkpoint.ckpt"), "--out",
+                        str(bundle), "--force"], check=True)  # fmt: skip
+    return bundle, run / "checkpoint.ckpt"
+
+
+def measure(name: str, source: RuntimeSource, obs: np.ndarray, single_calls: int, batch_calls: int) -> dict:
+    with create(name, source, "policy") as rt:
+        for i in range(20):  # warm-up (and graph compilation)
+            rt.infer(obs[i : i + 1])
+            rt.infer(obs[:256])
+        lat = np.empty(single_calls)
+        for i in range(single_calls):
+            row = obs[i % len(obs) : i % len(obs) + 1]
+            t = time.perf_counter()
+            rt.infer(row)
+            lat[i] = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in range(batch_calls):
+            rt.infer(obs[:256])
+        batch_rate = 256 * batch_calls / (time.perf_counter() - t)
+    return {"p50_us": np.percentile(lat, 50) * 1e6, "p99_us": np.percentile(lat, 99) * 1e6, "batch_obs_s": batch_rate}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bundle", type=Path)
+    p.add_argument("--ckpt", type=Path)
+    p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--out", type=Path, default=Path("reports/bench"))
+    args = p.parse_args()
+    bundle_dir, ckpt = (args.bundle, args.ckpt) if args.bundle else prepare(args.out)
+    bundle = load_bundle(bundle_dir)
+    source = RuntimeSource(bundle, ckpt)
+    obs = seeded_feeds(bundle, 1024, seed=0).obs
+    rows = {}
+    for name in RUNTIMES:
+        reason = create(name, source, "policy").unavailable_reason(source)
+        if reason:
+            print(f"{name}: unavailable ({reason})")
+            continue
+        calls = args.calls if name != "ms-cell" else max(100, args.calls // 20)  # PyNative is slow
+        rows[name] = measure(name, source, obs, calls, max(20, calls // 20))
+    base = rows[BASELINE]
+    print(f"\n{bundle.env_id} deterministic policy ({bundle.policy_spec['hidden_sizes']} MLP), baseline {BASELINE}\n")
+    print("| runtime | single p50 (µs) | single p99 (µs) | p50 / baseline | batch-256 obs/s | batch / baseline |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['p50_us'] / base['p50_us']:.1f}x | "
+              f"{r['batch_obs_s']:,.0f} | {r['batch_obs_s'] / base['batch_obs_s']:.2f}x |")  # fmt: skip
+    if "lite" in rows:
+        target = 50.0
+        verdict = "meets" if rows["lite"]["p50_us"] <= target else "misses"
+        p50 = rows["lite"]["p50_us"]
+        print(f"\nLite runner single-step round trip p50 {p50:.1f} µs {verdict} the {target:.0f} µs target")
+
+
+if __name__ == "__main__":
+    main()
