@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import tempfile
@@ -11,13 +10,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from inference.bundle import sha256_file  # the deploy side's copy is the one home
 
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+__all__ = ["atomic_path", "sha256_file", "write_atomic", "write_bytes_atomic", "write_json_atomic"]
 
 
 @contextlib.contextmanager
