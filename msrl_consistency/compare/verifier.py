@@ -225,7 +225,7 @@ def _check_runtime(
     except IncompatibleModel as exc:
         status = "fail" if name in options.required else "warn"
         checks.append(
-            Check(name, "version_contract", status, str(exc), diagnosis={"stage": "version", "detail": str(exc)})
+            Check(name, "version_contract", status, str(exc), diagnosis={"stage": "version", "detail": "see summary"})
         )
         return {"status": "incompatible", "reason": str(exc)}
     except MsrlError as exc:
