@@ -112,3 +112,10 @@ def test_truncated_steps_bootstrap_the_final_value(tmp_path):
     assert buf["dones"][49, 0] and not buf["dones"][:49].any()
     assert buf["rewards"][49, 0] == pytest.approx(1.0 + cfg.gamma * final_value, rel=1e-5)
     np.testing.assert_array_equal(buf["rewards"][:49, 0], 1.0)
+
+
+def test_async_vector_envs_match_sync(tmp_path):
+    # Subprocess envs step the same seeded envs: identical metrics to the in-process vector env.
+    train(tiny_config(total_steps=64), tmp_path / "sync")
+    train(tiny_config(total_steps=64, async_envs=True), tmp_path / "async")
+    assert metrics_without_timing(tmp_path / "sync") == metrics_without_timing(tmp_path / "async")
