@@ -126,7 +126,7 @@ def plot_action_diffs(result: VerifyResult, out: Path) -> bool:
                 ax.plot(diffs, label=name, lw=1)
         ax.set(yscale="log", xlabel="episode step", title=f"free-running, {mode}")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("max |Δ action| over episodes")
+    axes[0].set_ylabel("max |Δ action| over episodes (exact 0 drawn at 1e-12)")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     write_atomic(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
