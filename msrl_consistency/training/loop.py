@@ -28,7 +28,7 @@ from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs import EnvInfo, describe_env, make_env, make_vector_env
 from msrl_consistency.errors import UsageError
 from msrl_consistency.training.gae import compute_gae
-from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep
+from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep, updates_per_call
 
 METRIC_FIELDS = [
     "iteration", "global_step", "episodes", "return_mean", "length_mean", "learning_rate",
@@ -77,7 +77,8 @@ class Trainer:
         self.rollout_net = RolloutPolicy(self.policy)
         self.optimizer = nn.Adam(self.policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
         loss = PPOLoss(self.policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss, cfg.norm_adv)
-        self.train_step = PPOTrainStep(loss, self.optimizer, cfg.max_grad_norm)
+        self.updates_per_call = updates_per_call(cfg.num_minibatches)
+        self.train_step = PPOTrainStep(loss, self.optimizer, cfg.max_grad_norm, self.updates_per_call)
         self.rms = RunningMeanStd.zeros(self.spec.obs_dim)
         self.noise_rng, self.shuffle_rng = seed_streams(cfg.seed)
 
@@ -150,12 +151,13 @@ class Trainer:
         ]
         sums = np.zeros(len(STEP_METRICS))
         count = 0
+        per_call = self.updates_per_call
         for _ in range(cfg.update_epochs):
             perm = self.shuffle_rng.permutation(batch).astype(np.int32)
-            for start in range(0, batch, cfg.minibatch_size):
-                idx = Tensor(perm[start : start + cfg.minibatch_size])
-                sums += self.train_step(*flat, idx).asnumpy()
-                count += 1
+            chunks = perm.reshape(cfg.num_minibatches // per_call, per_call, cfg.minibatch_size)
+            for idx in chunks:
+                sums += self.train_step(*flat, Tensor(idx)).asnumpy()
+                count += per_call
         stats = dict(zip(STEP_METRICS, (sums / count).tolist(), strict=True))
         values, returns = buf["values"].ravel(), buf["returns"].ravel()
         var_ret = float(np.var(returns))
