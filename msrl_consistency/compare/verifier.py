@@ -106,14 +106,16 @@ def build_reference(bundle: Bundle, source: RuntimeSource, options: VerifyOption
         }
         feeds = _observations(bundle, traces["deterministic"], options)
         ref_det, ref_sto = det.infer(feeds.obs), sto.infer(feeds.obs, feeds.noise)
-        policy = det.policy  # type: ignore[attr-defined]
-        policy.normalizer.enabled = False
-        try:
-            without_norm = det.infer(feeds.obs)
-        finally:
-            policy.normalizer.enabled = True
-        param_name = det.outputs[1].name
-        return Reference(feeds, ref_det, ref_sto, traces, noise, without_norm[param_name]), det
+        # What the policy would output without its normalisation: evidence for the preprocessing diagnosis.
+        normalizer = det.policy.normalizer  # type: ignore[attr-defined]
+        without_norm = None
+        if normalizer.enabled:
+            normalizer.enabled = False
+            try:
+                without_norm = det.infer(feeds.obs)[det.outputs[1].name]
+            finally:
+                normalizer.enabled = True
+        return Reference(feeds, ref_det, ref_sto, traces, noise, without_norm), det
     finally:
         sto.close()
 

@@ -87,6 +87,7 @@ class Trainer:
         self.ep_return = np.zeros(cfg.num_envs)
         self.ep_length = np.zeros(cfg.num_envs, dtype=np.int64)
         self.resume_exact = True
+        self.git_commit = git_commit()  # once: it spawns git subprocesses
         if resume_state is None:
             self.obs, _ = self.envs.reset(seed=cfg.seed)
             keep = None
@@ -250,7 +251,7 @@ class Trainer:
             "resume_exact": self.resume_exact,
             "eval": {"returns": eval_returns, "mean": float(np.mean(eval_returns))} if eval_returns else None,
             "versions": versions("mindspore", "gymnasium", "numpy"),
-            "git_commit": git_commit(),
+            "git_commit": self.git_commit,
         }
 
     def checkpoint(self, eval_returns: list[float] | None = None) -> None:
