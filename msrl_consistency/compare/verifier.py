@@ -85,7 +85,9 @@ class VerifyResult:
 
 
 # -- reference ----------------------------------------------------------------------------------------
-def _policy_fn(runtime_det: Runtime, runtime_sto: Runtime, discrete: bool):
+def _policy_fn(runtime_det: Runtime, runtime_sto: Runtime) -> E.Policy:
+    """(obs, noise | None) -> env actions, through the deterministic or the sampling graph."""
+
     def act(obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
         if noise is None:
             return runtime_det.infer(obs)["action"]
@@ -99,7 +101,7 @@ def build_reference(bundle: Bundle, source: RuntimeSource, options: VerifyOption
     try:
         horizon = E.max_episode_steps(bundle.env_id)
         noise = E.episode_noise(bundle, options.episodes, horizon, options.seed)
-        act = _policy_fn(det, sto, bundle.discrete)
+        act = _policy_fn(det, sto)
         traces = {
             "deterministic": E.run_episodes(bundle.env_id, act, options.episodes, options.seed, None, bundle.discrete),
             "stochastic": E.run_episodes(bundle.env_id, act, options.episodes, options.seed, noise, bundle.discrete),
@@ -264,7 +266,7 @@ def _check_runtime(
             for c in (det_check, sto_check):
                 if c.status == "fail":
                     c.diagnosis = diag
-        act = _policy_fn(det, sto, bundle.discrete)
+        act = _policy_fn(det, sto)
         episode_diffs[name] = {}
         atol = tol["action"].atol
         for mode, trace in ref.traces.items():
