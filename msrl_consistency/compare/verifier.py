@@ -229,7 +229,13 @@ def _check_runtime(
     except IncompatibleModel as exc:
         status = "fail" if name in options.required else "warn"
         checks.append(
-            Check(name, "version_contract", status, str(exc), diagnosis={"stage": "version", "detail": "see summary"})
+            Check(
+                name,
+                "version_contract",
+                status,
+                str(exc),
+                diagnosis={"stage": "version", "detail": "the format is newer than this runtime reads"},
+            )
         )
         return {"status": "incompatible", "reason": str(exc)}
     except MsrlError as exc:
