@@ -230,9 +230,14 @@ def from_dict(values: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
+def explicit_flags(argv: list[str] | None = None) -> dict[str, Any]:
+    """Only the fields given on the command line (every flag defaults to SUPPRESS)."""
+    return vars(build_parser().parse_args(argv))
+
+
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Merge defaults, the env preset, ``--config`` and flags into a validated config."""
-    args = vars(build_parser().parse_args(argv))
+    args = explicit_flags(argv)
     config_file = args.pop("config", "")
     file_values = load_toml(config_file) if config_file else {}
     env_id = args.get("env_id", file_values.get("env_id", TrainConfig.env_id))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from msrl_consistency.config import TrainConfig, from_dict, parse_config
+from msrl_consistency.config import TrainConfig, explicit_flags, from_dict, parse_config
 from msrl_consistency.errors import UsageError, run_cli
 
 
@@ -19,15 +19,14 @@ def _resume_config(cfg_cli: TrainConfig, argv: list[str]) -> tuple[TrainConfig, 
     run_dir = Path(cfg_cli.resume)
     info = rd.read_run_json(run_dir)
     stored = from_dict({k: v for k, v in info["config"].items() if k in TrainConfig.__dataclass_fields__})
-    given_env = next((a.split("=", 1)[1] if "=" in a else None for a in argv if a.startswith("--env-id")), None)
-    if "--env-id" in argv:
-        given_env = argv[argv.index("--env-id") + 1] if argv.index("--env-id") + 1 < len(argv) else None
+    flags = explicit_flags(argv)
+    given_env = flags.get("env_id")
     if given_env and given_env != stored.env_id:
         raise UsageError(f"{run_dir} is a run of {stored.env_id}, not {given_env}")
     state = rd.load_resume_state(run_dir / rd.RESUME_STATE)
     if state.get("env_id") != stored.env_id:
         raise UsageError(f"{run_dir}: resume state is for {state.get('env_id')}, run.json for {stored.env_id}")
-    stored.total_steps = cfg_cli.total_steps if "--total-steps" in " ".join(argv) else stored.total_steps
+    stored.total_steps = flags.get("total_steps", stored.total_steps)
     stored.progress = cfg_cli.progress
     stored.resume, stored.run_dir = str(run_dir), str(run_dir)
     stored.validate()
