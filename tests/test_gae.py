@@ -46,3 +46,18 @@ def test_gae_lambda_one_gives_discounted_returns():
         running = r[t] + 0.9 * running
         expected[t] = running
     np.testing.assert_allclose(ret, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_global_norm_clip_matches_torch_rule():
+    from mindspore import Tensor
+
+    from msrl_consistency.training.ppo import clip_by_global_norm
+
+    rng = np.random.default_rng(4)
+    grads = [rng.standard_normal(s).astype(np.float32) for s in [(3, 4), (4,), (2, 2)]]
+    norm = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads))
+    for max_norm in (0.5 * norm, 2.0 * norm):
+        clipped = [c.asnumpy() for c in clip_by_global_norm(tuple(Tensor(g) for g in grads), float(max_norm))]
+        scale = min(1.0, max_norm / (norm + 1e-6))
+        for c, g in zip(clipped, grads, strict=True):
+            np.testing.assert_allclose(c, g * scale, rtol=1e-5)

@@ -21,6 +21,16 @@ def updates_per_call(num_minibatches: int) -> int:
     return max(d for d in range(1, MAX_UPDATES_PER_CALL + 1) if num_minibatches % d == 0)
 
 
+def clip_by_global_norm(grads: tuple[Tensor, ...], max_norm: float) -> tuple[Tensor, ...]:
+    """Scale gradients so their global L2 norm is at most ``max_norm`` (PyTorch's ``clip_grad_norm_`` rule).
+
+    Written out because ``ops.clip_by_global_norm`` is deprecated since MindSpore 2.9.
+    """
+    total = ops.sqrt(ops.addn([ops.square(g).sum() for g in grads]))
+    scale = ops.minimum(max_norm / (total + 1e-6), 1.0)
+    return tuple(g * scale for g in grads)
+
+
 class PPOLoss(nn.Cell):
     """Clipped surrogate + (optionally clipped) value loss − entropy bonus; returns diagnostics as aux."""
 
@@ -107,6 +117,6 @@ class PPOTrainStep(nn.Cell):
             ops.gather(returns, idx, 0),
             ops.gather(values, idx, 0),
         )
-        grads = ops.clip_by_global_norm(grads, self.max_grad_norm)
+        grads = clip_by_global_norm(grads, self.max_grad_norm)
         loss = ops.depend(loss, self.optimizer(grads))
         return ops.concat((loss.reshape(1), aux))
