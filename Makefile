@@ -33,21 +33,21 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
-# The consistency gate CI runs: small policies, full export, verify must exit 0.
+# The consistency gate CI runs: for each env, a small policy, a full export, and verify must exit 0.
+GATE_ENVS := CartPole-v1 Pendulum-v1
+define gate_env
+	$(PY) -m msrl_consistency.train --env-id $(1) --total-steps 8192 --run-dir runs/gate-$(1) \
+		--progress false --eval-episodes 3
+	$(PY) -m msrl_consistency.export --ckpt runs/gate-$(1)/checkpoint.ckpt --out bundles/gate-$(1) \
+		--require-lite --force
+	$(PY) -m msrl_consistency.verify --mindir bundles/gate-$(1)/policy.mindir \
+		--ckpt runs/gate-$(1)/checkpoint.ckpt --require ms-mindir,lite,onnxruntime --out reports/gate-$(1)
+
+endef
+
 gate: setup
 	rm -rf runs/gate-* bundles/gate-* reports/gate-*
-	$(PY) -m msrl_consistency.train --env-id CartPole-v1 --total-steps 8192 --run-dir runs/gate-cartpole \
-		--progress false --eval-episodes 3
-	$(PY) -m msrl_consistency.export --ckpt runs/gate-cartpole/checkpoint.ckpt --out bundles/gate-cartpole \
-		--require-lite --force
-	$(PY) -m msrl_consistency.verify --mindir bundles/gate-cartpole/policy.mindir \
-		--ckpt runs/gate-cartpole/checkpoint.ckpt --require ms-mindir,lite,onnxruntime --out reports/gate-cartpole
-	$(PY) -m msrl_consistency.train --env-id Pendulum-v1 --total-steps 8192 --run-dir runs/gate-pendulum \
-		--progress false --eval-episodes 3
-	$(PY) -m msrl_consistency.export --ckpt runs/gate-pendulum/checkpoint.ckpt --out bundles/gate-pendulum \
-		--require-lite --force
-	$(PY) -m msrl_consistency.verify --mindir bundles/gate-pendulum/policy.mindir \
-		--ckpt runs/gate-pendulum/checkpoint.ckpt --require ms-mindir,lite,onnxruntime --out reports/gate-pendulum
+	$(foreach env,$(GATE_ENVS),$(call gate_env,$(env)))
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
