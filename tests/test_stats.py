@@ -1,0 +1,40 @@
+"""Comparison statistics: Polygraphy's element rule, NaN handling, ULP distance, exact integers."""
+
+import numpy as np
+
+from msrl_consistency.compare.policy_level import argmax_flips, categorical_kl, gaussian_kl
+from msrl_consistency.compare.stats import Tolerance, compare_arrays
+
+
+def test_element_fails_only_when_both_abs_and_rel_exceed():
+    ref = np.array([100.0, 1e-3, 5.0], np.float32)
+    got = np.array([100.005, 1.5e-3, 5.0], np.float32)  # abs 5e-3 rel 5e-5 | abs 5e-4 rel 0.5 | equal
+    cmp = compare_arrays("x", ref, got, Tolerance(atol=1e-3, rtol=1e-4))
+    assert cmp.passed  # each element is within one of the two bounds
+    strict = compare_arrays("x", ref, got, Tolerance(atol=1e-4, rtol=1e-5))
+    assert not strict.passed and strict.mismatches == 2 and strict.first_mismatch == 0
+    assert np.isclose(strict.required_atol, 5e-3, rtol=1e-2) and np.isclose(strict.required_rtol, 0.5, rtol=1e-2)
+
+
+def test_nan_matches_nan_only_and_ulp_counts_representable_steps():
+    ref = np.array([np.nan, 1.0, 2.0], np.float32)
+    same = compare_arrays("x", ref, ref.copy(), Tolerance(0, 0))
+    assert same.passed and same.max_ulp == 0
+    got = np.array([0.0, np.nextafter(np.float32(1), np.float32(2)), 2.0], np.float32)
+    cmp = compare_arrays("x", ref, got, Tolerance(1e-3, 1e-3))
+    assert not cmp.passed and cmp.nan_mismatches == 1 and cmp.max_ulp == 1
+
+
+def test_integer_outputs_compare_exactly():
+    cmp = compare_arrays("a", np.array([0, 1, 2], np.int32), np.array([0, 2, 2], np.int32), Tolerance(10, 10))
+    assert cmp.exact and not cmp.passed and cmp.mismatches == 1 and cmp.first_mismatch == 1
+
+
+def test_policy_level_metrics():
+    ref = np.array([[1.0, 0.9], [0.0, 2.0]])
+    got = np.array([[0.9, 1.0], [0.0, 2.0]])
+    flips = argmax_flips(ref, got, ref.argmax(1), got.argmax(1))
+    assert flips["flips"] == 1 and flips["flip_rows"] == [0] and np.isclose(flips["flip_margins"][0], 0.1)
+    assert categorical_kl(ref, ref).max() == 0 and categorical_kl(ref, got)[0] > 0
+    kl = gaussian_kl(np.array([[0.0]]), np.array([[1.0]]), np.array([0.0]))
+    assert np.isclose(kl[0], 0.5)  # (Δμ)² / (2σ²) with σ = 1
