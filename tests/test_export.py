@@ -90,3 +90,15 @@ def test_export_cli_rejects_bad_input(tmp_path):
     with pytest.raises(UsageError):
         export.main(["--ckpt", str(tmp_path / "run" / "checkpoint.ckpt"), "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+
+
+def test_fp16_bundle_skips_onnx_and_lite_with_the_reason(pendulum_ckpt, tmp_path):
+    from msrl_consistency.runtimes.base import RuntimeSource
+    from msrl_consistency.runtimes.registry import availability
+
+    bundle = export_bundle(pendulum_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16"))
+    files = bundle.manifest["graphs"]["policy"]["files"]
+    assert "file" in files["mindir"] and "fp16" in files["onnx"]["skipped"] and "skipped" in files["ms"]
+    reasons = availability(RuntimeSource(bundle, pendulum_ckpt), ["lite", "onnxruntime", "ms-mindir"])
+    assert "no .ms graph" in reasons["lite"] and "no .onnx graph" in reasons["onnxruntime"]
+    assert reasons["ms-mindir"] is None

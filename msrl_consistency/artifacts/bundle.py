@@ -114,6 +114,10 @@ def _write_graph(cell: Any, contract: G.GraphSpec, tmp: Path, options: ExportOpt
     base = tmp / contract.name
     if "mindir" in options.formats:
         files["mindir"] = _entry(G.write_mindir(cell, contract, base.with_suffix(".mindir")), tmp)
+    if options.precision == "fp16" and ("onnx" in options.formats or "ms" in options.formats):
+        # MindSpore 2.10 writes the fp16 graph's Clip bounds as fp32, which ONNX Runtime and the converter reject.
+        reason = "fp16 ONNX from MindSpore 2.10 is invalid (fp32 Clip bounds in an fp16 graph); use the fp16 MindIR"
+        return {**files, **{fmt: {"skipped": reason} for fmt in ("onnx", "ms") if fmt in options.formats}}
     if "onnx" in options.formats or "ms" in options.formats:
         try:
             onnx_path = G.write_onnx(cell, contract, base.with_suffix(".onnx"))
@@ -229,9 +233,14 @@ def _self_check(bundle: Bundle, heads: dict[str, Any], options: ExportOptions) -
                 results.append({"graph": graph, "format": fmt, "skipped": runtime.unavailable_reason(source)})
                 continue
             tol = tolerance_for(options.precision, runtime.name)
-            with runtime:
-                got = runtime.infer(*inputs)
-                lite_version = runtime.versions().get("mindspore_lite", lite_version)
+            try:
+                with runtime:
+                    got = runtime.infer(*inputs)
+                    lite_version = runtime.versions().get("mindspore_lite", lite_version)
+            except Exception as exc:  # noqa: BLE001 - any runtime failure means the written graph is unusable
+                detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                failures.append(f"{graph}.{fmt} does not run in {runtime.name}: {detail}")
+                continue
             worst = 0.0
             for name, ref in zip(names, expected, strict=True):
                 cmp = compare_arrays(name, ref, got[name], tol)

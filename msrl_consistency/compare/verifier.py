@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.bundle import Bundle, sha256_file
+from inference.bundle import Bundle, BundleError, sha256_file
 from msrl_consistency.compare import episodes as E
 from msrl_consistency.compare import policy_level as P
 from msrl_consistency.compare.diagnose import diagnose
@@ -169,7 +169,7 @@ def verify(
         )
     ref_runtime = None
     if reference is None:
-        reason = RUNTIMES[REFERENCE].unavailable_reason(source)
+        reason = RUNTIMES[REFERENCE].why_not(source)
         if reason:
             raise RuntimeUnavailable(f"reference {REFERENCE}: {reason}")
         reference, ref_runtime = build_reference(bundle, source, options)
@@ -183,7 +183,7 @@ def verify(
     for name in names:
         if name == REFERENCE and reference.origin == REFERENCE:
             continue
-        reason = RUNTIMES[name].unavailable_reason(source)
+        reason = RUNTIMES[name].why_not(source)
         pairs[name] = reason if reason else (create(name, source, "policy"), create(name, source, "policy_sample"))
     pairs.update(extra_runtimes or {})
     for name, pair in pairs.items():
@@ -238,7 +238,7 @@ def _check_runtime(
             )
         )
         return {"status": "incompatible", "reason": str(exc)}
-    except MsrlError as exc:
+    except (MsrlError, BundleError) as exc:
         checks.append(Check(name, "load", "fail", str(exc)))
         return {"status": "error", "reason": str(exc)}
     try:

@@ -53,6 +53,7 @@ class Runtime(abc.ABC):
 
     name: ClassVar[str]
     description: ClassVar[str]
+    fmt: ClassVar[str | None] = None  # the bundle file format it loads; None for the checkpoint-based Cells
 
     def __init__(self, source: RuntimeSource, graph: str) -> None:
         self.source, self.graph = source, graph
@@ -67,8 +68,18 @@ class Runtime(abc.ABC):
         """None when this runtime can run here; otherwise why not (missing package, binary, device...)."""
         return None
 
+    @classmethod
+    def why_not(cls, source: RuntimeSource) -> str | None:
+        """``unavailable_reason`` plus whether the bundle has this runtime's file for every graph."""
+        if cls.fmt is not None:
+            for graph in source.bundle.manifest["graphs"].values():
+                entry = graph["files"].get(cls.fmt, {"skipped": "not exported"})
+                if "file" not in entry:
+                    return f"the bundle has no .{cls.fmt} graph ({entry.get('skipped', 'not exported')})"
+        return cls.unavailable_reason(source)
+
     def open(self) -> Runtime:
-        reason = self.unavailable_reason(self.source)
+        reason = self.why_not(self.source)
         if reason:
             raise RuntimeUnavailable(f"{self.name}: {reason}")
         self._load()

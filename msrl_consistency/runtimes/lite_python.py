@@ -48,6 +48,7 @@ def _python() -> str:
 class LitePythonRuntime(Runtime):
     name = "lite-python"
     description = "mindspore_lite Python API (Model.build_from_file) in a worker process"
+    fmt = "mindir"
 
     @classmethod
     def unavailable_reason(cls, source: RuntimeSource) -> str | None:

@@ -10,6 +10,7 @@ from msrl_consistency.runtimes.base import Runtime
 class MsMindirRuntime(Runtime):
     name = "ms-mindir"
     description = "MindSpore GraphCell on the bundle's .mindir"
+    fmt = "mindir"
 
     def _load(self) -> None:
         import mindspore as ms

@@ -12,6 +12,7 @@ from msrl_consistency.runtimes.base import Runtime, RuntimeSource
 class OnnxRuntime(Runtime):
     name = "onnxruntime"
     description = "ONNX Runtime (CPUExecutionProvider) on the bundle's .onnx"
+    fmt = "onnx"
 
     @classmethod
     def unavailable_reason(cls, source: RuntimeSource) -> str | None:

@@ -26,7 +26,7 @@ REFERENCE = MsCellRuntime.name
 
 def availability(source: RuntimeSource, names: list[str] | None = None) -> dict[str, str | None]:
     """Name → None if runnable here, else the reason it is not."""
-    return {name: RUNTIMES[name].unavailable_reason(source) for name in (names or list(RUNTIMES))}
+    return {name: RUNTIMES[name].why_not(source) for name in (names or list(RUNTIMES))}
 
 
 def create(name: str, source: RuntimeSource, graph: str) -> Runtime:
