@@ -93,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"checkpoint not found: {checkpoint}")
     if not args.quiet:
         print(f"verifying {bundle.root} ({bundle.env_id}) against {args.golden or checkpoint} ...", file=sys.stderr)
-    result = verify(bundle, checkpoint, options, reference=reference)
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(f"  {message}", file=sys.stderr, flush=True)
+
+    result = verify(bundle, checkpoint, options, reference=reference, progress=progress)
     if args.baseline:
         result.checks.append(check_baseline(args.baseline, result))
     if args.save_baseline:

@@ -7,6 +7,8 @@ Every comparison becomes a ``Check`` with a status, the worst numbers and, on fa
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,7 @@ def verify(
     options: VerifyOptions,
     reference: Reference | None = None,
     extra_runtimes: dict[str, tuple[Runtime, Runtime]] | None = None,
+    progress: Callable[[str], None] = lambda _msg: None,
 ) -> VerifyResult:
     """Compare every selected runtime against ``reference`` (built from ``checkpoint`` when not given)."""
     preset = options.tolerance or bundle.manifest["precision"]
@@ -172,6 +175,7 @@ def verify(
         reason = RUNTIMES[REFERENCE].why_not(source)
         if reason:
             raise RuntimeUnavailable(f"reference {REFERENCE}: {reason}")
+        progress(f"reference {REFERENCE}: {options.episodes} episodes per mode, {options.observations} observations")
         reference, ref_runtime = build_reference(bundle, source, options)
         runtimes[REFERENCE] = {"status": "reference", "versions": ref_runtime.versions()}
     names = options.runtimes or [n for n in RUNTIMES if n != REFERENCE]
@@ -187,15 +191,18 @@ def verify(
         pairs[name] = reason if reason else (create(name, source, "policy"), create(name, source, "policy_sample"))
     pairs.update(extra_runtimes or {})
     for name, pair in pairs.items():
+        started = time.perf_counter()
         if isinstance(pair, str):
             runtimes[name] = {"status": "unavailable", "reason": pair}
             if name in options.required:
                 raise RuntimeUnavailable(f"required runtime {name} is unavailable: {pair}")
             checks.append(Check(name, "available", "skip", f"unavailable: {pair}"))
+            progress(f"{name}: unavailable")
             continue
         runtimes[name] = _check_runtime(
             name, pair, bundle, reference, preset, options, checks, episode_diffs, checkpoint_matches
         )
+        progress(f"{name}: {runtimes[name]['status']} ({time.perf_counter() - started:.1f} s)")
     if ref_runtime is not None:
         ref_runtime.close()
     checks.extend(_version_checks(bundle, runtimes))
