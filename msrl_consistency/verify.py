@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--observations", type=int, default=10_000, help="seeded observations to replay")
     p.add_argument("--episodes", type=int, default=20, help="seeded episodes per mode")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "ascend"], help="device for every runtime")
+    p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--tolerance", choices=["fp32", "fp16"], help="tolerance preset (default: bundle precision)")
     p.add_argument("--tol", action="append", type=_tolerance_override, default=[], metavar="OUTPUT=ATOL,RTOL",
                    help="per-output tolerance override, repeatable")  # fmt: skip
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides={name: Tolerance(*vals) for name, vals in args.tol},
         runtimes=[r.strip() for r in args.runtimes.split(",")] if args.runtimes else None,
         required=[r.strip() for r in args.require.split(",") if r.strip()],
+        device=args.device,
+        device_id=args.device_id,
     )
     start = time.perf_counter()
     reference = None

@@ -201,3 +201,5 @@ def test_cli_exit_codes(cartpole_bundle, cartpole_ckpt, tmp_path):
         str(tmp_path / "r"),
     )
     assert required.returncode == 3, required.stderr[-2000:]
+    ascend = run("--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--device", "ascend")
+    assert ascend.returncode == 3 and "no Ascend backend" in ascend.stderr

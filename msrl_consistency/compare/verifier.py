@@ -40,6 +40,8 @@ class VerifyOptions:
     overrides: dict[str, Tolerance] = field(default_factory=dict)  # output name -> tolerance
     runtimes: list[str] | None = None  # None: every registered runtime that is available
     required: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    device_id: int = 0
 
 
 @dataclass
@@ -152,7 +154,7 @@ def verify(
     preset = options.tolerance or bundle.manifest["precision"]
     if preset not in TOLERANCE_PRESETS:
         raise UsageError(f"unknown tolerance preset {preset!r}; choose {', '.join(TOLERANCE_PRESETS)}")
-    source = RuntimeSource(bundle, checkpoint)
+    source = RuntimeSource(bundle, checkpoint, options.device, options.device_id)
     checks: list[Check] = []
     runtimes: dict[str, dict[str, Any]] = {}
     checks.append(_env_check(bundle, options))

@@ -13,6 +13,18 @@ from msrl_consistency.runtimes.base import Runtime, RuntimeSource
 # MindSpore is imported lazily so that runtimes that do not need it (lite, onnxruntime) work on a deploy box.
 
 
+def mindspore_device_problem(device: str) -> str | None:
+    """Why MindSpore cannot run on ``device`` here, or None."""
+    import mindspore as ms
+
+    from msrl_consistency.compat import DEVICES
+
+    target = DEVICES.get(device.lower())
+    if target is None:
+        return f"unknown device {device!r}"
+    return None if ms.hal.is_available(target) else f"MindSpore has no {target} backend on this machine"
+
+
 class MsCellRuntime(Runtime):
     name = "ms-cell"
     description = "MindSpore Cell rebuilt from the checkpoint, PyNative (the training path)"
@@ -20,6 +32,9 @@ class MsCellRuntime(Runtime):
 
     @classmethod
     def unavailable_reason(cls, source: RuntimeSource) -> str | None:
+        device = mindspore_device_problem(source.device)
+        if device:
+            return device
         if source.checkpoint is None:
             return "needs the training checkpoint (--ckpt)"
         if not source.checkpoint.is_file():

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from msrl_consistency.runtimes.base import Runtime
+from msrl_consistency.runtimes.base import Runtime, RuntimeSource
 
 
 class MsMindirRuntime(Runtime):
     name = "ms-mindir"
     description = "MindSpore GraphCell on the bundle's .mindir"
     fmt = "mindir"
+
+    @classmethod
+    def unavailable_reason(cls, source: RuntimeSource) -> str | None:
+        from msrl_consistency.runtimes.ms_cell import mindspore_device_problem
+
+        return mindspore_device_problem(source.device)
 
     def _load(self) -> None:
         import mindspore as ms
