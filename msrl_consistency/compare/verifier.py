@@ -155,6 +155,12 @@ def verify(
     if preset not in TOLERANCE_PRESETS:
         raise UsageError(f"unknown tolerance preset {preset!r}; choose {', '.join(TOLERANCE_PRESETS)}")
     source = RuntimeSource(bundle, checkpoint, options.device, options.device_id)
+    for name in options.required:  # fail fast, before minutes of comparisons
+        if name not in RUNTIMES:
+            raise UsageError(f"unknown runtime {name!r}; choose from {', '.join(RUNTIMES)}")
+        reason = RUNTIMES[name].why_not(source)
+        if reason:
+            raise RuntimeUnavailable(f"required runtime {name} is unavailable: {reason}")
     checks: list[Check] = []
     runtimes: dict[str, dict[str, Any]] = {}
     checks.append(_env_check(bundle, options))
@@ -181,6 +187,7 @@ def verify(
         reference, ref_runtime = build_reference(bundle, source, options)
         runtimes[REFERENCE] = {"status": "reference", "versions": ref_runtime.versions()}
     names = options.runtimes or [n for n in RUNTIMES if n != REFERENCE]
+    names += [n for n in options.required if n not in names]
     for name in names:
         if name not in RUNTIMES:
             raise UsageError(f"unknown runtime {name!r}; choose from {', '.join(RUNTIMES)}")
@@ -196,8 +203,6 @@ def verify(
         started = time.perf_counter()
         if isinstance(pair, str):
             runtimes[name] = {"status": "unavailable", "reason": pair}
-            if name in options.required:
-                raise RuntimeUnavailable(f"required runtime {name} is unavailable: {pair}")
             checks.append(Check(name, "available", "skip", f"unavailable: {pair}"))
             progress(f"{name}: unavailable")
             continue
