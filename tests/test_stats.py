@@ -38,3 +38,27 @@ def test_policy_level_metrics():
     assert categorical_kl(ref, ref).max() == 0 and categorical_kl(ref, got)[0] > 0
     kl = gaussian_kl(np.array([[0.0]]), np.array([[1.0]]), np.array([0.0]))
     assert np.isclose(kl[0], 0.5)  # (Δμ)² / (2σ²) with σ = 1
+
+
+def _trace(obs, actions):
+    from msrl_consistency.compare.episodes import EpisodeTrace
+
+    obs, actions = np.asarray(obs, np.float32)[:, None, None], np.asarray(actions, np.float32)[:, None, None]
+    return EpisodeTrace(obs, actions, np.ones(obs.shape[:2]), np.ones(obs.shape[:2], bool))
+
+
+def test_free_running_divergence_after_observation_drift_is_amplification_not_a_fault():
+    from msrl_consistency.compare.episodes import action_differences
+    from msrl_consistency.compare.verifier import _free_running_check
+
+    ref = _trace([0, 1, 2, 3, 4, 5], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    # Tiny action differences move the observations from step 2 on; actions pass the tolerance only at step 4.
+    chaotic = _trace([0, 1, 2.000001, 3.01, 4.5, 7], [1e-6, 1e-6, 1e-5, 5e-5, 1e-2, 0.3])
+    diff = action_differences(ref, chaotic, discrete=False, atol=1e-4)
+    assert diff["first_divergent_step"] == [4] and diff["first_observation_drift"] == [2]
+    assert _free_running_check("rt", "deterministic", diff, ref, teacher_ok=True).status == "warn"
+    assert _free_running_check("rt", "deterministic", diff, ref, teacher_ok=False).status == "fail"
+    # Same observations, different action: the policy itself disagrees.
+    wrong = _trace([0, 1, 2, 3, 4, 5], [0.0, 0.0, 0.0, 0.0, 0.5, 0.5])
+    diff = action_differences(ref, wrong, discrete=False, atol=1e-4)
+    assert _free_running_check("rt", "deterministic", diff, ref, teacher_ok=True).status == "fail"

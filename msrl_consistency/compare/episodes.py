@@ -101,7 +101,11 @@ def check_env_determinism(env_id: str, seed: int, steps: int = 200) -> str | Non
 
 
 def action_differences(ref: EpisodeTrace, got: EpisodeTrace, discrete: bool, atol: float) -> dict:
-    """Per-step action difference over the steps both traces are alive; first divergent step per episode."""
+    """Per-step action difference over the steps both traces are alive; first divergent step per episode.
+
+    Also the first step at which the *observations* differ at all: when it comes before the first divergent
+    action, the env amplified sub-tolerance action differences (chaotic dynamics), which is not a policy fault.
+    """
     steps = min(len(ref.actions), len(got.actions))
     both = ref.alive[:steps] & got.alive[:steps]
     a, b = ref.actions[:steps], got.actions[:steps]
@@ -111,12 +115,18 @@ def action_differences(ref: EpisodeTrace, got: EpisodeTrace, discrete: bool, ato
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64)).reshape(steps, a.shape[1], -1).max(-1)
     diff = np.where(both, diff, 0.0)
     diverged = diff > (0.5 if discrete else atol)
-    first = [int(np.argmax(diverged[:, k])) if diverged[:, k].any() else None for k in range(diff.shape[1])]
+    obs_differ = np.any(ref.obs[:steps] != got.obs[:steps], axis=-1) & both
+    episodes = diff.shape[1]
+    first = [int(np.argmax(diverged[:, k])) if diverged[:, k].any() else None for k in range(episodes)]
+    drift = [int(np.argmax(obs_differ[:, k])) if obs_differ[:, k].any() else None for k in range(episodes)]
+    amplified = [f is not None and d is not None and d < f for f, d in zip(first, drift, strict=True)]
     length_mismatch = ref.lengths != got.lengths
     return {
         "per_step_max": diff.max(1),
         "differing_steps": int(diverged.sum()),
         "first_divergent_step": first,
+        "first_observation_drift": drift,
+        "amplified": amplified,
         "episodes_diverged": int(
             sum(f is not None for f in first) + int(np.sum(length_mismatch & np.array([f is None for f in first])))
         ),
