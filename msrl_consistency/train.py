@@ -62,7 +62,14 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer = Trainer(cfg, run_dir, state)
     total = cfg.num_iterations * cfg.batch_size
-    bar = tqdm(total=total, initial=trainer.global_step, unit="step", disable=not cfg.progress, desc=cfg.env_id)
+    bar = tqdm(
+        total=total,
+        initial=trainer.global_step,
+        unit="step",
+        disable=not cfg.progress,
+        desc=cfg.env_id,
+        mininterval=0.5 if sys.stderr.isatty() else 30.0,  # CI logs get a line every 30 s, not every iteration
+    )
     try:
         if state is None:
             trainer.checkpoint()  # a resumable starting point and a valid run.json from the first second
