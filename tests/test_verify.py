@@ -11,6 +11,7 @@ import pytest
 
 from msrl_consistency.artifacts.bundle import ExportOptions, export_bundle, load_run
 from msrl_consistency.compare.verifier import VerifyOptions, load_golden, save_golden, verify
+from msrl_consistency.errors import UsageError
 from msrl_consistency.report.writers import write_reports
 from msrl_consistency.runtimes.base import RuntimeSource
 from msrl_consistency.runtimes.registry import create
@@ -128,7 +129,7 @@ def test_bundle_from_another_checkpoint_is_a_provenance_fault(cartpole_bundle, t
 
 
 def test_golden_file_round_trip_without_mindspore(cartpole_bundle, cartpole_ckpt, tmp_path):
-    golden = tmp_path / "golden.npz"
+    golden = tmp_path / "not-yet-created" / "golden.npz"
     result = verify(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=["onnxruntime"]))
     save_golden(golden, result)
     ref = load_golden(golden, cartpole_bundle, VerifyOptions())
@@ -144,6 +145,10 @@ def test_golden_file_round_trip_without_mindspore(cartpole_bundle, cartpole_ckpt
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["reference"] == "golden:golden.npz"
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(b"not a zip")
+    with pytest.raises(UsageError, match="not a golden file"):
+        load_golden(corrupt, cartpole_bundle, VerifyOptions())
 
 
 def test_baseline_regression_is_detected(cartpole_bundle, cartpole_ckpt, tmp_path):

@@ -19,6 +19,7 @@ __all__ = ["atomic_path", "sha256_file", "write_atomic", "write_bytes_atomic", "
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temp path in the same directory; rename it over ``path`` only if the block succeeds."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

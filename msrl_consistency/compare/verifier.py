@@ -468,6 +468,7 @@ def save_golden(path: Path, result: VerifyResult) -> None:
         "manifest_sha256": sha256_file(bundle.root / "manifest.json"),
     }
     arrays["meta"] = np.array(json.dumps(meta))
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez_compressed(tmp, **arrays)
     tmp.replace(path)
