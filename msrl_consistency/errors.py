@@ -28,6 +28,12 @@ class RuntimeUnavailable(MsrlError):
     exit_code = EXIT_RUNTIME_UNAVAILABLE
 
 
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (MindSpore appends long C++ call stacks), or its type name."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> NoReturn:
     """Run a CLI entry point, mapping expected errors to ``error: ...`` on stderr and their exit code."""
     try:

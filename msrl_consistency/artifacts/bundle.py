@@ -28,7 +28,7 @@ from msrl_consistency.artifacts.mindir import mindir_version
 from msrl_consistency.artifacts.provenance import git_commit, versions
 from msrl_consistency.compare.feeds import seeded_feeds
 from msrl_consistency.compare.stats import TOLERANCE_PRESETS, compare_arrays, tolerance_for
-from msrl_consistency.errors import MsrlError, UsageError
+from msrl_consistency.errors import MsrlError, UsageError, first_line
 
 FORMATS = ("mindir", "onnx", "ms")
 SELF_CHECK_RUNTIMES = {"mindir": "ms-mindir", "onnx": "onnxruntime", "ms": "lite"}
@@ -113,7 +113,7 @@ def _write_graph(cell: Any, contract: G.GraphSpec, tmp: Path, options: ExportOpt
     files: dict[str, Any] = {}
     base = tmp / contract.name
     if "mindir" in options.formats:
-        files["mindir"] = _entry(G.write_mindir(cell, contract, base.with_suffix(".mindir")), tmp)
+        files["mindir"] = _entry(G.write_mindir(cell, contract, base.with_suffix(".mindir")))
     if options.precision == "fp16" and ("onnx" in options.formats or "ms" in options.formats):
         # MindSpore 2.10 writes the fp16 graph's Clip bounds as fp32, which ONNX Runtime and the converter reject.
         reason = "fp16 ONNX from MindSpore 2.10 is invalid (fp32 Clip bounds in an fp16 graph); use the fp16 MindIR"
@@ -121,17 +121,16 @@ def _write_graph(cell: Any, contract: G.GraphSpec, tmp: Path, options: ExportOpt
     if "onnx" in options.formats or "ms" in options.formats:
         try:
             onnx_path = G.write_onnx(cell, contract, base.with_suffix(".onnx"))
-            files["onnx"] = _entry(onnx_path, tmp)
+            files["onnx"] = _entry(onnx_path)
         except Exception as exc:  # noqa: BLE001 - MindSpore's ONNX exporter raises assorted types
-            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-            files["onnx"] = {"skipped": f"ONNX export failed: {reason}"}
+            files["onnx"] = {"skipped": f"ONNX export failed: {first_line(exc)}"}
             onnx_path = None
     if "ms" in options.formats:
         if onnx_path is None:
             files["ms"] = {"skipped": "needs the ONNX graph, which failed to export"}
         else:
             try:
-                files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms")), tmp)
+                files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms")))
             except G.ConversionError as exc:
                 if options.require_lite:
                     raise UsageError(str(exc)) from None
@@ -141,7 +140,7 @@ def _write_graph(cell: Any, contract: G.GraphSpec, tmp: Path, options: ExportOpt
     return files
 
 
-def _entry(path: Path, root: Path) -> dict[str, Any]:
+def _entry(path: Path) -> dict[str, Any]:
     fmt = path.suffix.lstrip(".")
     entry: dict[str, Any] = {
         "file": path.name,
@@ -229,8 +228,9 @@ def _self_check(bundle: Bundle, heads: dict[str, Any], options: ExportOptions) -
             if "file" not in entry:
                 continue
             runtime = create(SELF_CHECK_RUNTIMES[fmt], source, graph)
-            if runtime.unavailable_reason(source):
-                results.append({"graph": graph, "format": fmt, "skipped": runtime.unavailable_reason(source)})
+            reason = runtime.unavailable_reason(source)
+            if reason:
+                results.append({"graph": graph, "format": fmt, "skipped": reason})
                 continue
             tol = tolerance_for(options.precision, runtime.name)
             try:
@@ -238,8 +238,7 @@ def _self_check(bundle: Bundle, heads: dict[str, Any], options: ExportOptions) -
                     got = runtime.infer(*inputs)
                     lite_version = runtime.versions().get("mindspore_lite", lite_version)
             except Exception as exc:  # noqa: BLE001 - any runtime failure means the written graph is unusable
-                detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-                failures.append(f"{graph}.{fmt} does not run in {runtime.name}: {detail}")
+                failures.append(f"{graph}.{fmt} does not run in {runtime.name}: {first_line(exc)}")
                 continue
             worst = 0.0
             for name, ref in zip(names, expected, strict=True):

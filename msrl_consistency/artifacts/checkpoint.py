@@ -9,7 +9,7 @@ import mindspore as ms
 from msrl_consistency.agent.policy import ActorCritic
 from msrl_consistency.agent.spec import PolicySpec
 from msrl_consistency.artifacts.files import atomic_path
-from msrl_consistency.errors import UsageError
+from msrl_consistency.errors import UsageError, first_line
 
 
 def save_policy(policy: ActorCritic, path: str | Path) -> None:
@@ -34,8 +34,7 @@ def read_checkpoint(path: str | Path) -> dict[str, ms.Parameter]:
     try:
         return ms.load_checkpoint(str(path), crc_check=True)
     except (ValueError, RuntimeError, OSError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"checkpoint {path} is corrupt or truncated ({first[:160]})") from None
+        raise UsageError(f"checkpoint {path} is corrupt or truncated ({first_line(exc, 160)})") from None
 
 
 def load_policy(path: str | Path, spec: PolicySpec) -> ActorCritic:
