@@ -78,6 +78,11 @@ class Runtime(abc.ABC):
                     return f"the bundle has no .{cls.fmt} graph ({entry.get('skipped', 'not exported')})"
         return cls.unavailable_reason(source)
 
+    def model_path(self) -> Path:
+        """This runtime's file (format ``fmt``) for its graph in the bundle."""
+        assert self.fmt is not None, f"{self.name} loads no bundle file"
+        return self.source.bundle.file(self.graph, self.fmt)
+
     def open(self) -> Runtime:
         reason = self.why_not(self.source)
         if reason:

@@ -32,7 +32,7 @@ class LiteRuntime(Runtime):
         return None if ok else detail
 
     def _load(self) -> None:
-        path = self.source.bundle.file(self.graph, self.fmt)
+        path = self.model_path()
         try:
             self.runner = lc.LiteRunner(
                 path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout

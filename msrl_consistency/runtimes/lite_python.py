@@ -67,7 +67,7 @@ class LitePythonRuntime(Runtime):
         return None
 
     def _load(self) -> None:
-        path = self.source.bundle.file(self.graph, "mindir")
+        path = self.model_path()
         self.proc = subprocess.Popen(
             [_python(), "-c", WORKER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )

@@ -26,7 +26,7 @@ class OnnxRuntime(Runtime):
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        path = self.source.bundle.file(self.graph, "onnx")
+        path = self.model_path()
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.outputs]
