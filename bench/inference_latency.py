@@ -11,11 +11,12 @@ import argparse
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from inference.bundle import load_bundle
+from inference.bundle import Bundle, load_bundle
 from msrl_consistency.compare.feeds import seeded_feeds
 from msrl_consistency.runtimes.base import RuntimeSource
 from msrl_consistency.runtimes.registry import create
@@ -35,39 +36,40 @@ def prepare(out: Path) -> tuple[Path, Path]:
     return bundle, run / "checkpoint.ckpt"
 
 
+def single_step_latency(infer: Callable[[np.ndarray], object], obs: np.ndarray, calls: int) -> tuple[float, float]:
+    """p50 and p99 in µs of ``infer`` on one observation at a time."""
+    lat = np.empty(calls)
+    for i in range(calls):
+        row = obs[i % len(obs) : i % len(obs) + 1]
+        t = time.perf_counter()
+        infer(row)
+        lat[i] = time.perf_counter() - t
+    return float(np.percentile(lat, 50) * 1e6), float(np.percentile(lat, 99) * 1e6)
+
+
 def measure(name: str, source: RuntimeSource, obs: np.ndarray, single_calls: int, batch_calls: int) -> dict:
     with create(name, source, "policy") as rt:
         for i in range(20):  # warm-up (and graph compilation)
             rt.infer(obs[i : i + 1])
             rt.infer(obs[:256])
-        lat = np.empty(single_calls)
-        for i in range(single_calls):
-            row = obs[i % len(obs) : i % len(obs) + 1]
-            t = time.perf_counter()
-            rt.infer(row)
-            lat[i] = time.perf_counter() - t
+        p50, p99 = single_step_latency(rt.infer, obs, single_calls)
         t = time.perf_counter()
         for _ in range(batch_calls):
             rt.infer(obs[:256])
         batch_rate = 256 * batch_calls / (time.perf_counter() - t)
-    return {"p50_us": np.percentile(lat, 50) * 1e6, "p99_us": np.percentile(lat, 99) * 1e6, "batch_obs_s": batch_rate}
+    return {"p50_us": p50, "p99_us": p99, "batch_obs_s": batch_rate}
 
 
-def measure_raw_lite(bundle_dir: Path, obs: np.ndarray, calls: int) -> dict:
+def measure_raw_lite(bundle: Bundle, obs: np.ndarray, calls: int) -> dict:
     """The runner's own round trip through ``LiteRunner.infer``, without the runtime wrapper's feed checks."""
     from inference.lite_client import LiteRunner
 
-    with LiteRunner(load_bundle(bundle_dir).file("policy", "ms")) as runner:
+    with LiteRunner(bundle.file("policy", "ms")) as runner:
         for i in range(50):
             runner.infer(obs[i : i + 1])
-        lat = np.empty(calls)
-        for i in range(calls):
-            row = obs[i % len(obs) : i % len(obs) + 1]
-            t = time.perf_counter()
-            runner.infer(row)
-            lat[i] = time.perf_counter() - t
+        p50, p99 = single_step_latency(runner.infer, obs, calls)
         ping = np.median([runner.ping() for _ in range(500)])
-    return {"p50_us": np.percentile(lat, 50) * 1e6, "p99_us": np.percentile(lat, 99) * 1e6, "ping_us": ping * 1e6}
+    return {"p50_us": p50, "p99_us": p99, "ping_us": ping * 1e6}
 
 
 def main() -> None:
@@ -97,7 +99,7 @@ def main() -> None:
         print(f"| {name} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['p50_us'] / base['p50_us']:.1f}x | "
               f"{r['batch_obs_s']:,.0f} | {r['batch_obs_s'] / base['batch_obs_s']:.2f}x |")  # fmt: skip
     if "lite" in rows:
-        raw = measure_raw_lite(bundle_dir, obs, args.calls)
+        raw = measure_raw_lite(bundle, obs, args.calls)
         target = 50.0
         verdict = "meets" if raw["p50_us"] <= target else "misses"
         print(
