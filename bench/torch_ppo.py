@@ -11,6 +11,7 @@ not two different algorithms. One op thread, like ours, so both get the same sha
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -146,6 +147,11 @@ class Agent(nn.Module):
         param = self.actor(self.normalize(torch.as_tensor(obs, dtype=torch.float32)[None]))
         return self.to_env(param.argmax(-1) if self.discrete else param)[0]
 
+    def env_action(self, obs: np.ndarray) -> Any:
+        """The deterministic action as the env takes it (a Python int for Discrete)."""
+        action = self.deterministic(obs)
+        return int(action) if self.discrete else action
+
 
 class RunningMeanStd:
     """Host running mean/variance (float64, Chan et al. merge), as in ``msrl_consistency``."""
@@ -175,16 +181,16 @@ def gae(
     return adv, adv + values
 
 
-def evaluate(agent: Agent, env_id: str, seed: int, episodes: int) -> list[float]:
-    """Deterministic episodes on seeds ``seed + 10_000 + k``: the seeds our Trainer evaluates on."""
+def evaluate(act: Callable[[np.ndarray], Any], env_id: str, seed: int, episodes: int) -> list[float]:
+    """Deterministic episodes of ``act`` (obs → env action) on seeds ``seed + 10_000 + k``, the seeds our Trainer
+    evaluates on; shared by every framework in the benchmark."""
     returns = []
     for k in range(episodes):
         env = gym.make(env_id)
         obs, _ = env.reset(seed=seed + 10_000 + k)
         total, done = 0.0, False
         while not done:
-            action = agent.deterministic(obs)
-            obs, reward, terminated, truncated, _ = env.step(int(action) if agent.discrete else action)
+            obs, reward, terminated, truncated, _ = env.step(act(obs))
             total += float(reward)
             done = terminated or truncated
         env.close()
@@ -288,7 +294,7 @@ def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **h
         "sps_steady": steady,
         "global_step": global_step,
         "episodes": episodes,
-        "eval_returns": evaluate(agent, env_id, seed, eval_episodes),
+        "eval_returns": evaluate(agent.env_action, env_id, seed, eval_episodes),
     }
 
 

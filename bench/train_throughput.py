@@ -77,7 +77,6 @@ def sb3_hparams(env_id: str) -> dict[str, Any]:
 
 
 def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int) -> dict[str, Any]:
-    import gymnasium as gym
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -119,17 +118,9 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int) -> dict[str,
     steady = done_steps / (end - start)
     if rec.first_rollout is not None and rec.first_rollout[0] < done_steps:
         steady = (done_steps - rec.first_rollout[0]) / (end - rec.first_rollout[1])
-    returns = []
-    for k in range(eval_episodes):
-        env = gym.make(env_id)
-        obs, _ = env.reset(seed=seed + 10_000 + k)
-        total, done = 0.0, False
-        while not done:
-            action, _ = model.predict(obs, deterministic=True)
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
+    import torch_ppo  # the benchmark's shared evaluation loop (same seeds for every framework)
+
+    returns = torch_ppo.evaluate(lambda obs: model.predict(obs, deterministic=True)[0], env_id, seed, eval_episodes)
     return {
         "wall_time": end - start,
         "cpu_time": cpu,
