@@ -62,3 +62,12 @@ def test_free_running_divergence_after_observation_drift_is_amplification_not_a_
     wrong = _trace([0, 1, 2, 3, 4, 5], [0.0, 0.0, 0.0, 0.0, 0.5, 0.5])
     diff = action_differences(ref, wrong, discrete=False, atol=1e-4)
     assert _free_running_check("rt", "deterministic", diff, ref, teacher_ok=True).status == "fail"
+
+
+def test_scale_term_widens_atol_with_the_outputs_magnitude():
+    ref = np.array([100.0, 0.01], np.float32)
+    got = np.array([100.0, 0.015], np.float32)  # abs 5e-3 where the output is near zero (rel 0.5)
+    assert not compare_arrays("v", ref, got, Tolerance(2e-3, 1e-4)).passed
+    cmp = compare_arrays("v", ref, got, Tolerance(2e-3, 1e-4, scale=1e-4))  # atol 2e-3 + 1e-4 * 100 = 1.2e-2
+    assert cmp.passed and np.isclose(cmp.atol, 1.2e-2)
+    assert not compare_arrays("v", ref * 0.01, got * 0.01 + [0, 1e-2], Tolerance(2e-3, 1e-4, scale=1e-4)).passed

@@ -16,6 +16,7 @@ import numpy as np
 class Tolerance:
     atol: float
     rtol: float
+    scale: float = 0.0  # adds ``scale * max|ref|`` to atol: for errors that grow with the output's magnitude
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -24,12 +25,13 @@ class Tolerance:
 # Presets: fp32 sits well above the ~1e-6 seen between MindSpore and Lite (and the ~3e-5 of ONNX Runtime
 # on large logits); fp16 allows the ~1.5e-3 logit drift measured for half precision.
 TOLERANCE_PRESETS: dict[str, Tolerance] = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 1e-2)}
-# ONNX Runtime's MLAS GEMM sums in another order: measured up to ~1.2e-3 abs on value outputs of magnitude ~40
-# (rel 3e-5) and ~1e-4 abs where such terms cancel to near zero, so its fp32 atol is wider.
+# ONNX Runtime's MLAS GEMM sums in another order, so its error grows with the output's magnitude: measured
+# max |diff| / max |output| <= 5e-5 (1.2e-3 on values of ~40, 4.9e-3 on values of ~100, also where such terms
+# cancel to near zero). Its fp32 atol is therefore 2e-3 plus 1e-4 x the output's largest magnitude.
 # MindSpore's own graph paths run the training kernels: measured bitwise equal, so they are held to 1e-6,
 # tight enough to see a single weight moved by 1e-3 (~1e-5 on the Gaussian mean).
 RUNTIME_OVERRIDES: dict[str, dict[str, Tolerance]] = {
-    "onnxruntime": {"fp32": Tolerance(2e-3, 1e-4)},
+    "onnxruntime": {"fp32": Tolerance(2e-3, 1e-4, scale=1e-4)},
     "ms-graph": {"fp32": Tolerance(1e-6, 1e-6)},
     "ms-mindir": {"fp32": Tolerance(1e-6, 1e-6)},
 }
@@ -93,7 +95,9 @@ def compare_arrays(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance) 
         rel_d = np.where(both, abs_d / np.abs(r), 0.0)
     rel_d = np.where(both & (abs_d == 0), 0.0, rel_d)
     rel_d = np.nan_to_num(rel_d, nan=0.0, posinf=np.inf)
-    fail = ((abs_d > tol.atol) & (rel_d > tol.rtol)) | nan_mismatch
+    finite_ref = np.abs(r[both])
+    atol = tol.atol + tol.scale * (float(finite_ref.max()) if finite_ref.size else 0.0)
+    fail = ((abs_d > atol) & (rel_d > tol.rtol)) | nan_mismatch
     rv, gv = r[both], g[both]
     denom = np.linalg.norm(rv) * np.linalg.norm(gv)
     cosine = float(np.dot(rv, gv) / denom) if denom > 0 else (1.0 if np.array_equal(rv, gv) else 0.0)
@@ -121,6 +125,6 @@ def compare_arrays(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance) 
         within_1e3=float((valid_abs <= 1e-3).mean()),
         within_1e2=float((valid_abs <= 1e-2).mean()),
         nan_mismatches=int(nan_mismatch.sum()),
-        atol=tol.atol,
+        atol=atol,
         rtol=tol.rtol,
     )
