@@ -45,7 +45,10 @@ class ActorCritic(nn.Cell):
 
     def evaluate_actions(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Log-prob of stored raw actions, entropy and value: the inputs of the PPO loss."""
-        x = self.normalizer(obs)
+        return self.evaluate_normalized(self.normalizer(obs), actions)
+
+    def evaluate_normalized(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``evaluate_actions`` on observations already normalised (the train step normalises once per call)."""
         param = self.actor(x)
         value = self.critic(x).squeeze(-1)
         if self.discrete:

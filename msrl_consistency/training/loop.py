@@ -76,9 +76,12 @@ class Trainer:
         self.policy = ActorCritic(self.spec, seed=cfg.seed)
         self.rollout_net = RolloutPolicy(self.policy)
         self.optimizer = nn.Adam(self.policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
-        loss = PPOLoss(self.policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss, cfg.norm_adv)
+        loss = PPOLoss(self.policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss)
         self.updates_per_call = updates_per_call(cfg.num_minibatches)
-        self.train_step = PPOTrainStep(loss, self.optimizer, cfg.max_grad_norm, self.updates_per_call)
+        self.train_step = PPOTrainStep(loss, self.optimizer, cfg.max_grad_norm, self.updates_per_call, cfg.norm_adv)
+        # Hot-path calls skip Cell.__call__'s per-call bookkeeping (see compat.CompiledCall).
+        self._train_call = compat.CompiledCall(self.train_step)
+        self._rollout_call = compat.CompiledCall(self.rollout_net)
         self.rms = RunningMeanStd.zeros(self.spec.obs_dim)
         self.noise_rng, self.shuffle_rng = seed_streams(cfg.seed)
 
@@ -157,7 +160,7 @@ class Trainer:
             perm = self.shuffle_rng.permutation(batch).astype(np.int32)
             chunks = perm.reshape(cfg.num_minibatches // per_call, per_call, cfg.minibatch_size)
             for idx in chunks:
-                sums += self.train_step(*flat, Tensor(idx)).asnumpy()
+                sums += self._train_call(*flat, Tensor(idx)).asnumpy()
                 count += per_call
         stats = dict(zip(STEP_METRICS, (sums / count).tolist(), strict=True))
         values, returns = buf["values"].ravel(), buf["returns"].ravel()
@@ -206,7 +209,7 @@ class Trainer:
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, episodes: int) -> list[float]:
         """Deterministic episodes (argmax / mean action) on seeds ``seed + 10_000 + k``."""
-        det = DeterministicPolicy(self.policy)
+        det = compat.CompiledCall(DeterministicPolicy(self.policy))
         returns = []
         for k in range(episodes):
             env = make_env(self.cfg.env_id)
@@ -301,7 +304,7 @@ class Trainer:
 
     # -- hot-path helpers -----------------------------------------------------------------------------
     def _act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        return self.rollout_net(Tensor(obs.astype(np.float32, copy=False)), Tensor(noise)).asnumpy()
+        return self._rollout_call(Tensor(obs.astype(np.float32, copy=False)), Tensor(noise)).asnumpy()
 
     def _values(self, obs: np.ndarray) -> np.ndarray:
         """Critic values through the rollout graph (same batch shape, so no recompilation)."""
