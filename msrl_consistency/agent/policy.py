@@ -2,7 +2,7 @@
 
 One policy, several heads, all sharing the same pre/post-processing:
 
-* ``evaluate_actions``: log-prob, entropy and value for the PPO loss;
+* ``evaluate_actions``: log-prob, entropy and value for the PPO loss (normalised obs, prepared actions);
 * ``RolloutPolicy``: (obs, noise) → one packed tensor for the training hot loop;
 * ``StochasticPolicy``: (obs, noise) → (env action, log-prob, value): the exported sampling graph;
 * ``DeterministicPolicy``: obs → (env action, logits or mean): the exported deterministic graph.
@@ -43,17 +43,22 @@ class ActorCritic(nn.Cell):
     def value(self, obs: Tensor) -> Tensor:
         return self.critic(self.normalizer(obs)).squeeze(-1)
 
-    def evaluate_actions(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Log-prob of stored raw actions, entropy and value: the inputs of the PPO loss."""
-        return self.evaluate_normalized(self.normalizer(obs), actions)
+    def prepare_actions(self, actions: Tensor) -> Tensor:
+        """Stored raw actions as the loss reads them: one-hot rows for discrete, unchanged for box."""
+        if self.discrete:
+            return ops.one_hot(actions.astype("int32"), self.action_dim, 1.0, 0.0)
+        return actions
 
-    def evaluate_normalized(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``evaluate_actions`` on observations already normalised (the train step normalises once per call)."""
+    def evaluate_actions(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Log-prob, entropy and value: the inputs of the PPO loss.
+
+        ``x`` is already normalised and ``actions`` already prepared: the train step does both once per
+        call for the whole rollout, not once per minibatch.
+        """
         param = self.actor(x)
         value = self.critic(x).squeeze(-1)
         if self.discrete:
-            one_hot = ops.one_hot(actions.astype("int32"), self.action_dim, 1.0, 0.0)
-            return D.categorical_log_prob(param, one_hot), D.categorical_entropy(param), value
+            return D.categorical_log_prob(param, actions), D.categorical_entropy(param), value
         log_std = self.log_std + 0.0 * param
         return D.gaussian_log_prob(param, log_std, actions), D.gaussian_entropy(log_std), value
 

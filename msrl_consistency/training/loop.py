@@ -160,7 +160,7 @@ class Trainer:
             perm = self.shuffle_rng.permutation(batch).astype(np.int32)
             chunks = perm.reshape(cfg.num_minibatches // per_call, per_call, cfg.minibatch_size)
             for idx in chunks:
-                sums += self._train_call(*flat, Tensor(idx)).asnumpy()
+                sums += self._train_call(*flat, Tensor(idx)).asnumpy().sum(axis=0)
                 count += per_call
         stats = dict(zip(STEP_METRICS, (sums / count).tolist(), strict=True))
         values, returns = buf["values"].ravel(), buf["returns"].ravel()

@@ -17,7 +17,7 @@ from mindspore import Tensor, nn, ops
 from msrl_consistency.agent.policy import ActorCritic
 
 # Order of the scalars returned by ``PPOTrainStep``.
-STEP_METRICS = ("loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+STEP_METRICS = ("loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")  # one row per update
 MAX_UPDATES_PER_CALL = 8  # unrolled in the graph: more means longer compiles
 _half_sq_norm = ops.L2Loss()  # sum(g ** 2) / 2 as one kernel (Square + ReduceSum would be two)
 
@@ -38,10 +38,10 @@ def clip_by_global_norm(grads: tuple[Tensor, ...], max_norm: float) -> tuple[Ten
 
 
 class PPOLoss(nn.Cell):
-    """Clipped surrogate + (optionally clipped) value loss − entropy bonus; returns diagnostics as aux.
+    """Clipped surrogate + (optionally clipped) value loss − entropy bonus; aux is the ``STEP_METRICS`` row.
 
-    Takes observations already normalised and advantages already normalised per minibatch (the train
-    step does both once per call).
+    Takes normalised observations, prepared actions and per-minibatch normalised advantages: the train
+    step computes them once per call.
     """
 
     def __init__(
@@ -62,7 +62,7 @@ class PPOLoss(nn.Cell):
     def construct(
         self, x: Tensor, actions: Tensor, old_logp: Tensor, adv: Tensor, returns: Tensor, old_values: Tensor
     ) -> tuple[Tensor, Tensor]:
-        logp, entropy, value = self.policy.evaluate_normalized(x, actions)
+        logp, entropy, value = self.policy.evaluate_actions(x, actions)
         log_ratio = logp - old_logp
         ratio = ops.exp(log_ratio)
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
@@ -77,8 +77,8 @@ class PPOLoss(nn.Cell):
         if self.ent_coef == 0.0:
             ent = ops.stop_gradient(ent)  # logged only: no backward kernels for a zero-weight term
         loss = pg_loss - self.ent_coef * ent + self.vf_coef * v_loss
-        aux = ops.stack((pg_loss, v_loss, ent, ops.stop_gradient(approx_kl), ops.stop_gradient(clipfrac)))
-        return loss, aux
+        aux = ops.stack((loss, pg_loss, v_loss, ent, approx_kl, clipfrac))
+        return loss, ops.stop_gradient(aux)
 
 
 class PPOTrainStep(nn.Cell):
@@ -88,7 +88,7 @@ class PPOTrainStep(nn.Cell):
 
     Each update reads the Parameters the previous one wrote (MindSpore orders the side effects; measured
     bitwise equal to one call per minibatch), and fewer calls cut the per-launch overhead (~30% here).
-    The rollout tensors stay the same objects for a whole iteration. Returns the summed metrics.
+    The rollout tensors stay the same objects for a whole iteration. Returns ``[updates, STEP_METRICS]``.
     """
 
     def __init__(
@@ -119,18 +119,19 @@ class PPOTrainStep(nn.Cell):
         idx: Tensor,
     ) -> Tensor:
         x = ops.stop_gradient(self.normalizer(obs))
+        actions = self.loss_net.policy.prepare_actions(actions)
         mb_adv = ops.gather(adv, idx, 0)  # [updates, minibatch]
         if self.norm_adv:
             mb_adv = (mb_adv - mb_adv.mean(axis=1, keep_dims=True)) / (mb_adv.std(axis=1, ddof=1, keepdims=True) + 1e-8)
-        total = self.update(x, actions, logp, mb_adv[0], returns, values, idx[0])
+        rows = [self.update(x, actions, logp, mb_adv[0], returns, values, idx[0])]
         for i in range(1, self.updates_per_call):
-            total = total + self.update(x, actions, logp, mb_adv[i], returns, values, ops.depend(idx[i], total))
-        return total
+            rows.append(self.update(x, actions, logp, mb_adv[i], returns, values, ops.depend(idx[i], rows[-1])))
+        return ops.stack(rows)
 
     def update(
         self, x: Tensor, actions: Tensor, logp: Tensor, adv: Tensor, returns: Tensor, values: Tensor, idx: Tensor
     ) -> Tensor:
-        (loss, aux), grads = self.grad_fn(
+        (_, aux), grads = self.grad_fn(
             ops.gather(x, idx, 0),
             ops.gather(actions, idx, 0),
             ops.gather(logp, idx, 0),
@@ -139,5 +140,4 @@ class PPOTrainStep(nn.Cell):
             ops.gather(values, idx, 0),
         )
         grads = clip_by_global_norm(grads, self.max_grad_norm)
-        loss = ops.depend(loss, self.optimizer(grads))
-        return ops.concat((loss.reshape(1), aux))
+        return ops.depend(aux, self.optimizer(grads))
