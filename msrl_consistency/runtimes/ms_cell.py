@@ -51,7 +51,7 @@ class MsCellRuntime(Runtime):
         spec = PolicySpec.from_dict(self.source.bundle.policy_spec)
         policy = load_policy(self.source.checkpoint, spec)  # type: ignore[arg-type]
         self.policy = policy
-        self.cell = export_heads(policy)[self.graph]
+        self.cell = compat.CompiledCall(export_heads(policy)[self.graph])  # plain Cell call in PyNative
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         from mindspore import Tensor

@@ -24,7 +24,7 @@ class MsMindirRuntime(Runtime):
         from msrl_consistency import compat
 
         compat.set_device(self.source.device, self.source.device_id)
-        self.cell = ms.nn.GraphCell(ms.load(str(self.model_path())))
+        self.cell = compat.CompiledCall(ms.nn.GraphCell(ms.load(str(self.model_path()))))
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         from mindspore import Tensor
