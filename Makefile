@@ -55,6 +55,7 @@ lint: $(STAMP)
 bench: setup
 	$(PY) -m pip install -q -e ".[bench,box2d]"
 	$(PY) bench/train_throughput.py
+	$(PY) bench/update_cost.py
 	$(PY) bench/inference_latency.py
 	$(PY) bench/verify_speed.py
 

@@ -198,6 +198,29 @@ def evaluate(act: Callable[[np.ndarray], Any], env_id: str, seed: int, episodes:
     return returns
 
 
+def minibatch_update(
+    agent: Agent, optimizer: torch.optim.Optimizer, hp: HParams, rollout: tuple[torch.Tensor, ...], idx: torch.Tensor
+) -> None:
+    """One PPO minibatch update (CleanRL's): clipped surrogate + value loss − entropy, clip grad norm, Adam."""
+    b_obs, b_act, b_logp, b_adv, b_ret, b_val = rollout
+    new_logp, entropy, new_value = agent.evaluate(b_obs[idx], b_act[idx])
+    ratio = (new_logp - b_logp[idx]).exp()
+    mb_adv = b_adv[idx]
+    if hp.norm_adv:
+        mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+    pg_loss = torch.max(-mb_adv * ratio, -mb_adv * ratio.clamp(1 - hp.clip_coef, 1 + hp.clip_coef)).mean()
+    if hp.clip_vloss:
+        v_clipped = b_val[idx] + (new_value - b_val[idx]).clamp(-hp.clip_coef, hp.clip_coef)
+        v_loss = 0.5 * torch.max((new_value - b_ret[idx]) ** 2, (v_clipped - b_ret[idx]) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((new_value - b_ret[idx]) ** 2).mean()
+    loss = pg_loss - hp.ent_coef * entropy.mean() + hp.vf_coef * v_loss
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
+    optimizer.step()
+
+
 def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **hparams: Any) -> dict[str, Any]:
     """Train PPO; return wall and CPU time (training loop only), SPS, per-episode ``(global_step, return)`` and eval."""
     hp = HParams.from_dict(hparams)
@@ -257,26 +280,11 @@ def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **h
         b_obs = torch.from_numpy(obs_buf.reshape(batch, obs_dim))
         b_act = torch.from_numpy(act_buf.reshape(batch, *act_shape))
         b_logp, b_adv, b_ret, b_val = (torch.from_numpy(a.reshape(batch)) for a in (logp_buf, adv, ret, val_buf))
+        rollout = (b_obs, b_act, b_logp, b_adv, b_ret, b_val)
         for _ in range(hp.update_epochs):
             perm = torch.randperm(batch)
             for s in range(0, batch, minibatch):
-                idx = perm[s : s + minibatch]
-                new_logp, entropy, new_value = agent.evaluate(b_obs[idx], b_act[idx])
-                ratio = (new_logp - b_logp[idx]).exp()
-                mb_adv = b_adv[idx]
-                if hp.norm_adv:
-                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                pg_loss = torch.max(-mb_adv * ratio, -mb_adv * ratio.clamp(1 - hp.clip_coef, 1 + hp.clip_coef)).mean()
-                if hp.clip_vloss:
-                    v_clipped = b_val[idx] + (new_value - b_val[idx]).clamp(-hp.clip_coef, hp.clip_coef)
-                    v_loss = 0.5 * torch.max((new_value - b_ret[idx]) ** 2, (v_clipped - b_ret[idx]) ** 2).mean()
-                else:
-                    v_loss = 0.5 * ((new_value - b_ret[idx]) ** 2).mean()
-                loss = pg_loss - hp.ent_coef * entropy.mean() + hp.vf_coef * v_loss
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
-                optimizer.step()
+                minibatch_update(agent, optimizer, hp, rollout, perm[s : s + minibatch])
 
         if hp.normalize_obs:
             rms.update(obs_buf.reshape(batch, obs_dim).astype(np.float64))

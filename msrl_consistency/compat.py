@@ -109,5 +109,6 @@ class CompiledCall:
             return out
         phase, mutable_flags, sequence_modified = known
         executor = _graph_api._cell_graph_executor._graph_executor
+        executor.set_jit_config(getattr(self.cell, "jit_config_dict", None) or _graph_api._DEFAULT_JIT_CONFIG)
         run_args = executor.get_args_for_run(self.cell, args, {}, mutable_flags, sequence_modified, False, False)
         return _graph_api._convert_python_data(executor(tuple(run_args), phase))

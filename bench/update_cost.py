@@ -1,0 +1,171 @@
+"""Where a PPO iteration's time goes: one act call and one minibatch update, ours vs the PyTorch twin.
+
+Both frameworks run the env preset's shapes (``num_envs`` observations per act call, ``batch_size /
+num_minibatches`` rows per update) on synthetic rollout data: these small MLPs cost the same whatever the
+values. Each framework runs in its own subprocess. Ours is timed through ``Cell.__call__`` and through
+``compat.CompiledCall`` (what the Trainer uses), so the table also shows what the shortcut saves. The last
+rows estimate one PPO iteration (``num_steps`` act calls + all minibatch updates, env time excluded).
+
+    .venv/bin/python bench/update_cost.py --env CartPole-v1 --repeats 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from train_throughput import preset  # noqa: E402
+
+from msrl_consistency.config import parse_config  # noqa: E402  (no MindSpore import here)
+
+
+def seconds_per_call(fns: dict[str, Callable[[], Any]], repeats: int, rounds: int = 5) -> dict[str, float]:
+    """Best mean over ``repeats`` calls of each function, rounds interleaved so load drifts hit all alike.
+
+    The first calls compile, so each function is warmed up first.
+    """
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / repeats)
+    return best
+
+
+def synthetic_rollout(rng: np.random.Generator, batch: int, obs_dim: int, act_shape: tuple[int, ...], discrete: bool):
+    obs = rng.standard_normal((batch, obs_dim)).astype(np.float32)
+    actions = (rng.integers(0, 2, batch) if discrete else rng.standard_normal((batch, *act_shape))).astype(np.float32)
+    logp = np.full(batch, -0.7, np.float32)
+    adv, returns, values = (rng.standard_normal(batch).astype(np.float32) for _ in range(3))
+    return obs, actions, logp, adv, returns, values
+
+
+def run_ours(env_id: str, repeats: int) -> dict[str, float]:
+    from mindspore import Tensor, nn
+
+    from msrl_consistency import compat
+    from msrl_consistency.agent import ActorCritic, RolloutPolicy
+    from msrl_consistency.envs import describe_env
+    from msrl_consistency.training.loop import build_spec
+    from msrl_consistency.training.ppo import PPOLoss, PPOTrainStep, updates_per_call
+
+    cfg = parse_config(["--env-id", env_id])
+    compat.set_device("cpu")
+    compat.set_threads(1)
+    compat.use_graph_mode()
+    spec = build_spec(cfg, describe_env(env_id))
+    policy = ActorCritic(spec, seed=0)
+    rollout_net = RolloutPolicy(policy)
+    optimizer = nn.Adam(policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
+    loss = PPOLoss(policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss)
+    k = updates_per_call(cfg.num_minibatches)
+    step = PPOTrainStep(loss, optimizer, cfg.max_grad_norm, k, cfg.norm_adv)
+
+    rng = np.random.default_rng(0)
+    act_shape = () if spec.discrete else (spec.action_dim,)
+    data = [Tensor(a) for a in synthetic_rollout(rng, cfg.batch_size, spec.obs_dim, act_shape, spec.discrete)]
+    idx = np.stack([rng.permutation(cfg.batch_size)[: cfg.minibatch_size] for _ in range(k)]).astype(np.int32)
+    obs = rng.standard_normal((cfg.num_envs, spec.obs_dim)).astype(np.float32)
+    noise = spec.sample_noise(rng, cfg.num_envs)
+
+    fast_act, fast_step = compat.CompiledCall(rollout_net), compat.CompiledCall(step)
+    acts = seconds_per_call(
+        {
+            "act (Cell.__call__)": lambda: rollout_net(Tensor(obs), Tensor(noise)).asnumpy(),
+            "act (CompiledCall)": lambda: fast_act(Tensor(obs), Tensor(noise)).asnumpy(),
+        },
+        repeats,
+    )
+    calls = seconds_per_call(
+        {
+            "update (Cell.__call__)": lambda: step(*data, Tensor(idx)).asnumpy(),
+            "update (CompiledCall)": lambda: fast_step(*data, Tensor(idx)).asnumpy(),
+        },
+        max(1, repeats // k),
+    )
+    return {**acts, **{name: t / k for name, t in calls.items()}}  # per minibatch update
+
+
+def run_torch(env_id: str, repeats: int) -> dict[str, float]:
+    import gymnasium as gym
+    import torch
+    import torch_ppo
+
+    torch.set_num_threads(1)
+    hp = torch_ppo.HParams.from_dict({k: v for k, v in preset(env_id).items() if k not in torch_ppo.IGNORED_KEYS})
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(hp.num_envs)])
+    agent = torch_ppo.Agent(envs, hp)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5)
+    batch = hp.num_envs * hp.num_steps
+    rng = np.random.default_rng(0)
+    act_shape = () if agent.discrete else envs.single_action_space.shape
+    rollout = tuple(torch.from_numpy(a) for a in synthetic_rollout(rng, batch, agent.obs_mean.numel(), act_shape,
+                                                                    agent.discrete))  # fmt: skip
+    obs = rng.standard_normal((hp.num_envs, agent.obs_mean.numel())).astype(np.float32)
+    envs.close()
+
+    def act() -> None:
+        with torch.no_grad():
+            action, logp, value = agent.act(torch.from_numpy(obs))
+        action.numpy(), logp.numpy(), value.numpy()
+
+    def update() -> None:
+        torch_ppo.minibatch_update(agent, optimizer, hp, rollout, torch.randperm(batch)[: batch // hp.num_minibatches])
+
+    return seconds_per_call({"act": act, "update": update}, repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--repeats", type=int, default=200, help="calls per timing round (best of 5 rounds)")
+    parser.add_argument("--worker", choices=["ours", "torch"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        run = run_ours if args.worker == "ours" else run_torch
+        print(json.dumps(run(args.env, args.repeats)))
+        return
+
+    def worker(name: str) -> dict[str, float]:
+        cmd = [sys.executable, __file__, "--worker", name, "--env", args.env, "--repeats", str(args.repeats)]
+        out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    torch_t, ours = worker("torch"), worker("ours")
+    cfg = parse_config(["--env-id", args.env])
+    updates = cfg.num_minibatches * cfg.update_epochs
+    print(
+        f"{args.env}: seconds per call, best of 5 rounds x {args.repeats}; ratio = PyTorch / ours (>1: ours faster)\n"
+    )
+    print("| call | PyTorch | ours, Cell.__call__ | ours, CompiledCall | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for label, key in ((f"act ({cfg.num_envs} obs)", "act"), (f"update ({cfg.minibatch_size} rows)", "update")):
+        slow, fast = ours[f"{key} (Cell.__call__)"], ours[f"{key} (CompiledCall)"]
+        print(f"| {label} | {ms(torch_t[key])} | {ms(slow)} | {ms(fast)} | {torch_t[key] / fast:.2f}x |")
+    theirs = cfg.num_steps * torch_t["act"] + updates * torch_t["update"]
+    mine = cfg.num_steps * ours["act (CompiledCall)"] + updates * ours["update (CompiledCall)"]
+    label = f"iteration without env ({cfg.num_steps} acts + {updates} updates)"
+    print(f"| {label} | {ms(theirs)} | | {ms(mine)} | {theirs / mine:.2f}x |")
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+if __name__ == "__main__":
+    main()
