@@ -96,6 +96,8 @@ class CompiledCall:
         self._phases: dict[tuple[Any, ...], tuple[str, list[bool], list[bool]]] = {}
 
     def __call__(self, *args: ms.Tensor) -> Any:
+        if not all(isinstance(a, ms.Tensor) for a in args):
+            return self.cell(*args)  # the shortcut is keyed on tensor shapes and dtypes only
         signature = tuple((a.shape, a.dtype) for a in args)
         known = self._phases.get(signature)
         if known is None or ms.get_context("mode") != ms.GRAPH_MODE:
