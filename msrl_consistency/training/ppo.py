@@ -6,7 +6,8 @@ optimizer, with minibatch indices gathered inside the graph so there is one shap
 On MindSpore's CPU backend every kernel launch costs ~15-30 µs whatever its size, so a PPO update of
 these small MLPs costs what its kernel count costs. Work that does not change within a call is done once
 per call, not once per minibatch: observation normalisation (its statistics are frozen for the whole
-iteration) and the per-minibatch advantage normalisation of all minibatches of the call.
+iteration), one-hot actions, and the per-minibatch advantage normalisation of all minibatches of the call
+(unbiased std, as ``torch.std`` in CleanRL).
 """
 
 from __future__ import annotations
