@@ -86,7 +86,9 @@ class TrainConfig:
     checkpoint_every: int = 10
     """Write a checkpoint every N iterations (and always at the end)."""
     eval_episodes: int = 10
-    """Deterministic evaluation episodes at the end of training."""
+    """Deterministic evaluation episodes at the end of training (and at every --eval-every)."""
+    eval_every: int = 0
+    """Also evaluate every N iterations (0: only at the end); logged to evals.csv, excluded from SPS."""
     progress: bool = True
     """Show a progress bar with live return and SPS."""
 
@@ -113,6 +115,10 @@ class TrainConfig:
                 f"--num-minibatches {self.num_minibatches} does not divide the batch "
                 f"(num_envs {self.num_envs} x num_steps {self.num_steps} = {self.batch_size})"
             )
+        if self.eval_every < 0:
+            raise UsageError(f"--eval-every must be 0 (off) or positive, got {self.eval_every}")
+        if self.eval_every and self.eval_episodes <= 0:
+            raise UsageError("--eval-every needs --eval-episodes > 0")
         if self.activation not in ("tanh", "relu"):
             raise UsageError(f"--activation must be tanh or relu, got {self.activation!r}")
         if self.action_postprocess not in ("clip", "tanh"):

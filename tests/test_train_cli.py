@@ -32,6 +32,7 @@ def run_main(*argv: str) -> int:
         ),
         (["--hidden-sizes", "64,-1"], "hidden-sizes"),
         (["--device", "tpu"], "--device"),
+        (["--eval-every", "2", "--eval-episodes", "0"], "needs --eval-episodes"),
     ],
 )
 def test_bad_arguments_fail_before_writing(tmp_path, argv, message):

@@ -66,6 +66,20 @@ def test_same_seed_gives_bitwise_identical_metrics_and_weights(tmp_path, env_id)
     assert metrics_without_timing(tmp_path / "a") != metrics_without_timing(tmp_path / "c")
 
 
+def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
+    cfg = tiny_config()  # 4 iterations
+    train(cfg, tmp_path / "plain")
+    train(tiny_config(eval_every=2, eval_episodes=2), tmp_path / "evals")
+    assert not (tmp_path / "plain" / rd.EVALS_CSV).exists()
+    with open(tmp_path / "evals" / rd.EVALS_CSV, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["global_step"]) for r in rows] == [64, 128]
+    assert all(int(r["episodes"]) == 2 and float(r["return_mean"]) >= float(r["return_min"]) > 0 for r in rows)
+    # Evaluation uses its own envs and seeds: the training itself is bitwise the same.
+    assert metrics_without_timing(tmp_path / "plain") == metrics_without_timing(tmp_path / "evals")
+    assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "evals"))
+
+
 def test_resume_equals_uninterrupted_run(tmp_path):
     cfg = tiny_config(total_steps=192)  # 6 iterations, checkpoints every 2
     train(cfg, tmp_path / "full")

@@ -23,6 +23,7 @@ CHECKPOINT = "checkpoint.ckpt"
 RESUME_STATE = "resume.state"
 METRICS_CSV = "metrics.csv"
 EPISODES_CSV = "episodes.csv"
+EVALS_CSV = "evals.csv"
 REWARD_PLOT = "reward_curve.png"
 RUN_SCHEMA = 1
 _STATE_MAGIC = b"MSRL-RESUME-1\n"

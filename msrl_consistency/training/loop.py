@@ -35,6 +35,7 @@ METRIC_FIELDS = [
     *STEP_METRICS, "explained_variance", "sps", "wall_time",
 ]  # fmt: skip
 EPISODE_FIELDS = ["global_step", "env", "return", "length"]
+EVAL_FIELDS = ["iteration", "global_step", "return_mean", "return_min", "episodes", "seconds"]
 NOISE_STREAM, SHUFFLE_STREAM, RESUME_RESET_STREAM = 1, 2, 3
 
 
@@ -99,6 +100,8 @@ class Trainer:
             keep = self.global_step
         self.metrics = rd.CsvLog(run_dir / rd.METRICS_CSV, METRIC_FIELDS, keep)
         self.episode_log = rd.CsvLog(run_dir / rd.EPISODES_CSV, EPISODE_FIELDS, keep)
+        self.eval_log = rd.CsvLog(run_dir / rd.EVALS_CSV, EVAL_FIELDS, keep) if cfg.eval_every else None
+        self._deterministic: compat.CompiledCall | None = None  # compiled once, on the first evaluation
 
     # -- one iteration ------------------------------------------------------------------------------
     def collect(self) -> dict[str, np.ndarray]:
@@ -172,6 +175,7 @@ class Trainer:
         """Train to the end of the run, or only up to iteration ``stop_at`` (to resume later)."""
         cfg = self.cfg
         start_time, start_step = time.perf_counter(), self.global_step
+        eval_time = 0.0  # periodic evaluations are not training time: excluded from SPS and wall_time
         last = cfg.num_iterations if stop_at is None else min(stop_at, cfg.num_iterations)
         while self.iteration < last:
             lr = cfg.learning_rate * (1.0 - self.iteration / cfg.num_iterations if cfg.anneal_lr else 1.0)
@@ -184,7 +188,7 @@ class Trainer:
                 self.rms.copy_to(self.policy.normalizer)
             self.iteration += 1
             self.episodes += len(buf["finished"])
-            elapsed = time.perf_counter() - start_time
+            elapsed = time.perf_counter() - start_time - eval_time
             sps = (self.global_step - start_step) / max(elapsed, 1e-9)
             finished = buf["finished"]
             row = {
@@ -203,13 +207,20 @@ class Trainer:
                 progress.update(cfg.batch_size)
                 if len(finished):
                     progress.set_postfix(ret=f"{row['return_mean']:.1f}", sps=f"{sps:.0f}")
+            if self.eval_log is not None and self.iteration % cfg.eval_every == 0:
+                eval_time += self._periodic_eval()
             if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.num_iterations:
                 self.checkpoint()
 
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, episodes: int) -> list[float]:
-        """Deterministic episodes (argmax / mean action) on seeds ``seed + 10_000 + k``."""
-        det = compat.CompiledCall(DeterministicPolicy(self.policy))
+        """Deterministic episodes (argmax / mean action) on seeds ``seed + 10_000 + k``.
+
+        Touches no training RNG stream or env, so evaluating during a run leaves its training bitwise unchanged.
+        """
+        if self._deterministic is None:
+            self._deterministic = compat.CompiledCall(DeterministicPolicy(self.policy))
+        det = self._deterministic
         returns = []
         for k in range(episodes):
             env = make_env(self.cfg.env_id)
@@ -224,6 +235,17 @@ class Trainer:
             env.close()
             returns.append(total)
         return returns
+
+    def _periodic_eval(self) -> float:
+        """``evaluate`` during training, logged to evals.csv; returns the seconds it took."""
+        start = time.perf_counter()
+        returns = self.evaluate(self.cfg.eval_episodes)
+        seconds = time.perf_counter() - start
+        self.eval_log.write(
+            {"iteration": self.iteration, "global_step": self.global_step, "return_mean": float(np.mean(returns)),
+             "return_min": float(np.min(returns)), "episodes": len(returns), "seconds": round(seconds, 3)}
+        )  # fmt: skip
+        return seconds
 
     # -- persistence ----------------------------------------------------------------------------------
     def run_info(self, eval_returns: list[float] | None = None) -> dict[str, Any]:
@@ -314,4 +336,6 @@ class Trainer:
     def close(self) -> None:
         self.metrics.close()
         self.episode_log.close()
+        if self.eval_log is not None:
+            self.eval_log.close()
         self.envs.close()
