@@ -26,7 +26,7 @@ Distribution.set_default_validate_args(False)
 
 # Run-management keys of a preset that do not change the algorithm; accepted and ignored.
 IGNORED_KEYS = {"env_id", "total_steps", "seed", "run_dir", "resume", "device", "threads", "async_envs",
-                "checkpoint_every", "eval_episodes", "progress"}  # fmt: skip
+                "checkpoint_every", "eval_episodes", "eval_every", "progress"}  # fmt: skip
 
 
 @dataclass
@@ -221,8 +221,20 @@ def minibatch_update(
     optimizer.step()
 
 
-def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **hparams: Any) -> dict[str, Any]:
-    """Train PPO; return wall and CPU time (training loop only), SPS, per-episode ``(global_step, return)`` and eval."""
+def train(
+    env_id: str,
+    total_steps: int,
+    seed: int,
+    eval_episodes: int = 10,
+    eval_every: int = 0,
+    eval_every_episodes: int = 5,
+    **hparams: Any,
+) -> dict[str, Any]:
+    """Train PPO; return wall and CPU time (training loop only), SPS, per-episode ``(global_step, return)`` and eval.
+
+    ``eval_every`` > 0 also runs ``eval_every_episodes`` deterministic episodes every that many iterations
+    (``evals``: ``(global_step, mean return)``); their time is excluded from the timings.
+    """
     hp = HParams.from_dict(hparams)
     torch.set_num_threads(1)
     torch.manual_seed(seed)
@@ -246,6 +258,8 @@ def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **h
     ep_return = np.zeros(n)
     global_step = 0
     obs, _ = envs.reset(seed=seed)
+    evals: list[tuple[int, float]] = []
+    eval_wall = eval_cpu = 0.0
     start, cpu_start = time.perf_counter(), time.process_time()
     first_iter_end = start
     for it in range(iterations):
@@ -292,9 +306,14 @@ def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **h
             agent.obs_var.copy_(torch.as_tensor(rms.var, dtype=torch.float32))
         if it == 0:
             first_iter_end = time.perf_counter()
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        if eval_every and (it + 1) % eval_every == 0:
+            t0, c0 = time.perf_counter(), time.process_time()
+            evals.append((global_step, float(np.mean(evaluate(agent.env_action, env_id, seed, eval_every_episodes)))))
+            eval_wall, eval_cpu = eval_wall + time.perf_counter() - t0, eval_cpu + time.process_time() - c0
+    end = time.perf_counter() - eval_wall
+    wall, cpu = end - start, time.process_time() - cpu_start - eval_cpu
     envs.close()
-    steady = (global_step - batch) / (start + wall - first_iter_end) if iterations > 1 else global_step / wall
+    steady = (global_step - batch) / (end - first_iter_end) if iterations > 1 else global_step / wall
     return {
         "wall_time": wall,
         "cpu_time": cpu,
@@ -302,6 +321,7 @@ def train(env_id: str, total_steps: int, seed: int, eval_episodes: int = 10, **h
         "sps_steady": steady,
         "global_step": global_step,
         "episodes": episodes,
+        "evals": evals,
         "eval_returns": evaluate(agent.env_action, env_id, seed, eval_episodes),
     }
 

@@ -29,6 +29,7 @@ from msrl_consistency.config import load_toml, preset_path  # noqa: E402  (no Mi
 # "Solved" levels for the training curve: the moving average of the last WINDOW episodes must stay at or above.
 THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0, "BipedalWalker-v3": 300.0, "Hopper-v5": 3000.0}
 WINDOW = 10
+EVAL_EVERY_EPISODES = 5  # deterministic episodes per periodic evaluation (the final one uses --eval-episodes)
 # rl-zoo3's tuned PPO settings (hyperparams/ppo.yml); Pendulum without gSDE so all three use a plain Gaussian.
 SB3_ZOO: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(n_envs=8, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
@@ -41,6 +42,16 @@ SB3_ZOO: dict[str, dict[str, Any]] = {
 def preset(env_id: str) -> dict[str, Any]:
     path = preset_path(env_id)
     return load_toml(path) if path.exists() else {"env_id": env_id}
+
+
+def steps_to_eval_threshold(evals: list[tuple[int, float]], threshold: float) -> int | None:
+    """Env step of the first periodic deterministic evaluation whose mean return reaches ``threshold``."""
+    return next((int(step) for step, mean in evals if mean >= threshold), None)
+
+
+def iterations_between(eval_every_steps: int, batch: int) -> int:
+    """``--eval-every-steps`` in a framework's own iterations (0: off)."""
+    return 0 if eval_every_steps <= 0 else max(1, round(eval_every_steps / batch))
 
 
 def steps_to_threshold(episodes: list[tuple[int, float]], threshold: float, window: int = WINDOW) -> int | None:
@@ -76,7 +87,7 @@ def sb3_hparams(env_id: str) -> dict[str, Any]:
     )
 
 
-def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int) -> dict[str, Any]:
+def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int) -> dict[str, Any]:
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -89,14 +100,30 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int) -> dict[str,
             initial = float(hp[key][4:])
             hp[key] = lambda progress, v=initial: progress * v  # progress_remaining goes 1 → 0
     n_envs = hp.pop("n_envs")
+    import torch_ppo  # the benchmark's shared evaluation loop (same seeds for every framework)
+
+    def deterministic_returns(episodes: int) -> list[float]:
+        return torch_ppo.evaluate(lambda obs: model.predict(obs, deterministic=True)[0], env_id, seed, episodes)
 
     class Recorder(BaseCallback):
-        """Episode returns from the Monitor wrapper, and when the first rollout ended (for steady SPS)."""
+        """Episode returns from the Monitor wrapper, periodic evaluations (their time excluded), and when the
+        first rollout ended (for steady SPS)."""
 
-        def __init__(self) -> None:
+        def __init__(self, eval_every: int) -> None:
             super().__init__()
             self.episodes: list[tuple[int, float]] = []
             self.first_rollout: tuple[int, float] | None = None
+            self.eval_every, self.rollouts = eval_every, 0
+            self.evals: list[tuple[int, float]] = []
+            self.eval_wall = self.eval_cpu = 0.0
+
+        def _on_rollout_end(self) -> None:
+            self.rollouts += 1
+            if self.eval_every and self.rollouts % self.eval_every == 0:
+                t0, c0 = time.perf_counter(), time.process_time()
+                self.evals.append((self.num_timesteps, float(np.mean(deterministic_returns(EVAL_EVERY_EPISODES)))))
+                self.eval_wall += time.perf_counter() - t0
+                self.eval_cpu += time.process_time() - c0
 
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
@@ -110,17 +137,15 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int) -> dict[str,
 
     envs = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     model = PPO("MlpPolicy", envs, seed=seed, device="cpu", verbose=0, **hp)
-    rec = Recorder()
+    rec = Recorder(iterations_between(eval_every_steps, n_envs * hp["n_steps"]))
     start, cpu_start = time.perf_counter(), time.process_time()
     model.learn(total_timesteps=steps, callback=rec)
-    end, cpu = time.perf_counter(), time.process_time() - cpu_start
+    end, cpu = time.perf_counter() - rec.eval_wall, time.process_time() - cpu_start - rec.eval_cpu
     done_steps = int(model.num_timesteps)
     steady = done_steps / (end - start)
     if rec.first_rollout is not None and rec.first_rollout[0] < done_steps:
         steady = (done_steps - rec.first_rollout[0]) / (end - rec.first_rollout[1])
-    import torch_ppo  # the benchmark's shared evaluation loop (same seeds for every framework)
-
-    returns = torch_ppo.evaluate(lambda obs: model.predict(obs, deterministic=True)[0], env_id, seed, eval_episodes)
+    returns = deterministic_returns(eval_episodes)
     return {
         "wall_time": end - start,
         "cpu_time": cpu,
@@ -128,26 +153,32 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int) -> dict[str,
         "sps_steady": steady,
         "global_step": done_steps,
         "episodes": rec.episodes,
+        "evals": rec.evals,
         "eval_returns": returns,
         "hparams": sb3_hparams(env_id),
     }
 
 
-def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, out: Path) -> None:
+def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
+           out: Path) -> None:  # fmt: skip
     if framework == "ours":
-        result = run_ours(env_id, steps, seed, eval_episodes, out.parent)
+        result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent)
     elif framework == "torch":
         import torch_ppo
 
         hp = {k: v for k, v in preset(env_id).items() if k not in torch_ppo.IGNORED_KEYS}
-        result = torch_ppo.train(env_id, steps, seed, eval_episodes=eval_episodes, **hp)
+        batch = hp.get("num_envs", torch_ppo.HParams.num_envs) * hp.get("num_steps", torch_ppo.HParams.num_steps)
+        result = torch_ppo.train(env_id, steps, seed, eval_episodes=eval_episodes,
+                                 eval_every=iterations_between(eval_every_steps, batch),
+                                 eval_every_episodes=EVAL_EVERY_EPISODES, **hp)  # fmt: skip
         result["hparams"] = hp
     else:
-        result = run_sb3(env_id, steps, seed, eval_episodes)
+        result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps)
     out.write_text(json.dumps(result))
 
 
-def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, run_dir: Path) -> dict[str, Any]:
+def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
+             run_dir: Path) -> dict[str, Any]:  # fmt: skip
     """What ``python -m msrl_consistency.train`` does, through the Trainer API so the loop's CPU time is visible."""
     t_import = time.perf_counter()
     from msrl_consistency.artifacts import run_dir as rd
@@ -156,8 +187,9 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, run_dir: Pa
 
     import_time = time.perf_counter() - t_import
     argv = ["--env-id", env_id, "--run-dir", str(run_dir), "--total-steps", str(steps), "--seed", str(seed),
-            "--progress", "false", "--eval-episodes", str(eval_episodes)]  # fmt: skip
+            "--progress", "false", "--eval-episodes", str(EVAL_EVERY_EPISODES)]  # fmt: skip
     cfg = parse_config(argv)
+    cfg.eval_every = iterations_between(eval_every_steps, cfg.batch_size)
     rd.prepare_new_run_dir(run_dir)
     trainer = Trainer(cfg, run_dir)
     try:
@@ -165,7 +197,7 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, run_dir: Pa
         start, cpu_start = time.perf_counter(), time.process_time()
         trainer.run()
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        eval_returns = trainer.evaluate(cfg.eval_episodes)
+        eval_returns = trainer.evaluate(eval_episodes)
         trainer.checkpoint(eval_returns)
     finally:
         trainer.close()
@@ -173,28 +205,39 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, run_dir: Pa
         rows = [(int(r["global_step"]), float(r["wall_time"])) for r in csv.DictReader(fh)]
     with open(run_dir / "episodes.csv", newline="") as fh:
         episodes = [(int(r["global_step"]), float(r["return"])) for r in csv.DictReader(fh)]
+    evals: list[tuple[int, float]] = []
+    if cfg.eval_every:
+        with open(run_dir / "evals.csv", newline="") as fh:
+            eval_rows = list(csv.DictReader(fh))
+        evals = [(int(r["global_step"]), float(r["return_mean"])) for r in eval_rows]
+        eval_seconds = sum(float(r["seconds"]) for r in eval_rows)  # excluded like metrics.csv's wall_time
+        wall, cpu = wall - eval_seconds, cpu - eval_seconds
     # Steady state: everything after the first iteration, which also pays the act and train-step compiles.
     (step0, t0), (step1, t1) = rows[0], rows[-1]
     steady = (step1 - step0) / (t1 - t0) if len(rows) > 1 else step1 / t1
     return {"wall_time": wall, "cpu_time": cpu, "sps": step1 / wall, "sps_steady": steady, "global_step": step1,
-            "episodes": episodes, "eval_returns": eval_returns, "import_time": import_time,
+            "episodes": episodes, "evals": evals, "eval_returns": eval_returns, "import_time": import_time,
             "compile_time": t0 - step0 / steady, "hparams": cfg.to_dict()}  # fmt: skip
 
 
 # -- driver ---------------------------------------------------------------------------------------------
-def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, out_dir: Path) -> dict[str, Any]:
+def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
+            out_dir: Path) -> dict[str, Any]:  # fmt: skip
     run_dir = out_dir / "runs" / f"{framework}-{env_id}-s{seed}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, __file__, "--worker", framework, "--envs", env_id, "--steps", str(steps), "--seeds",
-           str(seed), "--eval-episodes", str(eval_episodes), "--out", str(run_dir / "result.json")]  # fmt: skip
+           str(seed), "--eval-episodes", str(eval_episodes), "--eval-every-steps", str(eval_every_steps),
+           "--out", str(run_dir / "result.json")]  # fmt: skip
     start = time.perf_counter()
     subprocess.run(cmd, cwd=REPO, check=True)
     result = json.loads((run_dir / "result.json").read_text())
     result["total_time"] = time.perf_counter() - start  # process wall: interpreter, imports, compile, eval
     result.update(framework=framework, env_id=env_id, seed=seed)
-    result["steps_to_threshold"] = steps_to_threshold(result["episodes"], THRESHOLDS.get(env_id, float("inf")))
+    threshold = THRESHOLDS.get(env_id, float("inf"))
+    result["steps_to_threshold"] = steps_to_threshold(result["episodes"], threshold)
+    result["steps_to_eval_threshold"] = steps_to_eval_threshold(result.get("evals", []), threshold)
     result["eval_mean"] = float(np.mean(result["eval_returns"])) if result["eval_returns"] else None
     return result
 
@@ -216,8 +259,8 @@ def tables(results: list[dict[str, Any]]) -> str:
     ref = {(r["env_id"], r["seed"]): r for r in results if r["framework"] == "torch"}
     lines = [
         "| framework | env | seed | train s/100k | CPU s/100k | total s | steady SPS | SPS vs torch | CPU-SPS vs torch "
-        "| steps to ≥thr | eval mean |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| steps to ≥thr | steps to eval ≥thr | eval mean |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         t = ref.get((r["env_id"], r["seed"]))
@@ -235,14 +278,15 @@ def tables(results: list[dict[str, Any]]) -> str:
             ratio,
             cpu_ratio,
             fmt(r["steps_to_threshold"]),
+            fmt(r.get("steps_to_eval_threshold")),
             fmt(r["eval_mean"], 1),
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += [
         "",
         "| framework | env | seeds | mean steady SPS | SPS vs torch | CPU-SPS vs torch | reached thr "
-        "| median steps to thr | eval means |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| median steps to thr | median steps to eval thr | eval means |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
@@ -254,10 +298,12 @@ def tables(results: list[dict[str, Any]]) -> str:
         cpu_ratio = f"{csps / np.mean([cpu_sps(r) for r in ts]):.2f}x" if ts else "–"
         reached = [r["steps_to_threshold"] for r in rs if r["steps_to_threshold"] is not None]
         median = float(np.median(reached)) if reached else None
+        eval_reached = [r["steps_to_eval_threshold"] for r in rs if r.get("steps_to_eval_threshold") is not None]
+        eval_median = float(np.median(eval_reached)) if eval_reached else None
         evals = ", ".join(fmt(r["eval_mean"], 1) for r in rs)
         lines.append(
             f"| {fw} | {env} | {len(rs)} | {sps:,.0f} | {ratio} | {cpu_ratio} | {len(reached)}/{len(rs)} "
-            f"| {fmt(median)} | {evals} |"
+            f"| {fmt(median)} | {fmt(eval_median)} | {evals} |"
         )
     return "\n".join(lines)
 
@@ -296,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=0, help="env steps per run (default: the env preset's)")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--frameworks", default="ours,torch,sb3")
-    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--eval-episodes", type=int, default=10, help="deterministic episodes of the final eval")
+    periodic = f"also evaluate ({EVAL_EVERY_EPISODES} episodes) about every N env steps; 0: off"
+    parser.add_argument("--eval-every-steps", type=int, default=2048, help=periodic)
     parser.add_argument("--out", default="reports/bench/train_throughput", help="output dir (json, md, png, runs)")
     parser.add_argument("--worker", choices=["ours", "torch", "sb3"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -304,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.worker:
         steps = args.steps or int(preset(envs[0]).get("total_steps", 50_000))
-        worker(args.worker, envs[0], steps, seeds[0], args.eval_episodes, Path(args.out))
+        worker(args.worker, envs[0], steps, seeds[0], args.eval_episodes, args.eval_every_steps, Path(args.out))
         return 0
 
     out_dir = REPO / args.out
@@ -315,10 +363,11 @@ def main(argv: list[str] | None = None) -> int:
         # Frameworks interleaved per seed, so a load change on the shared machine hits all of them alike.
         for seed in seeds:
             for fw in args.frameworks.split(","):
-                r = run_one(fw, env_id, steps, seed, args.eval_episodes, out_dir)
+                r = run_one(fw, env_id, steps, seed, args.eval_episodes, args.eval_every_steps, out_dir)
                 print(
                     f"{fw:5s} {env_id} seed {seed}: steady {r['sps_steady']:,.0f} SPS, total {r['total_time']:.1f}s, "
-                    f"steps to thr {fmt(r['steps_to_threshold'])}, eval {fmt(r['eval_mean'], 1)}",
+                    f"steps to thr {fmt(r['steps_to_threshold'])}, to eval thr {fmt(r['steps_to_eval_threshold'])}, "
+                    f"eval {fmt(r['eval_mean'], 1)}",
                     flush=True,
                 )
                 results.append(r)
