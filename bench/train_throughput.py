@@ -167,7 +167,8 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
         import torch_ppo
 
         hp = {k: v for k, v in preset(env_id).items() if k not in torch_ppo.IGNORED_KEYS}
-        batch = hp.get("num_envs", torch_ppo.HParams.num_envs) * hp.get("num_steps", torch_ppo.HParams.num_steps)
+        hparams = torch_ppo.HParams.from_dict(hp)
+        batch = hparams.num_envs * hparams.num_steps
         result = torch_ppo.train(env_id, steps, seed, eval_episodes=eval_episodes,
                                  eval_every=iterations_between(eval_every_steps, batch),
                                  eval_every_episodes=EVAL_EVERY_EPISODES, **hp)  # fmt: skip
@@ -210,7 +211,9 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
         with open(run_dir / "evals.csv", newline="") as fh:
             eval_rows = list(csv.DictReader(fh))
         evals = [(int(r["global_step"]), float(r["return_mean"])) for r in eval_rows]
-        eval_seconds = sum(float(r["seconds"]) for r in eval_rows)  # excluded like metrics.csv's wall_time
+        # Excluded like metrics.csv's wall_time; the CPU side subtracts the same wall seconds (an approximation:
+        # evals.csv records wall time only, and an evaluation keeps about one core busy).
+        eval_seconds = sum(float(r["seconds"]) for r in eval_rows)
         wall, cpu = wall - eval_seconds, cpu - eval_seconds
     # Steady state: everything after the first iteration, which also pays the act and train-step compiles.
     (step0, t0), (step1, t1) = rows[0], rows[-1]

@@ -56,25 +56,20 @@ def synthetic_rollout(rng: np.random.Generator, batch: int, obs_dim: int, act_sh
 
 
 def run_ours(env_id: str, repeats: int) -> dict[str, float]:
-    from mindspore import Tensor, nn
+    from mindspore import Tensor
 
     from msrl_consistency import compat
-    from msrl_consistency.agent import ActorCritic, RolloutPolicy
     from msrl_consistency.envs import describe_env
-    from msrl_consistency.training.loop import build_spec
-    from msrl_consistency.training.ppo import PPOLoss, PPOTrainStep, updates_per_call
+    from msrl_consistency.training.loop import build_learner, build_spec
 
     cfg = parse_config(["--env-id", env_id])
     compat.set_device("cpu")
     compat.set_threads(1)
     compat.use_graph_mode()
     spec = build_spec(cfg, describe_env(env_id))
-    policy = ActorCritic(spec, seed=0)
-    rollout_net = RolloutPolicy(policy)
-    optimizer = nn.Adam(policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
-    loss = PPOLoss(policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss)
-    k = updates_per_call(cfg.num_minibatches)
-    step = PPOTrainStep(loss, optimizer, cfg.max_grad_norm, k, cfg.norm_adv)
+    learner = build_learner(cfg, spec)  # exactly the Cells the Trainer builds
+    rollout_net, step = learner.rollout_net, learner.train_step
+    k = step.updates_per_call
 
     rng = np.random.default_rng(0)
     act_shape = () if spec.discrete else (spec.action_dim,)

@@ -57,6 +57,25 @@ def build_spec(cfg: TrainConfig, info: EnvInfo) -> PolicySpec:
 
 
 @dataclass
+class Learner:
+    """The Cells one PPO run trains with, built from its config (the Trainer's and the benchmarks')."""
+
+    policy: ActorCritic
+    rollout_net: RolloutPolicy
+    optimizer: nn.Adam
+    train_step: PPOTrainStep
+
+
+def build_learner(cfg: TrainConfig, spec: PolicySpec) -> Learner:
+    policy = ActorCritic(spec, seed=cfg.seed)
+    optimizer = nn.Adam(policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
+    loss = PPOLoss(policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss)
+    per_call = updates_per_call(cfg.num_minibatches)
+    train_step = PPOTrainStep(loss, optimizer, cfg.max_grad_norm, per_call, cfg.norm_adv)
+    return Learner(policy, RolloutPolicy(policy), optimizer, train_step)
+
+
+@dataclass
 class TrainResult:
     run_dir: Path
     global_step: int
@@ -74,12 +93,9 @@ class Trainer:
         compat.set_threads(cfg.threads)
         compat.use_graph_mode()
 
-        self.policy = ActorCritic(self.spec, seed=cfg.seed)
-        self.rollout_net = RolloutPolicy(self.policy)
-        self.optimizer = nn.Adam(self.policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
-        loss = PPOLoss(self.policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss)
-        self.updates_per_call = updates_per_call(cfg.num_minibatches)
-        self.train_step = PPOTrainStep(loss, self.optimizer, cfg.max_grad_norm, self.updates_per_call, cfg.norm_adv)
+        learner = build_learner(cfg, self.spec)
+        self.policy, self.rollout_net = learner.policy, learner.rollout_net
+        self.optimizer, self.train_step = learner.optimizer, learner.train_step
         # Hot-path calls skip Cell.__call__'s per-call bookkeeping (see compat.CompiledCall).
         self._train_call = compat.CompiledCall(self.train_step)
         self._rollout_call = compat.CompiledCall(self.rollout_net)
@@ -158,7 +174,7 @@ class Trainer:
         ]
         sums = np.zeros(len(STEP_METRICS))
         count = 0
-        per_call = self.updates_per_call
+        per_call = self.train_step.updates_per_call
         for _ in range(cfg.update_epochs):
             perm = self.shuffle_rng.permutation(batch).astype(np.int32)
             chunks = perm.reshape(cfg.num_minibatches // per_call, per_call, cfg.minibatch_size)
