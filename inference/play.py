@@ -23,7 +23,11 @@ def play(
     import gymnasium as gym
 
     bundle = load_bundle(bundle_dir)
-    graph = "policy_sample" if stochastic else "policy"
+    mode = "stochastic" if stochastic else "deterministic"
+    graph = bundle.mode_graph(mode)
+    if graph is None:
+        raise BundleError(f"bundle {bundle.root} has no {mode} graph")
+    contract = bundle.contract(graph)
     rng = np.random.default_rng([seed, PLAY_NOISE_STREAM])
     returns = []
     with LiteRunner(bundle.file(graph, fmt), device=device, device_id=device_id) as runner:
@@ -34,10 +38,14 @@ def play(
             while not done:
                 feed = [np.asarray(obs, np.float32)[None]]
                 nan_steps += int(np.isnan(feed[0]).any())
-                if stochastic:
-                    feed.append(bundle.sample_noise(rng, 1))
-                action = runner.infer(*feed)["action"][0]
-                obs, reward, terminated, truncated, _ = env.step(int(action) if bundle.discrete else action)
+                noise = bundle.sample_noise(graph, rng, 1) if stochastic else None
+                if contract.takes_noise:
+                    outputs = runner.infer(*feed, noise)
+                    action = contract.env_action(outputs)[0]
+                else:
+                    action = contract.env_action(runner.infer(*feed), host_noise=noise)[0]
+                discrete = contract.action.is_discrete
+                obs, reward, terminated, truncated, _ = env.step(int(action) if discrete else action)
                 total += float(reward)
                 done = terminated or truncated
             env.close()

@@ -81,6 +81,11 @@ def set_seed(seed: int) -> None:
     ms.set_seed(seed)
 
 
+def as_tuple(outputs: Any) -> tuple[Any, ...]:
+    """A Cell's outputs as a tuple: a single-output Cell (or GraphCell) returns a bare Tensor."""
+    return tuple(outputs) if isinstance(outputs, tuple | list) else (outputs,)
+
+
 class CompiledCall:
     """Call a GRAPH_MODE Cell straight through its compiled graph on the hot path.
 
