@@ -29,8 +29,9 @@ import tomllib
 ACTION_KINDS = ("argmax", "categorical", "gaussian", "deterministic")
 SQUASHES = ("none", "clip", "tanh")
 NOISE_KINDS = ("uniform", "normal")
-# Uniform noise is kept away from 0 and 1 so that -log(-log(u)) stays finite in float32 (as in the graphs).
-UNIFORM_EPS = np.float32(1e-7)
+# Uniform noise is kept away from 0 and 1 so that -log(-log(u)) stays finite in float32, as in our graphs
+# (``msrl_consistency.agent.distributions``; 1e-6 because MindSpore's CPU log is 0 at 1 - 1.2e-7).
+UNIFORM_EPS = np.float32(1e-6)
 _ROLE_KEYS = {"argmax": ("values",), "categorical": ("logits",), "gaussian": ("mean",), "deterministic": ("action",)}
 
 

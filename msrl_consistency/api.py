@@ -235,11 +235,12 @@ def verify_policy(
     own env, or ``MODULE:FACTORY``), ``observations`` (recorded: ``.npy``/``.npz`` path or an array; then
     episode replay is skipped and the report says so), or the contract's ``env_id``.
     """
-    compat.set_device((options or VerifyOptions()).device)
+    options = options or VerifyOptions()
+    compat.select_device(options.device, options.device_id)
     cells = UserCells(cell, checkpoint)
     bundle = open_model(model, contract, cells)
     inputs = resolve_inputs(bundle, env_id, env, observations)
-    return verify(bundle, options or VerifyOptions(), inputs, cells, checkpoint, reference, progress=progress)
+    return verify(bundle, options, inputs, cells, checkpoint, reference, progress=progress)
 
 
 def open_model(model: str | Path, contract: ContractLike | None, cells: UserCells | None = None) -> Bundle:
@@ -280,7 +281,7 @@ def mindir_bundle(path: Path, contract: PolicyContract, cells: UserCells | None)
         if cell_shapes != mindir_shapes:
             raise UsageError(f"the Cell's outputs {cell_shapes} are not the MindIR's {mindir_shapes}: "
                              "is the MindIR exported from this Cell?")  # fmt: skip
-    reason = "not in a bundle: a bare MindIR was given (export a bundle with --cell to get ONNX and .ms too)"
+    reason = "a bare MindIR was given; `export --cell ...` writes a bundle with ONNX and .ms too"
     entry = {"file": path.name, "format": "mindir", "sha256": sha256_file(path)}
     entry["mind_ir_version"] = mindir_version(path)
     manifest = {

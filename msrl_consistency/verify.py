@@ -162,6 +162,10 @@ def _run(
     location = args.bundle or args.mindir
     observation_args = {"env_id": args.env_id, "env": args.env, "observations": args.observations_file}
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    if not args.golden:
+        from msrl_consistency import compat
+
+        compat.select_device(args.device, args.device_id)  # before the first kernel (the Cell probe) runs
     if args.cell:
         from msrl_consistency import api
 

@@ -89,7 +89,7 @@ def check_runtime(
             diffs[mode] = diff["per_step_max"]
             checks.append(_free_running_check(name, mode, diff, trace, teacher.status == "pass"))
     except MsrlError as exc:
-        checks.append(Check(name, "inference", "fail", str(exc)))
+        checks.append(Check(name, "inference", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
         info = {"status": "error", "reason": str(exc)}
     finally:
         _close(runtimes)
@@ -161,6 +161,11 @@ def _repeat_check(runtime: str, bundle: Bundle, runtimes: Mapping[str, Runtime],
     return Check(runtime, "repeatability", "pass", "the same input gives the same bits twice")
 
 
+RUNTIME_FAILURE = {
+    "stage": "runtime",
+    "detail": "the runtime failed or hung on this graph (stopped by its watchdog): a runtime defect or an unsupported "
+    "pattern, not a numerical difference",
+}
 IN_GRAPH_RANDOMNESS = {
     "stage": "sampling",
     "detail": "sampling inside the graph cannot be reproduced by another runtime; take the noise as an input",

@@ -16,8 +16,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from inference.bundle import Bundle, sha256_file
+from inference.bundle import MODES, Bundle, sha256_file
 from msrl_consistency.compare import episodes as E
+from msrl_consistency.compare.acting import available_modes
 from msrl_consistency.compare.checks import Check, VerifyResult
 from msrl_consistency.compare.reference import REFERENCE, Inputs, Reference, build_reference
 from msrl_consistency.compare.runtime_check import IN_GRAPH_RANDOMNESS, check_runtime
@@ -105,6 +106,10 @@ def verify(
         return VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe())
     if reference.skipped_episodes:
         checks.append(Check("inputs", "episodes", "skip", reference.skipped_episodes))
+    for mode in (set(MODES) - set(available_modes(bundle))) if not reference.skipped_episodes else ():
+        kind = bundle.contract(bundle.graphs[0]).action.kind
+        why = "every graph takes sampling noise" if mode == "deterministic" else f"a {kind} policy takes no noise"
+        checks.append(Check("inputs", f"episodes.{mode}", "skip", f"no {mode} mode: {why}"))
     selected: dict[str, Mapping[str, Runtime] | str] = {}
     for name in names:
         reason = RUNTIMES[name].why_not(source)
@@ -196,6 +201,7 @@ def check_env_matches_contract(bundle: Bundle, env: E.EnvSource) -> None:
                 low = np.broadcast_to(np.asarray(a.low, np.float64), act_space.shape)
                 high = np.broadcast_to(np.asarray(a.high, np.float64), act_space.shape)
                 if not (np.allclose(low, act_space.low) and np.allclose(high, act_space.high)):
-                    raise UsageError(f"{where}: the contract's action bounds [{list(a.low)}, {list(a.high)}] are not "
-                                     f"the env's [{act_space.low.tolist()}, {act_space.high.tolist()}]")  # fmt: skip
+                    raise UsageError(f"{where}: the contract's action bounds (low {list(a.low)}, high {list(a.high)}) "
+                                     f"are not the env's (low {act_space.low.tolist()}, high "
+                                     f"{act_space.high.tolist()})")  # fmt: skip
 
