@@ -91,19 +91,20 @@ def test_export_cell_bundle_runs_everywhere_and_on_the_deploy_side(pendulum):
 
 
 def test_pytest_helper_passes_and_fails_with_the_table(pendulum, monkeypatch):
+    # The team's own CI test file, run as they would run it.
+    pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_policy_consistency.py"]
+    proc = subprocess.run(pytest_cmd, cwd=pendulum, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:]
     from msrl_consistency.testing import assert_policy_consistent
 
     monkeypatch.chdir(pendulum)
     monkeypatch.syspath_prepend(str(pendulum))
     import policy  # the example's own module
 
-    net = policy.make_policy()
-    result = assert_policy_consistent(net, "contract.toml", "policy_model.mindir", checkpoint="policy.ckpt",
-                                      runtimes=["ms-mindir"], n_observations=300, episodes=2)  # fmt: skip
-    assert result.ok and result.inputs["env"] == "Pendulum-v1"
     with pytest.raises(AssertionError, match=r"(?s)ms-mindir \| observations.policy .*FAIL.*preprocessing"):
-        assert_policy_consistent(net, "contract.toml", "policy_model_bare.mindir", checkpoint="policy.ckpt",
-                                 runtimes=["ms-mindir"], n_observations=300, episodes=2)  # fmt: skip
+        small = {"runtimes": ["ms-mindir"], "n_observations": 300, "episodes": 2}
+        assert_policy_consistent(policy.make_policy(), "contract.toml", "policy_model_bare.mindir",
+                                 checkpoint="policy.ckpt", **small)  # fmt: skip
 
 
 def test_nudged_weight_is_a_network_fault(pendulum):

@@ -216,3 +216,64 @@ def test_cli_exit_codes(cartpole_bundle, cartpole_ckpt, tmp_path):
     assert required.returncode == 3, required.stderr[-2000:]
     ascend = run("--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--device", "ascend")
     assert ascend.returncode == 3 and "no Ascend backend" in ascend.stderr
+
+
+@pytest.mark.parametrize("env", ["cartpole", "pendulum"])
+def test_teacher_forcing_in_large_batches_equals_step_by_step(request, env):
+    """Teacher-forced episodes run as a few large calls: same actions as one call per step (the old way)."""
+    from msrl_consistency.compare import episodes as E
+    from msrl_consistency.compare.acting import mode_policy
+
+    bundle, ckpt = request.getfixturevalue(f"{env}_bundle"), request.getfixturevalue(f"{env}_ckpt")
+    ref = verify_run(bundle, ckpt, VerifyOptions(**FAST, runtimes=("onnxruntime",))).reference
+    source = RuntimeSource(bundle)
+    runtimes = {g: create("onnxruntime", source, g).open() for g in bundle.graphs}
+    try:
+        for mode, trace in ref.traces.items():
+            policy, noise = mode_policy(bundle, runtimes, mode), ref.episode_noise.get(mode)
+            batched = E.teacher_forced_actions(trace, policy, noise)
+            steps = range(len(trace.obs))
+            stepwise = np.stack([policy(trace.obs[t], None if noise is None else noise[t]) for t in steps])
+            assert batched.shape == stepwise.shape
+            np.testing.assert_allclose(batched, stepwise, rtol=0, atol=1e-6)
+            if env == "cartpole":
+                np.testing.assert_array_equal(batched, stepwise)
+    finally:
+        for rt in runtimes.values():
+            rt.close()
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_free_running_that_follows_the_reference_gives_the_same_trace(env_id):
+    """Skipping env steps while actions equal the reference's bit for bit changes nothing but the cost."""
+    from msrl_consistency.compare import episodes as E
+
+    made = []
+    base = E.gym_env_source(env_id)
+    env = E.EnvSource(env_id, lambda: made.append(1) or base.make(), base.max_steps)
+    discrete = env_id == "CartPole-v1"
+
+    def reference(obs, _noise):
+        return (obs[:, 2] > 0).astype(np.int64) if discrete else np.clip(-obs[:, 2:3], -2, 2).astype(np.float32)
+
+    def drifting(obs, noise):  # acts like the reference until an episode's first observation crosses a threshold
+        action = reference(obs, noise)
+        off = np.abs(obs[:, 1]) > (0.3 if discrete else 0.9)
+        if discrete:
+            action[off] = 1 - action[off]
+        else:
+            action[off] += np.float32(1e-4)
+        return action
+
+    ref = E.run_episodes(env, reference, 4, 7, None, discrete)
+    made.clear()
+    same = E.run_episodes(env, reference, 4, 7, None, discrete, follow=ref)
+    assert not made  # no env was stepped: every action equalled the reference's
+    full = E.run_episodes(env, drifting, 4, 7, None, discrete)
+    fast = E.run_episodes(env, drifting, 4, 7, None, discrete, follow=ref)
+    assert not np.array_equal(full.actions[: len(ref.actions)], ref.actions[: len(full.actions)])
+    for want, got in ((ref, same), (full, fast)):
+        np.testing.assert_array_equal(got.alive, want.alive)
+        np.testing.assert_array_equal(got.rewards, want.rewards)
+        np.testing.assert_array_equal(got.obs[got.alive], want.obs[want.alive])
+        np.testing.assert_array_equal(got.actions[got.alive], want.actions[want.alive])

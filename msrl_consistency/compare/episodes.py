@@ -63,13 +63,31 @@ def _env_action(action: np.ndarray, discrete: bool) -> int | np.ndarray:
 
 
 def run_episodes(
-    env: EnvSource, policy: Policy, episodes: int, seed: int, noise: np.ndarray | None, discrete: bool
+    env: EnvSource,
+    policy: Policy,
+    episodes: int,
+    seed: int,
+    noise: np.ndarray | None,
+    discrete: bool,
+    follow: EpisodeTrace | None = None,
 ) -> EpisodeTrace:
-    """Each env ``k`` reset with ``seed + k``; ``policy`` acts on the whole batch each step."""
-    envs = [env.make() for _ in range(episodes)]
+    """Each env ``k`` reset with ``seed + k``; ``policy`` acts on the whole batch each step.
+
+    ``follow`` (the reference's trace; only for an env that passed the determinism check) saves env steps, not
+    results: while an episode's actions equal the reference's bit for bit, its next observation and reward are
+    the reference's (same env, seed and actions), so its env is not stepped. Its env is built at its first
+    differing action by replaying the reference's actions up to there. The policy still acts on every step in
+    the same batches, so the trace is the one stepping every env would give (on the steps an episode is alive;
+    a finished episode's row may hold another stale observation).
+    """
+    envs: list[gym.Env | None] = [None] * episodes
     try:
         horizon = noise.shape[0] if noise is not None else env.max_steps
-        obs = np.stack([e.reset(seed=seed + k)[0] for k, e in enumerate(envs)]).astype(np.float32)
+        if follow is None:
+            envs = [env.make() for _ in range(episodes)]
+            obs = np.stack([e.reset(seed=seed + k)[0] for k, e in enumerate(envs)]).astype(np.float32)
+        else:
+            obs = follow.obs[0].copy()
         obs_log, act_log, rew_log, alive_log = [], [], [], []
         alive = np.ones(episodes, bool)
         for t in range(horizon):
@@ -82,7 +100,15 @@ def run_episodes(
             rewards = np.zeros(episodes)
             next_obs = obs.copy()
             for k in np.flatnonzero(alive):
-                o, r, term, trunc, _ = envs[k].step(_env_action(actions[k], discrete))
+                if envs[k] is None and follow is not None and np.array_equal(actions[k], follow.actions[t, k]):
+                    rewards[k] = follow.rewards[t, k]
+                    if t + 1 < len(follow.obs):
+                        next_obs[k] = follow.obs[t + 1, k]  # after a last step: the final observation
+                    alive[k] = t + 1 < len(follow.obs) and bool(follow.alive[t + 1, k])
+                    continue
+                if envs[k] is None:
+                    envs[k] = _replay(env, seed + int(k), follow, t, int(k), discrete)  # type: ignore[arg-type]
+                o, r, term, trunc, _ = envs[k].step(_env_action(actions[k], discrete))  # type: ignore[union-attr]
                 next_obs[k], rewards[k] = o, r
                 if term or trunc:
                     alive[k] = False
@@ -90,8 +116,21 @@ def run_episodes(
             obs = next_obs
     finally:
         for e in envs:
-            e.close()
+            if e is not None:
+                e.close()
     return EpisodeTrace(np.asarray(obs_log), np.asarray(act_log), np.asarray(rew_log), np.asarray(alive_log))
+
+
+def _replay(env: EnvSource, seed: int, follow: EpisodeTrace, steps: int, k: int, discrete: bool) -> gym.Env:
+    """A fresh env for episode ``k`` brought to step ``steps`` by the reference's own actions."""
+    made = env.make()
+    obs, _ = made.reset(seed=seed)
+    for t in range(steps):
+        if not np.array_equal(np.asarray(obs, np.float32), follow.obs[t, k]):
+            made.close()
+            raise RuntimeError(f"{env.label} did not replay episode {k} exactly (step {t}); it is not deterministic")
+        obs, *_ = made.step(_env_action(follow.actions[t, k], discrete))
+    return made
 
 
 def teacher_forced_actions(trace: EpisodeTrace, policy: Policy, noise: np.ndarray | None) -> np.ndarray:

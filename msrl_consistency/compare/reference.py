@@ -36,6 +36,7 @@ class Reference:
     without_norm: dict[str, np.ndarray] | None = None  # graph -> outputs of the policy without its normalisation
     origin: str = REFERENCE
     skipped_episodes: str | None = None  # why no episodes were replayed
+    episodes_by: str = REFERENCE  # the runner that played the reference episodes
     repeat_differs: dict[str, list[str]] = field(default_factory=dict)  # graph -> outputs that changed on a re-run
 
 
@@ -47,11 +48,15 @@ def build_reference(
     episodes: int,
     seed: int,
     without_norm: Mapping[str, Runtime] | None = None,
+    episode_runtimes: Mapping[str, Runtime] | None = None,
 ) -> Reference:
     """Play seeded episodes per mode, draw the feeds, and run every graph of the reference on them.
 
     First, the same rows run twice through every graph: if the outputs change, the graph samples inside and
     nothing else is worth comparing (the Reference then carries only that finding).
+
+    ``episode_runtimes`` play the episodes instead of ``runtimes``: the same Cell compiled, which the caller has
+    found bitwise equal to it. Thousands of sequential steps then cost a compiled call each, not an op-by-op one.
     """
     probe = seeded_feeds(bundle, 64, seed)
     repeat = {g: names for g in bundle.graphs if (names := changed_on_rerun(bundle, g, runtimes[g], probe))}
@@ -68,7 +73,7 @@ def build_reference(
             noise = None
             if mode == "stochastic":
                 noise = noises[mode] = E.episode_noise(bundle, graph, episodes, inputs.env.max_steps, seed)
-            policy = mode_policy(bundle, runtimes, mode)
+            policy = mode_policy(bundle, episode_runtimes or runtimes, mode)
             traces[mode] = E.run_episodes(inputs.env, policy, episodes, seed, noise, is_discrete(bundle))
     if inputs.recorded is not None:
         observed, label = inputs.recorded, "recorded"

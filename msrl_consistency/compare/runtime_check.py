@@ -44,8 +44,13 @@ def check_runtime(
     tolerance: Mapping[str, Tolerance],
     required: bool,
     checkpoint_matches: bool | None,
+    env_deterministic: bool = False,
 ) -> RuntimeReport:
-    """Open, compare, close. ``tolerance`` maps every output name to its tolerance for this runtime."""
+    """Open, compare, close. ``tolerance`` maps every output name to its tolerance for this runtime.
+
+    ``env_deterministic`` (the env passed its determinism check) lets free-running episodes skip the env steps
+    where the runtime acts exactly like the reference (``episodes.run_episodes(follow=...)``): same results.
+    """
     from msrl_consistency.runtimes.lite import IncompatibleModel
 
     checks: list[Check] = []
@@ -84,7 +89,8 @@ def check_runtime(
             teacher = _teacher_forced(name, mode, trace, policy, noise, is_discrete(bundle), atol)
             checks.append(teacher)
             assert inputs.env is not None
-            own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, is_discrete(bundle))
+            follow = trace if env_deterministic else None
+            own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, is_discrete(bundle), follow)
             diff = E.action_differences(trace, own, is_discrete(bundle), atol)
             diffs[mode] = diff["per_step_max"]
             checks.append(_free_running_check(name, mode, diff, trace, teacher.status == "pass"))

@@ -20,7 +20,9 @@ from inference.bundle import MODES, Bundle, sha256_file
 from msrl_consistency.compare import episodes as E
 from msrl_consistency.compare.acting import available_modes
 from msrl_consistency.compare.checks import Check, VerifyResult
-from msrl_consistency.compare.reference import REFERENCE, Inputs, Reference, build_reference
+from msrl_consistency.compare.feeds import seeded_feeds
+from msrl_consistency.compare.inputs import Inputs
+from msrl_consistency.compare.reference import REFERENCE, Reference, build_reference
 from msrl_consistency.compare.runtime_check import IN_GRAPH_RANDOMNESS, check_runtime
 from msrl_consistency.compare.stats import TOLERANCE_PRESETS, Tolerance, tolerance_for
 from msrl_consistency.compare.versions import version_checks
@@ -87,6 +89,7 @@ def verify(
     runtimes: dict[str, dict] = {}
     if inputs.env is not None:
         checks.append(_env_check(inputs.env, options.seed))
+    env_deterministic = bool(checks) and checks[-1].status == "pass"
     checkpoint_matches = _provenance(bundle, checkpoint, checks)
     if reference is None:
         reason = RUNTIMES[REFERENCE].why_not(source)
@@ -126,8 +129,9 @@ def verify(
         outputs = {o["name"] for g in bundle.graphs for o in bundle.graph(g)["outputs"]}
         tolerance = {o: options.overrides.get(o, tol_default) for o in outputs}
         report = check_runtime(
-            name, graph_runtimes, bundle, reference, inputs, tolerance, name in options.required, checkpoint_matches
-        )
+            name, graph_runtimes, bundle, reference, inputs, tolerance, name in options.required, checkpoint_matches,
+            env_deterministic,
+        )  # fmt: skip
         runtimes[name], episode_diffs[name] = report.info, report.episode_diffs
         checks += report.checks
         progress(f"{name}: {report.info['status']} ({time.perf_counter() - started:.1f} s)")
@@ -140,15 +144,46 @@ def _build_reference(bundle: Bundle, source: RuntimeSource, inputs: Inputs, opti
     evidence: dict[str, Runtime] = {}
     det = bundle.mode_graph("deterministic")
     without = getattr(source.cells, "without_normalization", None)
+    compiled, why = _compiled_twin(bundle, source, ref, options.seed)
     try:
         if det is not None and without is not None:
             cell = without(det)
             if cell is not None:
                 evidence[det] = create(REFERENCE, RuntimeSource(bundle, lambda _g: cell), det).open()
-        return build_reference(bundle, ref, inputs, options.observations, options.episodes, options.seed, evidence)
+        reference = build_reference(
+            bundle, ref, inputs, options.observations, options.episodes, options.seed, evidence, compiled
+        )
+        reference.episodes_by = why
+        return reference
     finally:
-        for rt in (*ref.values(), *evidence.values()):
+        for rt in (*ref.values(), *evidence.values(), *(compiled or {}).values()):
             rt.close()
+
+
+TWIN_PROBE = 256
+
+
+def _compiled_twin(
+    bundle: Bundle, source: RuntimeSource, ref: Mapping[str, Runtime], seed: int
+) -> tuple[dict[str, Runtime] | None, str]:
+    """The reference Cell compiled (``ms-graph``), if it gives the same bits as PyNative on a seeded probe.
+
+    PyNative runs op by op (~20 ms a step for a 256-256-128 policy, measured); the compiled Cell runs the same
+    kernels in one call (~3 ms). Episodes are sequential, so the reference plays them with the compiled twin
+    when the two agree exactly, and stays op by op when they do not.
+    """
+    if RUNTIMES["ms-graph"].why_not(source):
+        return None, f"{REFERENCE} (ms-graph unavailable)"
+    feeds = seeded_feeds(bundle, TWIN_PROBE, seed)
+    twin = {g: create("ms-graph", source, g).open() for g in bundle.graphs}
+    for graph, rt in twin.items():
+        inputs = feeds.graph_inputs(bundle, graph)
+        want, got = ref[graph].infer(*inputs), rt.infer(*inputs)
+        if not all(np.array_equal(want[k], got[k], equal_nan=True) for k in want):
+            for opened in twin.values():
+                opened.close()
+            return None, f"{REFERENCE} (the compiled Cell differs from PyNative on graph {graph!r})"
+    return twin, f"ms-graph, bitwise equal to {REFERENCE} on {TWIN_PROBE} observations"
 
 
 def _env_check(env: E.EnvSource, seed: int) -> Check:

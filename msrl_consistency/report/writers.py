@@ -4,7 +4,7 @@
 
     {schema, schema_version, created, passed, exit_code,
      bundle: {path, env_id, precision, source, manifest_sha256, graphs: {name: contract}},
-     reference, inputs: {env, recorded_observations}, options,
+     reference, reference_episodes_by, inputs: {env, recorded_observations}, options,
      runtimes: {name: {status, versions, reason?, tolerance?}},
      checks: [{runtime, name, status, summary, metrics, diagnosis}]}
 
@@ -47,6 +47,7 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
             "graphs": {g: bundle.contract(g).to_dict() for g in bundle.graphs},
         },
         "reference": result.reference.origin,
+        "reference_episodes_by": result.reference.episodes_by,
         "inputs": result.inputs,
         "options": {
             "observations": int(len(result.reference.feeds)),
