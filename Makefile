@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LITE_RUNNER := .lite/bin/msrl-lite-runner
 LITE_CONVERT := .lite/bin/msrl-lite-convert
+RUNNER_SRC := $(wildcard inference/runner/*.cc inference/runner/*.h)
 export GLOG_v ?= 3
 
 .PHONY: setup lite demo test gate lint bench clean
@@ -15,8 +16,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
-$(LITE_RUNNER) $(LITE_CONVERT) &: inference/lite_runner.cc export/lite_converter.cc inference/build_lite.sh $(STAMP)
+$(LITE_RUNNER) $(LITE_CONVERT) &: $(RUNNER_SRC) export/lite_converter.cc inference/build_lite.sh $(STAMP)
 	bash inference/build_lite.sh
+	@touch $(LITE_RUNNER) $(LITE_CONVERT)
 
 setup: $(STAMP) $(LITE_RUNNER)
 
