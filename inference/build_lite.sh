@@ -14,7 +14,8 @@
 # An SDK is either the official tarball layout (DIR/runtime/include/api/model.h, DIR/runtime/lib) or the
 # wheel layout (DIR/include/api/model.h, DIR/lib; the unpacked mindspore_lite/ package directory).
 # Environment: CXX (e.g. aarch64-linux-gnu-g++ to cross-compile), MSRL_LITE_SDK_VERSION (when the SDK carries
-# no version), MSRL_LITE_LIB (the runtime library to link, e.g. mindspore-lite).
+# no version), MSRL_LITE_LIB (the runtime library to link, e.g. mindspore-lite), MSRL_LITE_HOME (where the
+# PyPI SDK is fetched and, without --out, the binaries go; default .lite/ of the checkout).
 set -euo pipefail
 
 LITE_WHEEL_VERSION=2.0.0
@@ -38,7 +39,7 @@ while (($#)); do
         --out) OUT="${2:?--out needs a directory}"; shift 2 ;;
         --runner-only) RUNNER_ONLY=1; shift ;;
         --detect) DETECT_ONLY=1; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -52,7 +53,7 @@ json_str() {  # a JSON string literal (paths and versions hold no control charac
 
 # ---- 1. the SDK: user-given, or the PyPI wheel's, fetched into .lite/ -----------------------------------
 if [[ -z "$SDK" ]]; then
-    LITE="$ROOT/.lite"
+    LITE="${MSRL_LITE_HOME:-$ROOT/.lite}"
     DL="$LITE/dl"
     SDK="$LITE/sdk"
     OUT="${OUT:-$LITE/bin}"
@@ -61,7 +62,7 @@ if [[ -z "$SDK" ]]; then
     shopt -s nullglob
     wheels=("$DL"/mindspore_lite-"$LITE_WHEEL_VERSION"-*.whl)
     if ((${#wheels[@]} == 0)); then
-        say "downloading mindspore-lite==$LITE_WHEEL_VERSION wheel (~170 MB) into .lite/dl"
+        say "downloading mindspore-lite==$LITE_WHEEL_VERSION wheel (~170 MB) into $DL"
         mkdir -p "$DL"
         "$PY" -m pip download "mindspore-lite==$LITE_WHEEL_VERSION" --no-deps --only-binary=:all: \
             --python-version 3.7 --platform manylinux2014_x86_64 -d "$DL" -q
@@ -72,7 +73,7 @@ if [[ -z "$SDK" ]]; then
     # The stamp names the wheel and the unpack layout, so a re-run only unpacks when either changed.
     stamp="$(basename "$WHEEL") layout-2"
     if [[ "$(cat "$SDK/.wheel" 2>/dev/null || true)" != "$stamp" ]]; then
-        say "unpacking the wheel's SDK (include/, lib/, version.py) into .lite/sdk"
+        say "unpacking the wheel's SDK (include/, lib/, version.py) into $SDK"
         rm -rf "$SDK"
         mkdir -p "$SDK"
         "$PY" - "$WHEEL" "$SDK" <<'EOF'
@@ -97,7 +98,7 @@ EOF
 fi
 [[ -d "$SDK" ]] || die "Lite SDK directory not found: $SDK"
 SDK="$(cd "$SDK" && pwd -P)"
-OUT="${OUT:-$ROOT/.lite/bin}"
+OUT="${OUT:-${MSRL_LITE_HOME:-$ROOT/.lite}/bin}"
 
 # ---- 2. layout ------------------------------------------------------------------------------------------
 if [[ -f "$SDK/runtime/include/api/model.h" ]]; then
