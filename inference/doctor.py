@@ -340,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.runner and not Path(args.runner).is_file():
             raise BundleError(f"--runner {args.runner} does not exist")
+        if args.bundle and not Path(args.bundle).exists():
+            raise BundleError(f"bundle {args.bundle} does not exist")
         bundle = load_bundle(args.bundle) if args.bundle else None
         info = runner_info(args.runner)
         env = environment(info)
