@@ -269,8 +269,8 @@ class LiteRunner:
         """Starts a fresh runner after the previous one was killed or died; bounded by ``max_restarts``."""
         if self._restarts_in_a_row >= self.max_restarts:
             raise RunnerCrashed(
-                f"runner for {self.model_path} gave up: {self._restarts_in_a_row} restart(s) in a row served no "
-                f"request (last failure: {self._last_failure})"
+                f"runner for {self.model_path} is down after: {self._last_failure}; not restarting it "
+                f"({self._restarts_in_a_row} restart(s) in a row served no request, max_restarts={self.max_restarts})"
             )
         self._restarts_in_a_row += 1
         self.restarts += 1

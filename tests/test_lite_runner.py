@@ -292,7 +292,7 @@ def test_hang_times_out_and_kills(mlp: Mlp, monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(RunnerTimeout, match="within the timeout"):
         r.infer(np.zeros((1, 4), np.float32))
     assert _gone(pid)
-    with pytest.raises(RunnerCrashed, match="gave up: 0 restart"):
+    with pytest.raises(RunnerCrashed, match="down after: timeout .* not restarting it .*max_restarts=0"):
         r.ping()
     r.close()
 
@@ -344,7 +344,7 @@ def test_restarts_are_bounded(mlp: Mlp, monkeypatch: pytest.MonkeyPatch) -> None
     for _ in range(3):  # the first runner, then two restarts, each crash on their request
         with pytest.raises(RunnerCrashed, match="SIGABRT"):
             r.infer(x)
-    with pytest.raises(RunnerCrashed, match="gave up: 2 restart"):
+    with pytest.raises(RunnerCrashed, match=r"not restarting it \(2 restart\(s\) in a row served no request"):
         r.infer(x)
     assert r.restarts == 2 and r.pid is None
     r.close()
