@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from inference.bundle import Bundle, load_bundle
+from msrl_consistency.artifacts.cells import TrainerCells
 from msrl_consistency.compare.feeds import seeded_feeds
 from msrl_consistency.runtimes.base import RuntimeSource
 from msrl_consistency.runtimes.registry import create
@@ -81,7 +82,7 @@ def main() -> None:
     args = p.parse_args()
     bundle_dir, ckpt = (args.bundle, args.ckpt) if args.bundle else prepare(args.out)
     bundle = load_bundle(bundle_dir)
-    source = RuntimeSource(bundle, ckpt)
+    source = RuntimeSource(bundle, TrainerCells(ckpt, bundle.policy_spec))
     obs = seeded_feeds(bundle, 1024, seed=0).obs
     rows = {}
     for name in RUNTIMES:

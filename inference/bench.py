@@ -24,7 +24,7 @@ import numpy as np
 
 from inference.bundle import Bundle, BundleError, load_bundle
 from inference.lite_client import DEFAULT_MAX_ROWS, LiteRunner, LiteRunnerError
-from inference.play import run_episodes
+from inference.play import mode_graph, run_episodes
 from inference.sdk import FORMATS, open_runner, runner_info
 
 SCHEMA = "msrl-consistency/bench"
@@ -56,11 +56,11 @@ def seeded_observations(bundle: Bundle, obs_dim: int, rows: int, seed: int) -> n
     return (mean + std * rng.standard_normal((rows, obs_dim))).astype(np.float32)
 
 
-def _feeds(bundle: Bundle, runner: LiteRunner, obs: np.ndarray, seed: int) -> list[np.ndarray]:
-    feeds = [obs]
-    if len(runner.inputs) > 1:  # policy_sample: (obs, noise)
-        feeds.append(bundle.sample_noise(np.random.default_rng([seed, 8]), len(obs)))
-    return feeds
+def _feeds(bundle: Bundle, graph: str, obs: np.ndarray, seed: int) -> list[np.ndarray]:
+    """The graph's inputs for ``obs``: the observation, plus seeded host noise for a graph with a noise input."""
+    if not bundle.contract(graph).takes_noise:
+        return [obs]
+    return [obs, bundle.sample_noise(graph, np.random.default_rng([seed, 8]), len(obs))]
 
 
 def _percentiles(seconds: np.ndarray) -> dict[str, float]:
@@ -68,13 +68,13 @@ def _percentiles(seconds: np.ndarray) -> dict[str, float]:
 
 
 def bench_batches(
-    bundle: Bundle, runner: LiteRunner, batches: list[int], warmup: int, loops: int, seed: int
+    bundle: Bundle, graph: str, runner: LiteRunner, batches: list[int], warmup: int, loops: int, seed: int
 ) -> list[dict[str, Any]]:
     obs_dim = runner.inputs[0].shape[-1]
     pool = seeded_observations(bundle, obs_dim, max(batches) * 4, seed)
     rows = []
     for batch in batches:
-        feeds = [_feeds(bundle, runner, pool[k * batch : (k + 1) * batch], seed + k) for k in range(4)]
+        feeds = [_feeds(bundle, graph, pool[k * batch : (k + 1) * batch], seed + k) for k in range(4)]
         for i in range(warmup):
             runner.infer(*feeds[i % 4])
         lat = np.empty(loops)
@@ -91,11 +91,11 @@ def bench_batches(
     return rows
 
 
-def soak(bundle: Bundle, runner: LiteRunner, requests: int, distinct: int, seed: int) -> dict[str, Any]:
+def soak(bundle: Bundle, graph: str, runner: LiteRunner, requests: int, distinct: int, seed: int) -> dict[str, Any]:
     """N single-observation requests over ``distinct`` fixed inputs; every repeat must be bitwise identical."""
     obs_dim = runner.inputs[0].shape[-1]
     pool = seeded_observations(bundle, obs_dim, distinct, seed + 1)
-    feeds = [_feeds(bundle, runner, pool[i : i + 1], seed + 1000 + i) for i in range(distinct)]
+    feeds = [_feeds(bundle, graph, pool[i : i + 1], seed + 1000 + i) for i in range(distinct)]
     first: list[dict[str, bytes] | None] = [None] * distinct
     first_arrays: list[dict[str, np.ndarray] | None] = [None] * distinct
     drifted, max_abs = 0, 0.0
@@ -194,16 +194,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not Path(args.bundle).exists():
         raise BundleError(f"bundle {args.bundle} does not exist")
     bundle = load_bundle(args.bundle)
+    graph = args.graph or mode_graph(bundle, stochastic=False)
+    bundle.graph(graph)  # an unknown graph name is a one-line BundleError
     info = runner_info()
     kwargs = {"device": args.device, "device_id": args.device_id, "threads": args.threads}
-    runner, fmt, why = open_runner(bundle, args.graph, args.format, **kwargs)
+    runner, fmt, why = open_runner(bundle, graph, args.format, **kwargs)
     env = environment(info)
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "schema_version": 1,
         "bundle": str(bundle.root),
         "env_id": bundle.manifest.get("env_id"),
-        "graph": args.graph,
+        "graph": graph,
         "format": fmt,
         "format_reason": why,
         "lite_version": runner.lite_version,
@@ -216,14 +218,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "environment": {k: env[k] for k in ("python", "numpy", "machine", "cpu_model", "simd")},
     }
     with runner:
-        result["batches"] = bench_batches(bundle, runner, batches, args.warmup, args.loops, args.seed)
+        result["batches"] = bench_batches(bundle, graph, runner, batches, args.warmup, args.loops, args.seed)
         if args.soak:
-            result["soak"] = soak(bundle, runner, args.soak, args.soak_inputs, args.seed)
+            result["soak"] = soak(bundle, graph, runner, args.soak, args.soak_inputs, args.seed)
     if args.episodes:
-        graph = "policy_sample" if args.stochastic else "policy"
-        play_runner, _, _ = open_runner(bundle, graph, args.format, **kwargs)
+        play_graph = mode_graph(bundle, args.stochastic)
+        play_runner, _, _ = open_runner(bundle, play_graph, args.format, **kwargs)
         with play_runner:
-            returns = run_episodes(play_runner, bundle, args.episodes, args.seed, args.stochastic)
+            returns = run_episodes(play_runner, bundle, play_graph, args.episodes, args.seed, args.stochastic)
         result["episodes"] = {
             "episodes": args.episodes,
             "seed": args.seed,
@@ -238,7 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m inference.bench", description=__doc__.splitlines()[0])
     p.add_argument("bundle", help="exported bundle directory")
-    p.add_argument("--graph", default="policy", choices=["policy", "policy_sample"])
+    p.add_argument("--graph", help="graph to time (default: the bundle's deterministic graph)")
     p.add_argument("--format", default="auto", choices=FORMATS, help="graph file to load in Lite")
     p.add_argument("--batch", default=DEFAULT_BATCHES, help=f"batch sizes (default {DEFAULT_BATCHES})")
     p.add_argument("--warmup", type=int, default=50, help="untimed requests per batch size")

@@ -34,7 +34,6 @@ from inference.mindir import read_header
 from inference.sdk import RunnerInfo, has_file, runner_info
 
 OK, WARN, INCOMPATIBLE, INFO = "ok", "warn", "incompatible", "info"
-GRAPHS = ("policy", "policy_sample")
 ASCEND_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/latest")
 _LITE_VERSION = re.compile(rb"MindSpore Lite (\d+\.\d+\.\d+[0-9A-Za-z.+-]*)")
 _ARM_IMPLEMENTERS = {"0x41": "Arm", "0x48": "HiSilicon", "0x51": "Qualcomm", "0x61": "Apple", "0xc0": "Ampere"}
@@ -227,9 +226,8 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
     checks: list[Check] = []
     if info is None:
         checks.append(Check("lite-runner", INCOMPATIBLE, "not built", "-", "build it: bash inference/build_lite.sh"))
-    for graph in GRAPHS:
-        if graph in (m.get("graphs") or {}):
-            checks.extend(_route_checks(bundle, graph, info))
+    for graph in m.get("graphs") or {}:
+        checks.extend(_route_checks(bundle, graph, info))
     checks.append(
         _version_check(
             "numpy",

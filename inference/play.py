@@ -42,17 +42,29 @@ def make_env(env_id: str) -> Any:
         raise BundleError(f"cannot make env {env_id!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
 
 
+def mode_graph(bundle: Bundle, stochastic: bool) -> str:
+    """The graph that acts in the requested mode (the policy contract decides, see ``Bundle.mode_graph``)."""
+    mode = "stochastic" if stochastic else "deterministic"
+    graph = bundle.mode_graph(mode)
+    if graph is None:
+        raise BundleError(f"bundle {bundle.root} has no {mode} graph")
+    return graph
+
+
 def run_episodes(
     runner: LiteRunner,
     bundle: Bundle,
+    graph: str,
     episodes: int,
     seed: int,
     stochastic: bool,
     report: Callable[[str], None] | None = None,
 ) -> list[float]:
-    """Returns of ``episodes`` seeded episodes (env seeds seed, seed+1, ...; host noise from a seeded stream)."""
+    """Returns of ``episodes`` seeded episodes of ``graph`` served by ``runner`` (env seeds seed, seed+1, ...;
+    host noise from a seeded stream); the graph's contract turns its outputs into env actions."""
     env_id = bundle_env_id(bundle)
-    discrete = bundle.manifest.get("policy_spec", {}).get("action_kind") == "discrete"
+    contract = bundle.contract(graph)
+    discrete = contract.action.is_discrete
     rng = np.random.default_rng([seed, PLAY_NOISE_STREAM])
     returns = []
     for k in range(episodes):
@@ -61,11 +73,13 @@ def run_episodes(
             obs, _ = env.reset(seed=seed + k)
             total, done, nan_steps = 0.0, False, 0
             while not done:
-                feed = [np.asarray(obs, np.float32)[None]]
-                nan_steps += int(np.isnan(feed[0]).any())
-                if stochastic:
-                    feed.append(bundle.sample_noise(rng, 1))
-                action = runner.infer(*feed)["action"][0]
+                feed = np.asarray(obs, np.float32)[None]
+                nan_steps += int(np.isnan(feed).any())
+                noise = bundle.sample_noise(graph, rng, 1) if stochastic else None
+                if contract.takes_noise:
+                    action = contract.env_action(runner.infer(feed, noise))[0]
+                else:
+                    action = contract.env_action(runner.infer(feed), host_noise=noise)[0]
                 obs, reward, terminated, truncated, _ = env.step(int(action) if discrete else action)
                 total += float(reward)
                 done = terminated or truncated
@@ -85,10 +99,10 @@ def play(
         raise BundleError(f"--episodes must be >= 1, got {episodes}")
     bundle = load_bundle(bundle_dir)
     bundle_env_id(bundle)  # refuse before starting a runner
-    graph = "policy_sample" if stochastic else "policy"
+    graph = mode_graph(bundle, stochastic)
     runner, loaded, why = open_runner(bundle, graph, fmt, device=device, device_id=device_id)
     with runner:
-        returns = run_episodes(runner, bundle, episodes, seed, stochastic, report=print)
+        returns = run_episodes(runner, bundle, graph, episodes, seed, stochastic, report=print)
     mode = "stochastic" if stochastic else "deterministic"
     print(f"mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} over {episodes} episodes "
           f"({mode}, .{loaded} on Lite {runner.lite_version}: {why})")  # fmt: skip

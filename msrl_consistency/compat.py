@@ -48,6 +48,16 @@ def set_device(device: str = "cpu", device_id: int = 0) -> None:
     _configured["device"] = (target, device_id)
 
 
+def select_device(device: str = "cpu", device_id: int = 0) -> str | None:
+    """``set_device`` before any kernel runs (MindSpore refuses it afterwards); returns why not instead of raising,
+    so that a missing backend is reported by the runtimes that need it (unavailable, exit 3)."""
+    try:
+        set_device(device, device_id)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def set_threads(num_threads: int) -> None:
     """Pin CPU op threads; MindSpore lets this be set only once per process, so later calls are ignored."""
     if "threads" in _configured or num_threads <= 0:
@@ -79,6 +89,11 @@ def execution_mode(graph: bool) -> Iterator[None]:
 def set_seed(seed: int) -> None:
     """Seed MindSpore's global RNG: used only by weight initialisers (all sampling noise comes from the host)."""
     ms.set_seed(seed)
+
+
+def as_tuple(outputs: Any) -> tuple[Any, ...]:
+    """A Cell's outputs as a tuple: a single-output Cell (or GraphCell) returns a bare Tensor."""
+    return tuple(outputs) if isinstance(outputs, tuple | list) else (outputs,)
 
 
 class CompiledCall:

@@ -1,8 +1,16 @@
-"""Error types that the CLIs turn into one-line messages and documented exit codes."""
+"""Error types and the one place that turns any exception into a one-line message and an exit code.
+
+The rule every CLI follows: exit 1 means "the runtimes disagree" (verify) or "the written graphs disagree with
+their Cell" (export), and only a verdict can produce it: a CLI returns 1 from ``main`` or raises one of the
+exception types it declares as ``verdicts``. Everything else a user can cause is 2 (bad input, unwritable
+output, a full disk), 3 a required runtime is unavailable, 130 interrupted.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -10,6 +18,8 @@ EXIT_OK = 0
 EXIT_INCONSISTENT = 1
 EXIT_USAGE = 2
 EXIT_RUNTIME_UNAVAILABLE = 3
+EXIT_INTERRUPTED = 130
+_INPUT_CODES = (EXIT_USAGE, EXIT_RUNTIME_UNAVAILABLE)
 
 
 class MsrlError(Exception):
@@ -34,14 +44,37 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return text.splitlines()[0][:limit] if text else type(exc).__name__
 
 
-def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> NoReturn:
-    """Run a CLI entry point, mapping expected errors to ``error: ...`` on stderr and their exit code."""
+def describe(exc: BaseException) -> tuple[str, int]:
+    """The message and exit code for an exception that is not a verdict."""
+    if isinstance(exc, OSError) and not isinstance(exc, MsrlError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror or first_line(exc)}{where}", EXIT_USAGE  # a full disk, a read-only dir...
+    code = getattr(exc, "exit_code", None)  # ours, and the deploy side's BundleError, ContractError, FeedError
+    if isinstance(code, int) and code in _INPUT_CODES:
+        return first_line(exc, 400), code
+    if isinstance(exc, MsrlError) or code is not None:
+        return first_line(exc, 400), EXIT_USAGE
+    hint = "" if os.environ.get("MSRL_DEBUG") else " (internal error; set MSRL_DEBUG=1 for the traceback)"
+    return f"{type(exc).__name__}: {first_line(exc)}{hint}", EXIT_USAGE
+
+
+def run_cli(
+    main: Callable[[list[str] | None], int],
+    argv: list[str] | None = None,
+    verdicts: tuple[type[BaseException], ...] = (),
+) -> NoReturn:
+    """Run a CLI entry point: ``error: ...`` on stderr and the exit code from ``describe`` (or 1 for a verdict)."""
     try:
         code = main(argv)
-    except MsrlError as exc:
+    except verdicts as exc:
         print(f"error: {exc}", file=sys.stderr)
-        code = exc.exit_code
+        code = EXIT_INCONSISTENT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        code = 130
+        code = EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - the one place every exception becomes a line and a code
+        if os.environ.get("MSRL_DEBUG"):
+            traceback.print_exc()
+        message, code = describe(exc)
+        print(f"error: {message}", file=sys.stderr)
     sys.exit(code)

@@ -1,8 +1,11 @@
-"""``python -m msrl_consistency.export --ckpt RUN_DIR/checkpoint.ckpt --out BUNDLE_DIR``.
+"""``python -m msrl_consistency.export``: write a deployable bundle and check it against its Cell.
 
-Writes MindIR, ONNX and MindSpore Lite ``.ms`` graphs (deterministic and sampling) plus
-``manifest.json``, after checking each graph against the Cell. Exit codes: 0 ok, 1 self-check failed
-(no bundle written), 2 bad input.
+* a run of ours: ``--ckpt RUN_DIR/checkpoint.ckpt [--out BUNDLE_DIR]``;
+* your own policy Cell: ``--cell MODULE:FACTORY --ckpt CKPT --contract CONTRACT.toml --out BUNDLE_DIR``.
+
+Writes MindIR (dynamic batch), ONNX and MindSpore Lite ``.ms`` graphs plus ``manifest.json`` (hashes, shapes,
+versions, seeds, the policy contract), after running each graph against the Cell. Exit codes: 0 ok,
+1 self-check failed (no bundle written), 2 bad input.
 """
 
 from __future__ import annotations
@@ -10,16 +13,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from msrl_consistency.errors import run_cli
+from msrl_consistency.errors import UsageError, run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m msrl_consistency.export", description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt", required=True, type=Path, help="checkpoint.ckpt inside a training run directory")
+    p = argparse.ArgumentParser(
+        prog="python -m msrl_consistency.export",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 ok, 1 self-check failed (nothing written), 2 usage/input error",
+    )
+    p.add_argument("--ckpt", type=Path, help="checkpoint.ckpt inside a training run directory, or your Cell's")
+    p.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell: FACTORY() returns it (MODULE "
+                   "importable from the current directory); needs --contract")  # fmt: skip
+    p.add_argument("--contract", type=Path, help="policy contract TOML for --cell (see examples/bring-your-own/)")
     p.add_argument("--out", type=Path, help="bundle directory (default bundles/<run dir name>)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="graph precision")
     p.add_argument("--formats", default="mindir,onnx,ms", help="comma-separated subset of mindir,onnx,ms")
-    p.add_argument("--check-samples", type=int, default=256, help="observations for the self-check")
+    p.add_argument("--check-samples", type=int, default=256, help="observations for the self-check (>= 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the self-check observations")
     p.add_argument("--require-lite", action="store_true", help="fail if the .ms cannot be produced")
     p.add_argument("--force", action="store_true", help="replace an existing bundle directory")
@@ -28,9 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from msrl_consistency.artifacts.bundle import ExportOptions, describe, export_bundle
+    from msrl_consistency.artifacts.bundle import ExportOptions, describe
 
-    out = args.out or Path("bundles") / args.ckpt.resolve().parent.name
     options = ExportOptions(
         precision=args.precision,
         formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
@@ -38,10 +47,30 @@ def main(argv: list[str] | None = None) -> int:
         check_seed=args.seed,
         require_lite=args.require_lite,
     )
-    bundle = export_bundle(args.ckpt, out, options, force=args.force)
+    options.validate()  # every argument checked before any work
+    if args.cell is None and args.ckpt is None:
+        raise UsageError("pass --ckpt RUN/checkpoint.ckpt, or --cell MODULE:FACTORY --contract C.toml [--ckpt CKPT]")
+    for path in (args.ckpt, args.contract):
+        if path is not None and not path.is_file():
+            raise UsageError(f"file not found: {path}")
+    from msrl_consistency import api
+
+    if args.cell is not None:
+        if args.contract is None:
+            raise UsageError("--cell needs --contract CONTRACT.toml: what the Cell's outputs mean")
+        if args.out is None:
+            raise UsageError("--cell needs --out BUNDLE_DIR")
+        bundle = api.export_policy(args.cell, args.contract, args.out, args.ckpt, options, force=args.force)
+    else:
+        if args.contract is not None:
+            raise UsageError("--contract describes your own Cell: pass it with --cell (runs of ours carry theirs)")
+        out = args.out or Path("bundles") / args.ckpt.resolve().parent.name
+        bundle = api.export_run(args.ckpt, out, options, force=args.force)
     print(describe(bundle))
     return 0
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    from msrl_consistency.artifacts.bundle import ExportCheckFailed
+
+    run_cli(main, verdicts=(ExportCheckFailed,))

@@ -1,8 +1,15 @@
-"""``python -m msrl_consistency.verify --mindir BUNDLE/policy.mindir --ckpt RUN/checkpoint.ckpt``.
+"""``python -m msrl_consistency.verify``: prove every inference runtime acts like the training path.
 
-Replays seeded observations and seeded episodes through the training path and every available
-inference runtime, writes report.json / report.md / junit.xml / action_diff.png, and exits
-0 consistent, 1 inconsistent, 2 usage or input error, 3 a required runtime is unavailable.
+Three ways in:
+
+* a run of ours: ``--mindir BUNDLE/policy.mindir --ckpt RUN/checkpoint.ckpt``;
+* a bundle exported from your own Cell: ``--bundle BUNDLE --cell MODULE:FACTORY --ckpt CKPT``;
+* a MindIR you exported yourself: ``--mindir USER.mindir --cell MODULE:FACTORY --ckpt CKPT --contract C.toml``.
+
+Observations come from ``--env-id`` / ``--env MODULE:FACTORY`` (seeded episodes) or ``--observations-file``
+(recorded; episode replay is then skipped), or from the env the bundle or contract names. Writes report.json,
+report.md, junit.xml and action_diff.png, and exits 0 consistent, 1 inconsistent, 2 usage or input error,
+3 a required runtime is unavailable.
 """
 
 from __future__ import annotations
@@ -10,9 +17,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from msrl_consistency.errors import UsageError, run_cli
+
+if TYPE_CHECKING:
+    from inference.bundle import Bundle
+    from msrl_consistency.artifacts.cells import UserCells
+    from msrl_consistency.compare.checks import VerifyResult
+    from msrl_consistency.compare.verifier import VerifyOptions
+
+DEPLOY_SIDE_RUNTIMES = ("lite", "onnxruntime")  # what a golden-file check runs by default (no MindSpore needed)
 
 
 def _tolerance_override(text: str) -> tuple[str, tuple[float, float]]:
@@ -21,7 +38,13 @@ def _tolerance_override(text: str) -> tuple[str, tuple[float, float]]:
         atol, rtol = (float(v) for v in values.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected OUTPUT=ATOL,RTOL, got {text!r}") from None
+    if not name or not (atol >= 0 and rtol >= 0):
+        raise argparse.ArgumentTypeError(f"expected OUTPUT=ATOL,RTOL with non-negative numbers, got {text!r}")
     return name, (atol, rtol)
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,9 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prove that every inference runtime acts exactly like the training path.",
         epilog="exit codes: 0 consistent, 1 inconsistent, 2 usage/input error, 3 required runtime unavailable",
     )
-    p.add_argument("--mindir", type=Path, help="policy.mindir inside an exported bundle (or use --bundle)")
-    p.add_argument("--bundle", type=Path, help="bundle directory")
-    p.add_argument("--ckpt", type=Path, help="training checkpoint (default: the one the manifest names)")
+    model = p.add_argument_group("what to verify")
+    model.add_argument("--mindir", type=Path, help="a .mindir: inside a bundle, or exported by you (with --contract)")
+    model.add_argument("--bundle", type=Path, help="bundle directory")
+    model.add_argument("--ckpt", type=Path, help="checkpoint of the training path (default: the manifest's)")
+    model.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell: FACTORY() returns it (MODULE "
+                       "importable from the current directory)")  # fmt: skip
+    model.add_argument("--contract", type=Path, help="policy contract TOML (needed for a MindIR outside a bundle)")
+    inputs = p.add_argument_group("observations (one source; default: the env the bundle or contract names)")
+    inputs.add_argument("--env-id", help="any registered gymnasium id")
+    inputs.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor (gymnasium API)")
+    inputs.add_argument("--observations-file", type=Path, help="recorded observations, .npy or .npz [N, *obs]")
     p.add_argument("--runtimes", help="comma-separated runtimes to compare (default: all available)")
     p.add_argument("--require", default="", help="comma-separated runtimes that must be available (else exit 3)")
     p.add_argument("--observations", type=int, default=10_000, help="seeded observations to replay")
@@ -46,76 +77,163 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", type=Path, help="compare metrics to a stored baseline")
     p.add_argument("--save-baseline", type=Path, help="store this run's metrics as a baseline")
     p.add_argument("--save-golden", type=Path, help="record inputs, reference outputs and episode traces (.npz)")
-    p.add_argument("--golden", type=Path, help="compare runtimes against a golden file instead of the checkpoint")
+    p.add_argument("--golden", type=Path, help="compare runtimes against a golden file instead of the training path")
     p.add_argument("--out", type=Path, default=Path("reports/verify"), help="report directory")
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from inference.bundle import BundleError, load_bundle
-    from msrl_consistency.compare.stats import Tolerance
-    from msrl_consistency.compare.verifier import VerifyOptions, load_golden, save_golden, verify
-    from msrl_consistency.report.baseline import check_baseline, save_baseline
-    from msrl_consistency.report.writers import console_table, write_reports
+def _check_args(args: argparse.Namespace) -> None:
+    """Everything that can be wrong with the arguments alone, before any work."""
+    from msrl_consistency.runtimes.registry import RUNTIMES
 
+    if (args.bundle is None) == (args.mindir is None):
+        raise UsageError("pass exactly one of --mindir FILE.mindir or --bundle BUNDLE")
     location = args.bundle or args.mindir
-    if location is None:
-        raise UsageError("pass --mindir BUNDLE/policy.mindir or --bundle BUNDLE")
-    if args.mindir is not None and not args.mindir.exists():
-        raise UsageError(f"MindIR file not found: {args.mindir}")
+    if not location.exists():
+        raise UsageError(f"{'bundle' if args.bundle else 'MindIR file'} not found: {location}")
     if args.observations < 16 or args.episodes < 1:
         raise UsageError("--observations must be >= 16 and --episodes >= 1")
+    for name in (*_names(args.runtimes), *_names(args.require)):
+        if name not in RUNTIMES:
+            raise UsageError(f"unknown runtime {name!r}; choose from {', '.join(RUNTIMES)}")
+    if args.golden and (args.cell or args.ckpt):
+        raise UsageError("--golden replaces the training path: drop --cell/--ckpt")
+    for path in (args.ckpt, args.contract, args.golden, args.baseline, args.observations_file):
+        if path is not None and not path.is_file():
+            raise UsageError(f"file not found: {path}")
     try:
-        bundle = load_bundle(location)
-    except BundleError as exc:
-        raise UsageError(str(exc)) from None
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the report directory {args.out}: {exc.strerror or exc}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _check_args(args)
+    from msrl_consistency.compare.stats import Tolerance
+    from msrl_consistency.compare.verifier import VerifyOptions
+    from msrl_consistency.report.baseline import check_baseline, save_baseline
+
     options = VerifyOptions(
         observations=args.observations,
         episodes=args.episodes,
         seed=args.seed,
         tolerance=args.tolerance,
         overrides={name: Tolerance(*vals) for name, vals in args.tol},
-        runtimes=[r.strip() for r in args.runtimes.split(",")] if args.runtimes else None,
-        required=[r.strip() for r in args.require.split(",") if r.strip()],
+        runtimes=_names(args.runtimes) or (DEPLOY_SIDE_RUNTIMES if args.golden else None),
+        required=_names(args.require),
         device=args.device,
         device_id=args.device_id,
     )
-    start = time.perf_counter()
-    reference = None
-    checkpoint = args.ckpt
-    if args.golden:
-        reference = load_golden(args.golden, bundle, options)
-        if options.runtimes is None:
-            options.runtimes = ["lite", "onnxruntime"]
-    elif checkpoint is None:
-        checkpoint = Path(bundle.manifest["source"]["checkpoint"])
-        if not checkpoint.is_file():
-            raise UsageError(f"pass --ckpt: the manifest's checkpoint {checkpoint} does not exist here")
-    if checkpoint is not None and not checkpoint.is_file():
-        raise UsageError(f"checkpoint not found: {checkpoint}")
-    if not args.quiet:
-        print(f"verifying {bundle.root} ({bundle.env_id}) against {args.golden or checkpoint} ...", file=sys.stderr)
 
     def progress(message: str) -> None:
         if not args.quiet:
             print(f"  {message}", file=sys.stderr, flush=True)
 
-    result = verify(bundle, checkpoint, options, reference=reference, progress=progress)
+    start = time.perf_counter()
+    result, against = _run(args, options, progress)
     if args.baseline:
         result.checks.append(check_baseline(args.baseline, result))
     if args.save_baseline:
         save_baseline(args.save_baseline, result)
     if args.save_golden:
-        save_golden(args.save_golden, result)
-    paths = write_reports(result, args.out)
-    elapsed = time.perf_counter() - start
+        from msrl_consistency.compare.golden import save_golden
+
+        save_golden(args.save_golden, result.reference, result.bundle, result.inputs.get("env"))
+    paths = result.write_reports(args.out)
     if not args.quiet:
-        print(console_table(result))
-    verdict = "consistent" if result.exit_code == 0 else "INCONSISTENT"
-    print(f"{verdict}: reports in {args.out}/ ({', '.join(p.name for p in paths.values())}); {elapsed:.1f} s")
+        print(result.console_table())
+    verdict = "consistent" if result.ok else "INCONSISTENT"
+    print(f"{verdict}: {against}; reports in {args.out}/ ({', '.join(p.name for p in paths.values())}); "
+          f"{time.perf_counter() - start:.1f} s")  # fmt: skip
     return result.exit_code
+
+
+def _run(
+    args: argparse.Namespace, options: VerifyOptions, progress: Callable[[str], None]
+) -> tuple[VerifyResult, str]:
+    """Resolve the model, the training path and the observations; run verify. Returns (result, description)."""
+    from inference.bundle import BundleError, load_bundle
+    from inference.contract import PolicyContract
+    from msrl_consistency.compare.inputs import Inputs, check_same_contract, resolve_inputs
+    from msrl_consistency.compare.verifier import verify
+
+    location = args.bundle or args.mindir
+    observation_args = {"env_id": args.env_id, "env": args.env, "observations": args.observations_file}
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    if not args.golden:
+        from msrl_consistency import compat
+
+        compat.select_device(args.device, args.device_id)  # before the first kernel (the Cell probe) runs
+    if args.cell:
+        from msrl_consistency import api
+
+        cells = _user_cells(args.cell, args.ckpt)
+        bundle = api.open_model(location, args.contract, cells)
+        say(f"verifying {location} against {args.cell} ...")
+        inputs = resolve_inputs(bundle, **observation_args)
+        return verify(bundle, options, inputs, cells, args.ckpt, progress=progress), f"{location} vs {args.cell}"
+    try:
+        bundle = load_bundle(location)
+    except BundleError as exc:
+        if args.mindir is not None and not (args.mindir.parent / "manifest.json").exists():
+            raise UsageError(f"{args.mindir} is not in a bundle: pass --cell MODULE:FACTORY --ckpt CKPT --contract "
+                             "CONTRACT.toml to verify a MindIR you exported yourself") from None  # fmt: skip
+        raise UsageError(str(exc)) from None
+    if args.contract is not None:
+        check_same_contract(bundle, PolicyContract.from_toml(args.contract))
+    if args.golden:
+        from msrl_consistency.compare.golden import load_golden, read_golden
+
+        reference = load_golden(args.golden, bundle)
+        inputs = Inputs()
+        if reference.traces:  # free-running episodes need the env the golden file was recorded on
+            recorded_env = read_golden(args.golden)[0].get("env")
+            given = {k: v for k, v in observation_args.items() if v is not None}
+            inputs = resolve_inputs(bundle, **(given or _env_arg(recorded_env)))
+        say(f"verifying {bundle.root} against {args.golden} ...")
+        return verify(bundle, options, inputs, reference=reference, progress=progress), f"golden {args.golden.name}"
+    source = bundle.manifest.get("source") or {}
+    checkpoint = args.ckpt or (Path(source["checkpoint"]) if source.get("checkpoint") else None)
+    if checkpoint is not None and not checkpoint.is_file():
+        raise UsageError(f"pass --ckpt: the manifest's checkpoint {checkpoint} does not exist here")
+    if source.get("kind") == "cell":
+        cells = _user_cells(source["cell"], checkpoint)
+    else:
+        if checkpoint is None:
+            raise UsageError("pass --ckpt RUN/checkpoint.ckpt (the training path to compare with)")
+        _same_env(bundle, checkpoint)
+        from msrl_consistency.artifacts.cells import TrainerCells
+
+        cells = TrainerCells(checkpoint, bundle.policy_spec or {})
+    inputs = resolve_inputs(bundle, **observation_args)
+    say(f"verifying {bundle.root} ({bundle.env_id or inputs.describe()['env']}) against {checkpoint} ...")
+    return verify(bundle, options, inputs, cells, checkpoint, progress=progress), f"{bundle.root} vs {checkpoint}"
+
+
+def _user_cells(factory: str, checkpoint: Path | None) -> UserCells:
+    from msrl_consistency.artifacts.cells import UserCells
+
+    return UserCells(factory, checkpoint)
+
+
+def _env_arg(env: str | None) -> dict[str, str | None]:
+    """A recorded env label as the argument that recreates it: a gymnasium id or ``MODULE:FACTORY``."""
+    return {"env": env} if env and ":" in env and "/" not in env else {"env_id": env}
+
+
+def _same_env(bundle: Bundle, checkpoint: Path) -> None:
+    """A checkpoint of a run on another env would fail its strict load with a list of missing names; say why."""
+    from msrl_consistency.artifacts import run_dir as rd
+
+    try:
+        run_env = rd.read_run_json(checkpoint.parent).get("env_id")
+    except UsageError:
+        return  # a checkpoint outside a run dir: the strict load still guards it
+    if run_env and bundle.env_id and run_env != bundle.env_id:
+        raise UsageError(f"checkpoint {checkpoint} was trained on {run_env}; the bundle {bundle.root} is for "
+                         f"{bundle.env_id}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -52,13 +52,15 @@ def pendulum_ckpt(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def cartpole_bundle(cartpole_ckpt, tmp_path_factory):
-    from msrl_consistency.artifacts.bundle import ExportOptions, export_bundle
+    from msrl_consistency.api import export_run
+    from msrl_consistency.artifacts.bundle import ExportOptions
 
-    return export_bundle(cartpole_ckpt, tmp_path_factory.mktemp("bundles") / "cartpole", ExportOptions())
+    return export_run(cartpole_ckpt, tmp_path_factory.mktemp("bundles") / "cartpole", ExportOptions())
 
 
 @pytest.fixture(scope="session")
 def pendulum_bundle(pendulum_ckpt, tmp_path_factory):
-    from msrl_consistency.artifacts.bundle import ExportOptions, export_bundle
+    from msrl_consistency.api import export_run
+    from msrl_consistency.artifacts.bundle import ExportOptions
 
-    return export_bundle(pendulum_ckpt, tmp_path_factory.mktemp("bundles") / "pendulum", ExportOptions())
+    return export_run(pendulum_ckpt, tmp_path_factory.mktemp("bundles") / "pendulum", ExportOptions())

@@ -64,6 +64,7 @@ def test_bench_stochastic_graph(cartpole_bundle, tmp_path):
         (["--batch", "1,x"], "--batch must be comma-separated integers"),
         (["--loops", "0"], "--loops must be >= 1"),
         (["--soak", "-5"], "--soak must be >= 0"),
+        (["--graph", "nope"], "bundle"),
     ],
 )
 def test_bench_bad_arguments(cartpole_bundle, tmp_path, args, message):
@@ -97,10 +98,11 @@ class _DriftingRunner:
 
 
 def test_soak_detects_bitwise_drift():
-    bundle = SimpleNamespace(manifest={})
-    clean = soak(bundle, _DriftingRunner(drift_at=-1), requests=50, distinct=5, seed=0)
+    contract = SimpleNamespace(takes_noise=False)
+    bundle = SimpleNamespace(manifest={}, contract=lambda graph: contract)
+    clean = soak(bundle, "policy", _DriftingRunner(drift_at=-1), requests=50, distinct=5, seed=0)
     assert clean["drifted_requests"] == 0 and clean["drift_max_abs"] == 0
-    drifted = soak(bundle, _DriftingRunner(drift_at=23), requests=50, distinct=5, seed=0)
+    drifted = soak(bundle, "policy", _DriftingRunner(drift_at=23), requests=50, distinct=5, seed=0)
     assert drifted["drifted_requests"] == 1 and 0 < drifted["drift_max_abs"] < 1e-6
-    first = soak(bundle, _DriftingRunner(drift_at=3), requests=50, distinct=5, seed=0)  # a first answer was off
+    first = soak(bundle, "policy", _DriftingRunner(drift_at=3), requests=50, distinct=5, seed=0)  # first answer off
     assert first["drifted_requests"] == 9  # every later repeat of that input differs from it

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from inference.bundle import BundleError, load_bundle, sha256_file
-from msrl_consistency.artifacts import bundle as B
-from msrl_consistency.artifacts.bundle import ExportCheckFailed, ExportOptions, export_bundle
+from msrl_consistency.api import export_run
+from msrl_consistency.artifacts.bundle import ExportCheckFailed, ExportOptions
+from msrl_consistency.compare import selfcheck
 from msrl_consistency.compare.stats import Tolerance
 from msrl_consistency.errors import UsageError
 
@@ -20,7 +21,7 @@ def test_manifest_pins_files_versions_and_preprocessing(which, request):
     bundle = request.getfixturevalue(f"{which}_bundle")
     ckpt = request.getfixturevalue(f"{which}_ckpt")
     m = bundle.manifest
-    assert (m["schema"], m["schema_version"], m["precision"]) == ("msrl-consistency/bundle", 1, "fp32")
+    assert (m["schema"], m["schema_version"], m["precision"]) == ("msrl-consistency/bundle", 2, "fp32")
     assert m["source"]["checkpoint_sha256"] == sha256_file(ckpt)
     assert m["exporter"]["mind_ir_version"] == 3 and m["exporter"]["mindspore"] == "2.10.0"
     assert m["exporter"]["lite_sdk"] == "2.0.0"
@@ -60,21 +61,21 @@ def test_tampered_bundle_is_refused(cartpole_bundle, tmp_path, damage):
 
 def test_existing_bundle_needs_force(cartpole_ckpt, cartpole_bundle):
     with pytest.raises(UsageError, match="--force"):
-        export_bundle(cartpole_ckpt, cartpole_bundle.root, ExportOptions())
+        export_run(cartpole_ckpt, cartpole_bundle.root, ExportOptions())
 
 
 def test_failed_self_check_leaves_nothing_behind(cartpole_ckpt, tmp_path, monkeypatch):
-    monkeypatch.setattr(B, "tolerance_for", lambda preset, runtime: Tolerance(0.0, 0.0))
+    monkeypatch.setattr(selfcheck, "tolerance_for", lambda preset, runtime: Tolerance(0.0, 0.0))
     out = tmp_path / "bundle"
     # ONNX Runtime's GEMM differs from MindSpore by ~1e-6: with zero tolerance the self-check must refuse.
     with pytest.raises(ExportCheckFailed, match="self-check failed"):
-        export_bundle(cartpole_ckpt, out, ExportOptions(formats=("onnx",)))
+        export_run(cartpole_ckpt, out, ExportOptions(formats=("onnx",)))
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
 
 
 def test_fp16_bundle_is_marked_and_keeps_fp32_io(pendulum_ckpt, tmp_path):
-    bundle = export_bundle(pendulum_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16", formats=("mindir",)))
+    bundle = export_run(pendulum_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16", formats=("mindir",)))
     assert bundle.manifest["precision"] == "fp16"
     assert bundle.manifest["graphs"]["policy"]["inputs"][0]["dtype"] == "float32"
     assert json.loads((bundle.root / "manifest.json").read_text())["self_check"]["passed"]
@@ -83,7 +84,7 @@ def test_fp16_bundle_is_marked_and_keeps_fp32_io(pendulum_ckpt, tmp_path):
 def test_export_cli_rejects_bad_input(tmp_path):
     from msrl_consistency import export
 
-    with pytest.raises(UsageError, match="checkpoint|run directory"):
+    with pytest.raises(UsageError, match="not found"):
         export.main(["--ckpt", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "o")])
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoint.ckpt").write_bytes(np.arange(10).tobytes())
@@ -96,9 +97,9 @@ def test_fp16_bundle_skips_onnx_and_lite_with_the_reason(pendulum_ckpt, tmp_path
     from msrl_consistency.runtimes.base import RuntimeSource
     from msrl_consistency.runtimes.registry import availability
 
-    bundle = export_bundle(pendulum_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16"))
+    bundle = export_run(pendulum_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16"))
     files = bundle.manifest["graphs"]["policy"]["files"]
     assert "file" in files["mindir"] and "fp16" in files["onnx"]["skipped"] and "skipped" in files["ms"]
-    reasons = availability(RuntimeSource(bundle, pendulum_ckpt), ["lite", "onnxruntime", "ms-mindir"])
+    reasons = availability(RuntimeSource(bundle), ["lite", "onnxruntime", "ms-mindir"])
     assert "no .ms graph" in reasons["lite"] and "no .onnx graph" in reasons["onnxruntime"]
     assert reasons["ms-mindir"] is None

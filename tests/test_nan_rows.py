@@ -13,7 +13,7 @@ from inference.lite_client import LiteRunner, runner_available
 
 
 def _obs(bundle) -> np.ndarray:
-    obs = np.zeros((2, len(bundle.manifest["normalization"]["mean"])), np.float32)
+    obs = np.zeros((2, bundle.graph("policy")["inputs"][0]["shape"][-1]), np.float32)
     obs[0] = np.nan
     return obs
 

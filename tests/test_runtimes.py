@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from msrl_consistency.artifacts.cells import TrainerCells
 from msrl_consistency.compare.feeds import seeded_feeds
 from msrl_consistency.runtimes.base import FeedError, RuntimeSource
 from msrl_consistency.runtimes.lite import IncompatibleModel
@@ -24,12 +25,11 @@ def bundle_and_ckpt(request):
 @pytest.mark.parametrize("graph", ["policy", "policy_sample"])
 def test_runtime_agrees_with_training_path(bundle_and_ckpt, name, graph):
     bundle, ckpt = bundle_and_ckpt
-    source = RuntimeSource(bundle, ckpt)
+    source = RuntimeSource(bundle, TrainerCells(ckpt, bundle.policy_spec))
     reason = RUNTIMES[name].unavailable_reason(source)
     if reason:
         pytest.skip(f"{name} unavailable here: {reason}")
-    feeds = seeded_feeds(bundle, 1000, seed=5)
-    inputs = [feeds.obs] if graph == "policy" else [feeds.obs, feeds.noise]
+    inputs = seeded_feeds(bundle, 1000, seed=5).graph_inputs(bundle, graph)
     with create(REFERENCE, source, graph) as ref, create(name, source, graph) as rt:
         expected, got = ref.infer(*inputs), rt.infer(*inputs)
         single = [rt.infer(*[x[i : i + 1] for x in inputs]) for i in range(5)]
@@ -44,7 +44,7 @@ def test_runtime_agrees_with_training_path(bundle_and_ckpt, name, graph):
 
 
 def test_feeds_are_checked_against_the_contract(cartpole_bundle, cartpole_ckpt):
-    source = RuntimeSource(cartpole_bundle, cartpole_ckpt)
+    source = RuntimeSource(cartpole_bundle, TrainerCells(cartpole_ckpt, cartpole_bundle.policy_spec))
     with create("onnxruntime", source, "policy_sample") as rt:
         obs = np.zeros((3, 4), np.float32)
         with pytest.raises(FeedError, match="takes 2 inputs"):
@@ -58,10 +58,10 @@ def test_feeds_are_checked_against_the_contract(cartpole_bundle, cartpole_ckpt):
 
 
 def test_unavailable_and_incompatible_runtimes_explain_themselves(cartpole_bundle, cartpole_ckpt):
-    source = RuntimeSource(cartpole_bundle, cartpole_ckpt)
+    source = RuntimeSource(cartpole_bundle, TrainerCells(cartpole_ckpt, cartpole_bundle.policy_spec))
     reasons = availability(source)
     assert "mindspore_lite" in reasons["lite-python"]  # the PyPI Lite wheel is cp37-only
-    assert RUNTIMES["ms-cell"].unavailable_reason(RuntimeSource(cartpole_bundle, None))
+    assert RUNTIMES["ms-cell"].unavailable_reason(RuntimeSource(cartpole_bundle))
     if reasons["lite-mindir"] is None:
         with pytest.raises(IncompatibleModel, match=r"MindIR v3 .* reads <= v1; use the \.ms"):
             create("lite-mindir", source, "policy").open()

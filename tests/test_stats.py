@@ -33,11 +33,13 @@ def test_integer_outputs_compare_exactly():
 def test_policy_level_metrics():
     ref = np.array([[1.0, 0.9], [0.0, 2.0]])
     got = np.array([[0.9, 1.0], [0.0, 2.0]])
-    flips = argmax_flips(ref, got, ref.argmax(1), got.argmax(1))
+    flips = argmax_flips(ref, ref.argmax(1), got.argmax(1))
     assert flips["flips"] == 1 and flips["flip_rows"] == [0] and np.isclose(flips["flip_margins"][0], 0.1)
     assert categorical_kl(ref, ref).max() == 0 and categorical_kl(ref, got)[0] > 0
-    kl = gaussian_kl(np.array([[0.0]]), np.array([[1.0]]), np.array([0.0]))
-    assert np.isclose(kl[0], 0.5)  # (Δμ)² / (2σ²) with σ = 1
+    one = np.array([[1.0]])
+    assert np.isclose(gaussian_kl(np.array([[0.0]]), one, one, one)[0], 0.5)  # (Δμ)² / (2σ²) with σ = 1
+    # Per-state std: same mean, std 1 vs 2 -> log 2 + 1/8 - 1/2.
+    assert np.isclose(gaussian_kl(one, one, one, 2 * one)[0], np.log(2) + 1 / 8 - 0.5)
 
 
 def _trace(obs, actions):
@@ -49,7 +51,7 @@ def _trace(obs, actions):
 
 def test_free_running_divergence_after_observation_drift_is_amplification_not_a_fault():
     from msrl_consistency.compare.episodes import action_differences
-    from msrl_consistency.compare.verifier import _free_running_check
+    from msrl_consistency.compare.runtime_check import _free_running_check
 
     ref = _trace([0, 1, 2, 3, 4, 5], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     # Tiny action differences move the observations from step 2 on; actions pass the tolerance only at step 4.

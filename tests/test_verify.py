@@ -9,8 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from msrl_consistency.artifacts.bundle import ExportOptions, export_bundle, load_run
-from msrl_consistency.compare.verifier import VerifyOptions, load_golden, save_golden, verify
+from msrl_consistency.api import export_run, verify_run
+from msrl_consistency.artifacts.bundle import ExportOptions
+from msrl_consistency.compare.golden import load_golden, save_golden
+from msrl_consistency.compare.verifier import VerifyOptions
 from msrl_consistency.errors import UsageError
 from msrl_consistency.report.writers import write_reports
 from msrl_consistency.runtimes.base import RuntimeSource
@@ -24,7 +26,7 @@ def stages(result) -> set[str]:
 
 
 def test_genuine_export_passes_and_writes_reports(cartpole_bundle, cartpole_ckpt, tmp_path):
-    result = verify(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST))
+    result = verify_run(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST))
     assert result.exit_code == 0, [c.summary for c in result.failed]
     ran = {n for n, info in result.runtimes.items() if info["status"] == "ran"}
     assert {"ms-graph", "ms-mindir", "onnxruntime"} <= ran
@@ -33,17 +35,21 @@ def test_genuine_export_passes_and_writes_reports(cartpole_bundle, cartpole_ckpt
     assert ("env", "env_determinism") in names
     paths = write_reports(result, tmp_path / "report")
     report = json.loads(paths["json"].read_text())
-    assert report["schema"] == "msrl-consistency/verify-report" and report["passed"]
+    assert report["schema"] == "msrl-consistency/verify-report" and report["passed"] and report["schema_version"] == 2
     assert "<testsuite" in paths["junit"].read_text() and paths["plot"].stat().st_size > 1000
     logits = next(c for c in report["checks"] if c["runtime"] == "ms-mindir" and c["name"] == "observations.policy")
     assert logits["metrics"]["argmax"]["flips"] == 0 and logits["metrics"]["outputs"]["logits"]["max_abs"] == 0.0
 
 
 def faulty_bundle(ckpt, out, mutate=None, **options):
-    _, _, policy = load_run(ckpt)
+    from msrl_consistency.agent import PolicySpec
+    from msrl_consistency.artifacts import run_dir as rd
+    from msrl_consistency.artifacts.checkpoint import load_policy
+
+    policy = load_policy(ckpt, PolicySpec.from_dict(rd.read_run_json(ckpt.parent)["policy_spec"]))
     if mutate:
         mutate(policy)
-    return export_bundle(ckpt, out, ExportOptions(formats=("mindir",), **options), policy=policy)
+    return export_run(ckpt, out, ExportOptions(formats=("mindir",), **options), policy=policy)
 
 
 def _no_norm(policy):
@@ -75,14 +81,14 @@ def _no_scaling(policy):
 def test_injected_fault_is_caught_and_diagnosed(request, tmp_path, env, mutate, options, tolerance, stage):
     ckpt = request.getfixturevalue(f"{env}_ckpt")
     bundle = faulty_bundle(ckpt, tmp_path / "bundle", mutate, **options)
-    result = verify(bundle, ckpt, VerifyOptions(**FAST, tolerance=tolerance, runtimes=["ms-mindir"]))
+    result = verify_run(bundle, ckpt, VerifyOptions(**FAST, tolerance=tolerance, runtimes=("ms-mindir",)))
     assert result.exit_code == 1
     assert stage in stages(result), [(c.name, c.diagnosis) for c in result.failed]
 
 
 def test_fp16_export_passes_under_fp16_tolerance(pendulum_ckpt, tmp_path):
     bundle = faulty_bundle(pendulum_ckpt, tmp_path / "bundle", precision="fp16")
-    result = verify(bundle, pendulum_ckpt, VerifyOptions(**FAST, runtimes=["ms-mindir"]))
+    result = verify_run(bundle, pendulum_ckpt, VerifyOptions(**FAST, runtimes=("ms-mindir",)))
     obs_checks = [c for c in result.checks if c.name.startswith("observations")]
     assert all(c.status == "pass" for c in obs_checks), [c.summary for c in obs_checks]
 
@@ -110,9 +116,10 @@ class OtherNoiseStream:
 @pytest.mark.parametrize("env", ["cartpole", "pendulum"])
 def test_different_noise_stream_is_a_sampling_fault(request, env):
     bundle, ckpt = request.getfixturevalue(f"{env}_bundle"), request.getfixturevalue(f"{env}_ckpt")
-    source = RuntimeSource(bundle, ckpt)
-    pair = (create("ms-mindir", source, "policy"), OtherNoiseStream(create("ms-mindir", source, "policy_sample")))
-    result = verify(bundle, ckpt, VerifyOptions(**FAST, runtimes=["ms-graph"]), extra_runtimes={"deploy": pair})
+    source = RuntimeSource(bundle)
+    deploy = {"policy": create("ms-mindir", source, "policy"),
+              "policy_sample": OtherNoiseStream(create("ms-mindir", source, "policy_sample"))}  # fmt: skip
+    result = verify_run(bundle, ckpt, VerifyOptions(**FAST, runtimes=("ms-graph",)), extra_runtimes={"deploy": deploy})
     assert result.exit_code == 1
     assert stages(result) == {"sampling"}
     failed = {c.name for c in result.failed}
@@ -123,17 +130,18 @@ def test_bundle_from_another_checkpoint_is_a_provenance_fault(cartpole_bundle, t
     from conftest import train_tiny
 
     other = train_tiny(tmp_path / "other", "CartPole-v1", seed=7)
-    result = verify(cartpole_bundle, other, VerifyOptions(**FAST, runtimes=["ms-mindir"]))
+    result = verify_run(cartpole_bundle, other, VerifyOptions(**FAST, runtimes=("ms-mindir",)))
     assert result.exit_code == 1
     assert "provenance" in stages(result) or any(c.name == "provenance" for c in result.failed)
 
 
 def test_golden_file_round_trip_without_mindspore(cartpole_bundle, cartpole_ckpt, tmp_path):
     golden = tmp_path / "not-yet-created" / "golden.npz"
-    result = verify(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=["onnxruntime"]))
-    save_golden(golden, result)
-    ref = load_golden(golden, cartpole_bundle, VerifyOptions())
-    np.testing.assert_array_equal(ref.det["action"], result.reference.det["action"])
+    result = verify_run(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=("onnxruntime",)))
+    save_golden(golden, result.reference, cartpole_bundle, "CartPole-v1")
+    ref = load_golden(golden, cartpole_bundle)
+    np.testing.assert_array_equal(ref.outputs["policy"]["action"], result.reference.outputs["policy"]["action"])
+    assert (ref.seed, ref.episodes) == (FAST["seed"], FAST["episodes"])
     # The deploy side: MindSpore made unimportable, the golden file is the reference.
     code = (
         "import sys; sys.modules['mindspore'] = None\n"
@@ -148,13 +156,13 @@ def test_golden_file_round_trip_without_mindspore(cartpole_bundle, cartpole_ckpt
     corrupt = tmp_path / "corrupt.npz"
     corrupt.write_bytes(b"not a zip")
     with pytest.raises(UsageError, match="not a golden file"):
-        load_golden(corrupt, cartpole_bundle, VerifyOptions())
+        load_golden(corrupt, cartpole_bundle)
 
 
 def test_baseline_regression_is_detected(cartpole_bundle, cartpole_ckpt, tmp_path):
     from msrl_consistency.report.baseline import check_baseline, save_baseline
 
-    result = verify(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=["onnxruntime"]))
+    result = verify_run(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=("onnxruntime",)))
     save_baseline(tmp_path / "baseline.json", result, margin_abs=0.0, margin_rel=0.0)
     assert check_baseline(tmp_path / "baseline.json", result).status == "pass"
     data = json.loads((tmp_path / "baseline.json").read_text())

@@ -11,8 +11,9 @@ import math
 from mindspore import Tensor, ops
 
 LOG_2PI = math.log(2.0 * math.pi)
-# Keep uniform noise away from 0 and 1 so that -log(-log(u)) stays finite in float32.
-UNIFORM_EPS = 1e-7
+# Keep uniform noise away from 0 and 1 so that -log(-log(u)) stays finite in float32. Not 1e-7: MindSpore 2.10's
+# CPU log returns exactly 0 for 1 - 1.2e-7 (its error near 1 is ~1e-7), which made the Gumbel noise +inf there.
+UNIFORM_EPS = 1e-6
 
 
 def categorical_log_prob(logits: Tensor, one_hot: Tensor) -> Tensor:

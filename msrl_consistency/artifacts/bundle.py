@@ -1,7 +1,9 @@
-"""Turn a training run into a deployable bundle: graphs in every format, a manifest, a self-check.
+"""Write a deployable bundle: each graph in every format, a manifest, and a self-check before it appears.
 
-The bundle is assembled in a temporary directory and renamed into place only after every written
-graph has been run against the Cell it came from; a bundle that fails its self-check never appears.
+The bundle is assembled in a temporary directory and renamed into place only after the caller's self-check
+(``compare.selfcheck``, passed in so that writing artefacts does not depend on comparing them) has run every
+written graph against the Cell it came from; a bundle that fails never appears. The same writer serves our
+trainer's runs and any team's own Cell: only the graphs, their contracts and the manifest's source differ.
 """
 
 from __future__ import annotations
@@ -10,34 +12,30 @@ import datetime as dt
 import hashlib
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from mindspore import Tensor
+import mindspore as ms
+from mindspore import nn
 
 from inference.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION, Bundle, load_bundle
-from msrl_consistency import __version__, compat
-from msrl_consistency.agent import ActorCritic, PolicySpec
+from inference.contract import PolicyContract
+from msrl_consistency import __version__
+from msrl_consistency.agent import ActorCritic
 from msrl_consistency.artifacts import graphs as G
-from msrl_consistency.artifacts import run_dir as rd
-from msrl_consistency.artifacts.checkpoint import load_policy
 from msrl_consistency.artifacts.files import sha256_file, write_json_atomic
 from msrl_consistency.artifacts.mindir import mindir_version
 from msrl_consistency.artifacts.provenance import git_commit, versions
-from msrl_consistency.compare.feeds import seeded_feeds
-from msrl_consistency.compare.stats import TOLERANCE_PRESETS, compare_arrays, tolerance_for
 from msrl_consistency.errors import MsrlError, UsageError, first_line
 
 FORMATS = ("mindir", "onnx", "ms")
-SELF_CHECK_RUNTIMES = {"mindir": "ms-mindir", "onnx": "onnxruntime", "ms": "lite"}
+PRECISIONS = ("fp32", "fp16")
 
 
 class ExportCheckFailed(MsrlError):
-    """A written graph disagrees with its Cell: the bundle is discarded (exit 1)."""
-
-    exit_code = 1
+    """A written graph disagrees with its Cell: the bundle is discarded (export's verdict: exit 1)."""
 
 
 @dataclass
@@ -49,155 +47,121 @@ class ExportOptions:
     require_lite: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
 
-
-def normalization_hash(policy: ActorCritic) -> str:
-    """SHA-256 of the frozen float32 mean and variance that the graphs carry."""
-    digest = hashlib.sha256()
-    digest.update(policy.normalizer.mean.asnumpy().astype(np.float32).tobytes())
-    digest.update(policy.normalizer.var.asnumpy().astype(np.float32).tobytes())
-    digest.update(np.float32(policy.normalizer.clip).tobytes() + bytes([policy.normalizer.enabled]))
-    return digest.hexdigest()
-
-
-def load_run(ckpt: Path) -> tuple[dict[str, Any], PolicySpec, ActorCritic]:
-    run = rd.read_run_json(ckpt.parent)
-    spec = PolicySpec.from_dict(run["policy_spec"])
-    return run, spec, load_policy(ckpt, spec)
+    def validate(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision must be fp32 or fp16, got {self.precision!r}")
+        unknown = sorted(set(self.formats) - set(FORMATS))
+        if unknown or not self.formats:
+            raise UsageError(f"--formats must be a subset of {', '.join(FORMATS)}, got {list(self.formats)}")
+        if self.check_samples < 16:
+            raise UsageError(f"--check-samples must be >= 16, got {self.check_samples}")
 
 
-def export_bundle(
-    ckpt: Path, out: Path, options: ExportOptions, policy: ActorCritic | None = None, force: bool = False
-) -> Bundle:
-    """Export ``ckpt`` (with its run.json beside it) to ``out``. ``policy`` overrides the loaded Cell,
-    which is how tests build deliberately broken bundles."""
-    if options.precision not in TOLERANCE_PRESETS:
-        raise UsageError(f"--precision must be fp32 or fp16, got {options.precision!r}")
-    unknown = sorted(set(options.formats) - set(FORMATS))
-    if unknown:
-        raise UsageError(f"unknown format(s) {unknown}; choose from {', '.join(FORMATS)}")
+@dataclass
+class GraphExport:
+    """One graph to write: its I/O, the Cell that computes it, and the contract that says how it acts."""
+
+    io: G.GraphIO
+    cell: nn.Cell
+    contract: PolicyContract
+
+
+SelfCheck = Callable[[Bundle, dict[str, nn.Cell]], dict[str, Any]]
+
+
+def half_precision(cell: nn.Cell) -> nn.Cell:
+    """An fp16 copy's graph behind the float32 I/O contract (the Cell itself is converted in place)."""
+    cell.to_float(ms.float16)
+    return G.Float16Policy(cell)
+
+
+def write_bundle(
+    out: Path, graphs: dict[str, GraphExport], manifest: dict[str, Any], options: ExportOptions, check: SelfCheck,
+    force: bool = False,
+) -> Bundle:  # fmt: skip
+    """Write ``graphs`` and a manifest (``manifest`` holds the source-specific fields) to ``out``, atomically."""
+    options.validate()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a bundle directory")
     if out.exists() and any(out.iterdir()) and not force:
         raise UsageError(f"{out} already exists; pass --force to replace it")
-    compat.set_device("cpu")
-    run, spec, loaded = load_run(ckpt)
-    reference = policy if policy is not None else loaded
-    if options.precision == "fp16":
-        exported = ActorCritic(spec)
-        for (_, dst), (_, src) in zip(exported.parameters_and_names(), reference.parameters_and_names(), strict=True):
-            dst.set_data(src.value())
-    else:
-        exported = reference
-    heads = G.export_heads(exported, options.precision)
-    contract = G.graph_specs(spec)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        graphs: dict[str, Any] = {}
-        for name, cell in heads.items():
-            graphs[name] = {**contract[name].to_dict(), "files": _write_graph(cell, contract[name], tmp, options)}
-        manifest = _manifest(run, ckpt, spec, reference, graphs, options)
-        write_json_atomic(tmp / MANIFEST, manifest)
-        check = _self_check(load_bundle(tmp), heads, options)
-        manifest["self_check"] = check
-        manifest["exporter"]["lite_sdk"] = check.pop("lite_version", None)
-        write_json_atomic(tmp / MANIFEST, manifest)
-        if not check["passed"]:
-            raise ExportCheckFailed(f"export self-check failed, bundle discarded: {check['failures'][0]}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise UsageError(f"cannot write the bundle to {out.parent}: {exc.strerror or exc}") from None
+    try:
+        entries: dict[str, Any] = {}
+        for name, graph in graphs.items():
+            files = _write_graph(graph.cell, graph.io, tmp, options)
+            entries[name] = {**graph.io.to_dict(), "contract": graph.contract.to_dict(), "files": files}
+        full = _manifest(manifest, entries, options)
+        write_json_atomic(tmp / MANIFEST, full)
+        result = check(load_bundle(tmp), {name: g.cell for name, g in graphs.items()})
+        full["exporter"]["lite_sdk"] = result.pop("lite_version", None)
+        full["self_check"] = result
+        write_json_atomic(tmp / MANIFEST, full)
+        if not result["passed"]:
+            raise ExportCheckFailed(f"export self-check failed, bundle discarded: {result['failures'][0]}")
         _replace_dir(tmp, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write the bundle to {out}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return load_bundle(out)
 
 
-def _write_graph(cell: Any, contract: G.GraphSpec, tmp: Path, options: ExportOptions) -> dict[str, Any]:
+def _write_graph(cell: nn.Cell, io: G.GraphIO, tmp: Path, options: ExportOptions) -> dict[str, Any]:
     files: dict[str, Any] = {}
-    base = tmp / contract.name
+    base = tmp / io.name
     if "mindir" in options.formats:
-        files["mindir"] = _entry(G.write_mindir(cell, contract, base.with_suffix(".mindir")))
-    if options.precision == "fp16" and ("onnx" in options.formats or "ms" in options.formats):
+        files["mindir"] = _entry(G.write_mindir(cell, io, base.with_suffix(".mindir")))
+    wants_onnx = "onnx" in options.formats or "ms" in options.formats
+    if options.precision == "fp16" and wants_onnx:
         # MindSpore 2.10 writes the fp16 graph's Clip bounds as fp32, which ONNX Runtime and the converter reject.
         reason = "fp16 ONNX from MindSpore 2.10 is invalid (fp32 Clip bounds in an fp16 graph); use the fp16 MindIR"
+        if options.require_lite and "ms" in options.formats:
+            raise UsageError(f"--require-lite: no .ms for an fp16 export ({reason})")
         return {**files, **{fmt: {"skipped": reason} for fmt in ("onnx", "ms") if fmt in options.formats}}
-    if "onnx" in options.formats or "ms" in options.formats:
+    onnx_path = None
+    if wants_onnx:
         try:
-            onnx_path = G.write_onnx(cell, contract, base.with_suffix(".onnx"))
+            onnx_path = G.write_onnx(cell, io, base.with_suffix(".onnx"))
             files["onnx"] = _entry(onnx_path)
         except Exception as exc:  # noqa: BLE001 - MindSpore's ONNX exporter raises assorted types
             files["onnx"] = {"skipped": f"ONNX export failed: {first_line(exc)}"}
-            onnx_path = None
     if "ms" in options.formats:
-        if onnx_path is None:
-            files["ms"] = {"skipped": "needs the ONNX graph, which failed to export"}
-        else:
-            try:
-                files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms")))
-            except G.ConversionError as exc:
-                if options.require_lite:
-                    raise UsageError(str(exc)) from None
-                files["ms"] = {"skipped": str(exc)}
-    if "onnx" not in options.formats and "onnx" in files and "file" in files["onnx"]:
+        try:
+            if onnx_path is None:
+                raise G.ConversionError("the .ms needs the ONNX graph, which failed to export")
+            files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms")))
+        except G.ConversionError as exc:
+            if options.require_lite:
+                raise UsageError(f"--require-lite: {exc}") from None
+            files["ms"] = {"skipped": str(exc)}
+    if "onnx" not in options.formats and "file" in files.get("onnx", {}):
         (tmp / files.pop("onnx")["file"]).unlink()
     return files
 
 
 def _entry(path: Path) -> dict[str, Any]:
     fmt = path.suffix.lstrip(".")
-    entry: dict[str, Any] = {
-        "file": path.name,
-        "format": fmt,
-        "sha256": sha256_file(path),
-        "bytes": path.stat().st_size,
-    }
+    entry: dict[str, Any] = {"file": path.name, "format": fmt, "sha256": sha256_file(path)}
+    entry["bytes"] = path.stat().st_size
     if fmt == "mindir":
         entry["mind_ir_version"] = mindir_version(path)
     return entry
 
 
-def _manifest(
-    run: dict[str, Any],
-    ckpt: Path,
-    spec: PolicySpec,
-    policy: ActorCritic,
-    graphs: dict[str, Any],
-    options: ExportOptions,
-) -> dict[str, Any]:
+def _manifest(fields: dict[str, Any], graphs: dict[str, Any], options: ExportOptions) -> dict[str, Any]:
     mindir_versions = {g["files"]["mindir"]["mind_ir_version"] for g in graphs.values() if "mindir" in g["files"]}
-    post = None
-    if not spec.discrete:
-        post = {"mode": spec.action_postprocess, "low": spec.action_low, "high": spec.action_high}
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "env_id": run["env_id"],
-        "env": run["env"],
-        "policy_spec": spec.to_dict(),
         "precision": options.precision,
-        "action_postprocess": post,
-        # State-independent std of the Gaussian head: lets a verifier compute KL from the exported mean alone.
-        "gaussian_log_std": None if spec.discrete else policy.log_std.asnumpy().tolist(),
-        "normalization": {
-            "enabled": spec.normalize_obs,
-            "clip": spec.clip_obs,
-            "mean": policy.normalizer.mean.asnumpy().tolist(),
-            "var": policy.normalizer.var.asnumpy().tolist(),
-            "sha256": normalization_hash(policy),
-        },
-        "noise": {
-            "kind": spec.noise_kind,
-            "dim": spec.noise_dim,
-            "generator": "numpy.random.Generator(PCG64): random() for uniform, standard_normal() for normal, float32",
-            "training_stream": run["seeds"]["noise"],
-        },
-        "source": {
-            "checkpoint": str(ckpt.resolve()),
-            "checkpoint_sha256": sha256_file(ckpt),
-            "run_json_sha256": sha256_file(ckpt.parent / rd.RUN_JSON),
-            "global_step": run["global_step"],
-            "train_versions": run["versions"],
-            "git_commit": run.get("git_commit"),
-        },
-        "seeds": {"train": run["seeds"], "self_check": options.check_seed},
+        **fields,
+        "seeds": {**fields.get("seeds", {}), "self_check": options.check_seed},
         "exporter": {
             **versions("mindspore", "numpy", "onnx"),
             "msrl_consistency": __version__,
@@ -209,58 +173,15 @@ def _manifest(
     }
 
 
-def _self_check(bundle: Bundle, heads: dict[str, Any], options: ExportOptions) -> dict[str, Any]:
-    """Run every written graph on ``check_samples`` seeded observations against the Cell it came from."""
-    from msrl_consistency.runtimes.base import RuntimeSource
-    from msrl_consistency.runtimes.registry import create
+def normalization_hash(policy: ActorCritic) -> str:
+    """SHA-256 of the frozen float32 mean and variance that the graphs carry."""
+    import numpy as np
 
-    feeds = seeded_feeds(bundle, options.check_samples, options.check_seed)
-    source = RuntimeSource(bundle)
-    results: list[dict[str, Any]] = []
-    failures: list[str] = []
-    lite_version = None
-    for graph, cell in heads.items():
-        inputs = [feeds.obs] if graph == "policy" else [feeds.obs, feeds.noise]
-        with compat.execution_mode(graph=True):
-            expected = [o.asnumpy() for o in cell(*[Tensor(x) for x in inputs])]
-        names = [o["name"] for o in bundle.graph(graph)["outputs"]]
-        for fmt, entry in bundle.graph(graph)["files"].items():
-            if "file" not in entry:
-                continue
-            runtime = create(SELF_CHECK_RUNTIMES[fmt], source, graph)
-            reason = runtime.unavailable_reason(source)
-            if reason:
-                results.append({"graph": graph, "format": fmt, "skipped": reason})
-                continue
-            tol = tolerance_for(options.precision, runtime.name)
-            try:
-                with runtime:
-                    got = runtime.infer(*inputs)
-                    lite_version = runtime.versions().get("mindspore_lite", lite_version)
-            except Exception as exc:  # noqa: BLE001 - any runtime failure means the written graph is unusable
-                failures.append(f"{graph}.{fmt} does not run in {runtime.name}: {first_line(exc)}")
-                continue
-            worst = 0.0
-            for name, ref in zip(names, expected, strict=True):
-                cmp = compare_arrays(name, ref, got[name], tol)
-                worst = max(worst, cmp.max_abs)
-                if not cmp.passed:
-                    failures.append(
-                        f"{graph}.{fmt} output {name}: {cmp.mismatches}/{cmp.count} elements off "
-                        f"(max abs {cmp.max_abs:.3g})"
-                    )
-            results.append(
-                {"graph": graph, "format": fmt, "runtime": runtime.name, "max_abs": worst, "tolerance": tol.to_dict()}
-            )
-    return {
-        "passed": not failures,
-        "samples": options.check_samples,
-        "seed": options.check_seed,
-        "tolerance": options.precision,
-        "results": results,
-        "failures": failures,
-        "lite_version": lite_version,
-    }
+    digest = hashlib.sha256()
+    digest.update(policy.normalizer.mean.asnumpy().astype(np.float32).tobytes())
+    digest.update(policy.normalizer.var.asnumpy().astype(np.float32).tobytes())
+    digest.update(np.float32(policy.normalizer.clip).tobytes() + bytes([policy.normalizer.enabled]))
+    return digest.hexdigest()
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:
@@ -276,7 +197,7 @@ def _replace_dir(tmp: Path, out: Path) -> None:
 
 
 def describe(bundle: Bundle) -> str:
-    lines = [f"bundle {bundle.root} ({bundle.env_id}, {bundle.manifest['precision']})"]
+    lines = [f"bundle {bundle.root} ({bundle.env_id or 'no env id'}, {bundle.precision})"]
     for name, graph in bundle.manifest["graphs"].items():
         files = ", ".join(e.get("file", f"{fmt}: skipped") for fmt, e in graph["files"].items())
         lines.append(f"  {name}: {files}")

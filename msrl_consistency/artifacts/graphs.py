@@ -1,9 +1,13 @@
-"""Write the policy's two graphs as MindIR, ONNX and MindSpore Lite ``.ms``.
+"""Describe and write policy graphs as MindIR, ONNX and MindSpore Lite ``.ms``.
+
+A graph's I/O comes from our trainer's spec (``trainer_graphs``) or from probing a user's Cell against its
+contract (``probe_graph``). Then:
 
 * MindIR keeps a dynamic batch dimension directly (``Tensor(shape=[None, d])``).
-* ONNX export in MindSpore 2.10 refuses dynamic shapes, so the graph is exported at batch 1 and its
-  batch dimension is renamed to the symbol ``batch`` (valid because the policy graphs contain no
-  batch-sized constants); output names are set to the contract's names.
+* ONNX export in MindSpore 2.10 refuses dynamic shapes, so the graph is exported at batch 1 and the batch
+  dimension of its inputs and batched outputs is renamed to the symbol ``batch`` (the export self-check runs
+  it at batch 256, so a graph with batch-sized constants is caught); inputs and outputs get the contract's
+  names (MindSpore names outputs by node number).
 * ``.ms`` comes from the Lite converter (``export/lite_converter.cc``) run on the ONNX file, the route
   that works with Lite 2.0.0, which cannot read MindIR v3.
 """
@@ -13,38 +17,33 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mindspore as ms
 import numpy as np
 import onnx
 from mindspore import Tensor, nn
 
+from inference.contract import ContractError, PolicyContract
+from inference.tensors import TensorMeta
+from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
+from msrl_consistency.errors import first_line
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONVERTER = REPO_ROOT / ".lite" / "bin" / "msrl-lite-convert"
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class GraphIO:
+    """One exported graph's inputs and outputs (``-1`` marks the batch dim) and how it acts."""
+
     name: str
-    dtype: str
-    shape: tuple[int, ...]  # -1 marks the dynamic batch dimension
+    kind: str  # "deterministic" | "stochastic" (takes sampling noise)
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
 
-    def to_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-
-
-@dataclass(frozen=True)
-class GraphSpec:
-    """The cross-runtime I/O contract of one exported graph."""
-
-    name: str  # "policy" | "policy_sample"
-    kind: str  # "deterministic" | "stochastic"
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "inputs": [t.to_dict() for t in self.inputs],
@@ -52,24 +51,66 @@ class GraphSpec:
         }
 
 
-def graph_specs(spec: PolicySpec) -> dict[str, GraphSpec]:
-    obs = TensorSpec("obs", "float32", (-1, spec.obs_dim))
+def trainer_graphs(spec: PolicySpec) -> dict[str, GraphIO]:
+    """The two graphs of our ``ActorCritic`` (their contracts: ``inference.contract.trainer_contracts``)."""
+    f32 = np.dtype("float32")
+    obs = TensorMeta("obs", f32, (-1, spec.obs_dim))
     if spec.discrete:
-        action = TensorSpec("action", "int32", (-1,))
+        action = TensorMeta("action", np.dtype("int32"), (-1,))
     else:
-        action = TensorSpec("action", "float32", (-1, spec.action_dim))
-    param = TensorSpec("logits" if spec.discrete else "mean", "float32", (-1, spec.action_dim))
-    noise = TensorSpec("noise", "float32", (-1, spec.noise_dim))
-    scalar = (-1,)
+        action = TensorMeta("action", f32, (-1, spec.action_dim))
+    param = TensorMeta("logits" if spec.discrete else "mean", f32, (-1, spec.action_dim))
+    noise = TensorMeta("noise", f32, (-1, spec.noise_dim))
     return {
-        "policy": GraphSpec("policy", "deterministic", (obs,), (action, param)),
-        "policy_sample": GraphSpec(
+        "policy": GraphIO("policy", "deterministic", (obs,), (action, param)),
+        "policy_sample": GraphIO(
             "policy_sample",
             "stochastic",
             (obs, noise),
-            (action, TensorSpec("log_prob", "float32", scalar), TensorSpec("value", "float32", scalar)),
+            (action, TensorMeta("log_prob", f32, (-1,)), TensorMeta("value", f32, (-1,))),
         ),
     }
+
+
+def probe_graph(cell: nn.Cell, contract: PolicyContract, name: str = "policy") -> GraphIO:
+    """A user's Cell's I/O, found by running it at two batch sizes: an output dim that follows the batch is
+    the batch dim (``-1``); an output that ignores the batch (a state-independent ``std``) keeps its shape.
+
+    Raises ``ContractError`` when the Cell and the contract disagree (output count, shapes, dtypes).
+    """
+    f32 = np.dtype("float32")
+    inputs = [TensorMeta("obs", f32, (-1, *contract.obs_shape))]
+    if contract.noise_shape is not None:
+        inputs.append(TensorMeta("noise", f32, (-1, *contract.noise_shape)))
+    shapes: list[list[tuple[int, ...]]] = []
+    dtypes: list[np.dtype] = []
+    rng = np.random.default_rng(0)
+    for batch in (2, 3):
+        feeds = [Tensor(rng.standard_normal((batch, *t.shape[1:])).astype(np.float32)) for t in inputs]
+        try:
+            with compat.execution_mode(graph=False):
+                outs = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
+        except Exception as exc:  # noqa: BLE001 - the user's Cell may raise anything on a wrong input shape
+            raise ContractError(
+                f"the Cell fails on inputs shaped by the contract ({', '.join(str(t.shape) for t in inputs)}): "
+                f"{first_line(exc)}"
+            ) from None
+        shapes.append([o.shape for o in outs])
+        dtypes = [o.dtype for o in outs]
+    if len(shapes[0]) != len(contract.outputs):
+        raise ContractError(
+            f"the Cell returns {len(shapes[0])} output(s), the contract names {len(contract.outputs)}: "
+            f"{list(contract.outputs)}"
+        )
+    outputs = []
+    for out_name, a, b, dtype in zip(contract.outputs, shapes[0], shapes[1], dtypes, strict=True):
+        batched = len(a) >= 1 and (a[0], b[0]) == (2, 3) and a[1:] == b[1:]
+        if not batched and a != b:
+            raise ContractError(f"output {out_name!r} changes shape with the batch in a way other than its first dim")
+        outputs.append(TensorMeta(out_name, np.dtype(dtype), (-1, *a[1:]) if batched else tuple(a)))
+    contract.check_io(outputs)
+    kind = "stochastic" if contract.takes_noise else "deterministic"
+    return GraphIO(name, kind, tuple(inputs), tuple(outputs))
 
 
 class Float16Policy(nn.Cell):
@@ -95,13 +136,14 @@ def export_heads(policy: ActorCritic, precision: str = "fp32") -> dict[str, nn.C
     return {"policy": DeterministicPolicy(policy), "policy_sample": StochasticPolicy(policy)}
 
 
-def write_mindir(cell: nn.Cell, graph: GraphSpec, path: Path) -> Path:
+def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     dynamic = [Tensor(shape=[None, *t.shape[1:]], dtype=ms.float32) for t in graph.inputs]
     ms.export(cell, *dynamic, file_name=str(path.with_suffix("")), file_format="MINDIR")
     return path
 
 
-def write_onnx(cell: nn.Cell, graph: GraphSpec, path: Path) -> Path:
+def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
+    """Export at batch 1, then name the outputs and make the batch dim symbolic (inputs and batched outputs)."""
     examples = [Tensor(np.full((1, *t.shape[1:]), 0.5, np.float32)) for t in graph.inputs]
     ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
     model = onnx.load(str(path))
@@ -111,7 +153,13 @@ def write_onnx(cell: nn.Cell, graph: GraphSpec, path: Path) -> Path:
         node.input[:] = [renames.get(i, i) for i in node.input]
     for value in model.graph.output:
         value.name = renames[value.name]
-    for value in [*model.graph.input, *model.graph.output]:
+    for value, meta in zip(model.graph.input, graph.inputs, strict=True):
+        if value.name != meta.name:  # MindSpore names inputs after ``construct``'s parameters
+            for node in model.graph.node:
+                node.input[:] = [meta.name if i == value.name else i for i in node.input]
+            value.name = meta.name
+    outputs = zip(model.graph.output, graph.outputs, strict=True)
+    for value in [*model.graph.input, *(v for v, meta in outputs if meta.shape[:1] == (-1,))]:
         value.type.tensor_type.shape.dim[0].dim_param = "batch"
     del model.graph.value_info[:]  # stale batch-1 shapes; runtimes re-infer them
     onnx.checker.check_model(model)

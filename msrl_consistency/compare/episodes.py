@@ -1,8 +1,8 @@
 """Seeded episode replay in lockstep (after Gymnasium's ``utils/env_match.py``).
 
-K episodes run as one batch: env ``k`` is reset with ``seed + k`` and, in stochastic mode, step ``t``
-uses noise row ``noise[t, k]`` drawn once from a seeded generator, so every runtime sees identical
-randomness. Finished episodes are masked, not reset.
+K episodes run as one batch: env ``k`` is reset with ``seed + k``, every step is one batched policy call for
+all K episodes, and in stochastic mode step ``t`` uses noise row ``noise[t, k]`` drawn once from a seeded
+generator, so every runtime sees identical randomness. Finished episodes are masked, not reset.
 """
 
 from __future__ import annotations
@@ -16,7 +16,23 @@ import numpy as np
 from inference.bundle import Bundle
 
 EPISODE_NOISE_STREAM = 13
+DEFAULT_HORIZON = 1000
+TEACHER_CHUNK = 8192  # rows per call when replaying a whole trace at once
 Policy = Callable[[np.ndarray, np.ndarray | None], np.ndarray]  # (obs batch, noise batch | None) -> env actions
+
+
+@dataclass(frozen=True)
+class EnvSource:
+    """Where episodes come from: a registered gymnasium id or a team's own env constructor."""
+
+    label: str
+    make: Callable[[], gym.Env]
+    max_steps: int
+
+
+def gym_env_source(env_id: str) -> EnvSource:
+    spec = gym.spec(env_id)  # raises gym.error.Error for an unknown id (the CLI turns it into exit 2)
+    return EnvSource(env_id, lambda: gym.make(env_id), int(spec.max_episode_steps or DEFAULT_HORIZON))
 
 
 @dataclass
@@ -37,67 +53,94 @@ class EpisodeTrace:
         return self.alive.sum(0)
 
 
-def episode_noise(bundle: Bundle, episodes: int, max_steps: int, seed: int) -> np.ndarray:
+def episode_noise(bundle: Bundle, graph: str, episodes: int, max_steps: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng([seed, EPISODE_NOISE_STREAM])
-    return bundle.sample_noise(rng, max_steps * episodes).reshape(max_steps, episodes, -1)
+    return bundle.sample_noise(graph, rng, max_steps * episodes).reshape(max_steps, episodes, -1)
 
 
-def max_episode_steps(env_id: str, default: int = 1000) -> int:
-    spec = gym.spec(env_id)
-    return int(spec.max_episode_steps or default)
+def _env_action(action: np.ndarray, discrete: bool) -> int | np.ndarray:
+    return int(action) if discrete else action
 
 
 def run_episodes(
-    env_id: str, policy: Policy, episodes: int, seed: int, noise: np.ndarray | None, discrete: bool
+    env: EnvSource, policy: Policy, episodes: int, seed: int, noise: np.ndarray | None, discrete: bool
 ) -> EpisodeTrace:
     """Each env ``k`` reset with ``seed + k``; ``policy`` acts on the whole batch each step."""
-    envs = [gym.make(env_id) for _ in range(episodes)]
-    horizon = noise.shape[0] if noise is not None else max_episode_steps(env_id)
-    obs = np.stack([env.reset(seed=seed + k)[0] for k, env in enumerate(envs)]).astype(np.float32)
-    obs_log, act_log, rew_log, alive_log = [], [], [], []
-    alive = np.ones(episodes, bool)
-    for t in range(horizon):
-        if not alive.any():
-            break
-        actions = np.asarray(policy(obs, None if noise is None else noise[t]))
-        obs_log.append(obs.copy())
-        act_log.append(actions.copy())
-        alive_log.append(alive.copy())
-        rewards = np.zeros(episodes)
-        next_obs = obs.copy()
-        for k in np.flatnonzero(alive):
-            a = int(actions[k]) if discrete else actions[k]
-            o, r, term, trunc, _ = envs[k].step(a)
-            next_obs[k], rewards[k] = o, r
-            if term or trunc:
-                alive[k] = False
-        rew_log.append(rewards)
-        obs = next_obs
-    for env in envs:
-        env.close()
+    envs = [env.make() for _ in range(episodes)]
+    try:
+        horizon = noise.shape[0] if noise is not None else env.max_steps
+        obs = np.stack([e.reset(seed=seed + k)[0] for k, e in enumerate(envs)]).astype(np.float32)
+        obs_log, act_log, rew_log, alive_log = [], [], [], []
+        alive = np.ones(episodes, bool)
+        for t in range(horizon):
+            if not alive.any():
+                break
+            actions = np.asarray(policy(obs, None if noise is None else noise[t]))
+            obs_log.append(obs.copy())
+            act_log.append(actions.copy())
+            alive_log.append(alive.copy())
+            rewards = np.zeros(episodes)
+            next_obs = obs.copy()
+            for k in np.flatnonzero(alive):
+                o, r, term, trunc, _ = envs[k].step(_env_action(actions[k], discrete))
+                next_obs[k], rewards[k] = o, r
+                if term or trunc:
+                    alive[k] = False
+            rew_log.append(rewards)
+            obs = next_obs
+    finally:
+        for e in envs:
+            e.close()
     return EpisodeTrace(np.asarray(obs_log), np.asarray(act_log), np.asarray(rew_log), np.asarray(alive_log))
 
 
-def check_env_determinism(env_id: str, seed: int, steps: int = 200) -> str | None:
+def teacher_forced_actions(trace: EpisodeTrace, policy: Policy, noise: np.ndarray | None) -> np.ndarray:
+    """The actions ``policy`` takes on every observation of ``trace`` (``[T, K, ...]``).
+
+    Teacher forcing needs no env, so the whole trace goes through the runtime in a few large calls instead
+    of one call per step: a runtime's per-call cost, not its arithmetic, dominates thousands of small calls.
+    """
+    steps, k = trace.alive.shape
+    obs = trace.obs.reshape(steps * k, *trace.obs.shape[2:])
+    flat_noise = None if noise is None else noise[:steps].reshape(steps * k, -1)
+    chunks = []
+    for start in range(0, len(obs), TEACHER_CHUNK):
+        rows = slice(start, start + TEACHER_CHUNK)
+        chunks.append(np.asarray(policy(obs[rows], None if flat_noise is None else flat_noise[rows])))
+    actions = np.concatenate(chunks)
+    return actions.reshape(steps, k, *actions.shape[1:])
+
+
+def check_env_determinism(env: EnvSource, seed: int, steps: int = 200) -> str | None:
     """Same seed and action sequence twice must give the same trajectory; returns why not, or None."""
     traces = []
     for _ in range(2):
-        env = gym.make(env_id)
-        env.action_space.seed(seed)
-        obs, _ = env.reset(seed=seed)
-        trace = [np.asarray(obs, np.float64).copy()]
-        for _ in range(steps):
-            obs, reward, term, trunc, _ = env.step(env.action_space.sample())
-            trace.append(np.append(np.asarray(obs, np.float64), reward))
-            if term or trunc:
-                obs, _ = env.reset()
-                trace.append(np.asarray(obs, np.float64).copy())
-        env.close()
+        e = env.make()
+        try:
+            e.action_space.seed(seed)
+            obs, _ = e.reset(seed=seed)
+            trace = [np.asarray(obs, np.float64).ravel().copy()]
+            for _ in range(steps):
+                obs, reward, term, trunc, _ = e.step(e.action_space.sample())
+                trace.append(np.append(np.asarray(obs, np.float64).ravel(), reward))
+                if term or trunc:
+                    obs, _ = e.reset()
+                    trace.append(np.asarray(obs, np.float64).ravel().copy())
+        finally:
+            e.close()
         traces.append(trace)
     for t, (a, b) in enumerate(zip(*traces, strict=False)):
         if a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
-            return f"{env_id} is not deterministic under a fixed seed: trajectories differ at step {t}"
+            return f"{env.label} is not deterministic under a fixed seed: trajectories differ at step {t}"
     return None
+
+
+def step_differences(ref: np.ndarray, got: np.ndarray, discrete: bool) -> np.ndarray:
+    """Per (step, episode): 1/0 for discrete actions, else the max absolute difference over action dims."""
+    if discrete:
+        return (ref != got).astype(np.float64)
+    diff = np.abs(ref.astype(np.float64) - got.astype(np.float64))
+    return diff.reshape(*diff.shape[:2], -1).max(-1)
 
 
 def action_differences(ref: EpisodeTrace, got: EpisodeTrace, discrete: bool, atol: float) -> dict:
@@ -108,14 +151,9 @@ def action_differences(ref: EpisodeTrace, got: EpisodeTrace, discrete: bool, ato
     """
     steps = min(len(ref.actions), len(got.actions))
     both = ref.alive[:steps] & got.alive[:steps]
-    a, b = ref.actions[:steps], got.actions[:steps]
-    if discrete:
-        diff = (a != b).astype(np.float64)
-    else:
-        diff = np.abs(a.astype(np.float64) - b.astype(np.float64)).reshape(steps, a.shape[1], -1).max(-1)
-    diff = np.where(both, diff, 0.0)
+    diff = np.where(both, step_differences(ref.actions[:steps], got.actions[:steps], discrete), 0.0)
     diverged = diff > (0.5 if discrete else atol)
-    obs_differ = np.any(ref.obs[:steps] != got.obs[:steps], axis=-1) & both
+    obs_differ = np.any((ref.obs[:steps] != got.obs[:steps]).reshape(*both.shape, -1), axis=-1) & both
     episodes = diff.shape[1]
     first = [int(np.argmax(diverged[:, k])) if diverged[:, k].any() else None for k in range(episodes)]
     drift = [int(np.argmax(obs_differ[:, k])) if obs_differ[:, k].any() else None for k in range(episodes)]

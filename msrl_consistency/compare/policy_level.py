@@ -1,46 +1,111 @@
-"""Policy-level agreement: argmax flips with their top-2 margins, |Δ log-prob|, KL between action laws."""
+"""Policy-level agreement, chosen by the contract's action kind.
+
+* ``argmax``: flips of the chosen index with the reference's top-2 margin at each (no KL: Q-values are not
+  a distribution);
+* ``categorical``: flips with margins, KL between the two softmaxes, and |Δ log-prob| of host-sampled actions;
+* ``gaussian``: KL between the two Gaussians with the per-state std when the policy outputs one, |Δ log-prob|
+  of host-sampled actions, and the deterministic action's difference relative to the action range;
+* ``deterministic``: the action difference relative to the action range (exact agreement when discrete).
+
+A ``log_prob`` output (a graph that samples inside) is compared as |Δ log-prob| directly.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+from inference.contract import PolicyContract, gaussian_log_prob, log_softmax
 
 
-def argmax_flips(
-    ref_logits: np.ndarray, got_logits: np.ndarray, ref_action: np.ndarray, got_action: np.ndarray
-) -> dict:
-    """Rows where the chosen action differs, with the reference's top-2 logit margin at each."""
+def argmax_flips(ref_scores: np.ndarray, ref_action: np.ndarray, got_action: np.ndarray) -> dict[str, Any]:
+    """Rows where the chosen index differs, with the reference's top-2 margin at each."""
     flips = np.flatnonzero(ref_action != got_action)
-    top2 = np.sort(ref_logits.astype(np.float64), -1)[:, -2:]
+    top2 = np.sort(ref_scores.astype(np.float64), -1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
     return {
         "flips": int(len(flips)),
         "flip_rate": float(len(flips) / max(1, len(ref_action))),
         "flip_rows": flips[:20].tolist(),
         "flip_margins": margin[flips][:20].tolist(),
+        "max_flip_margin": float(margin[flips].max()) if len(flips) else None,
         "min_margin_overall": float(margin.min()) if len(margin) else None,
     }
 
 
 def categorical_kl(ref_logits: np.ndarray, got_logits: np.ndarray) -> np.ndarray:
-    lp, lq = _log_softmax(ref_logits), _log_softmax(got_logits)
+    lp, lq = log_softmax(ref_logits), log_softmax(got_logits)
     return (np.exp(lp) * (lp - lq)).sum(-1)
 
 
-def gaussian_kl(ref_mean: np.ndarray, got_mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
-    """KL between diagonal Gaussians sharing the state-independent std (only the means can differ)."""
-    var = np.exp(2.0 * np.asarray(log_std, np.float64))
-    return ((ref_mean.astype(np.float64) - got_mean.astype(np.float64)) ** 2 / (2.0 * var)).sum(-1)
+def gaussian_kl(ref_mean: np.ndarray, ref_std: np.ndarray, got_mean: np.ndarray, got_std: np.ndarray) -> np.ndarray:
+    """KL(ref || got) between diagonal Gaussians, summed over action dims."""
+    m1, s1, m2, s2 = (np.asarray(v, np.float64) for v in (ref_mean, ref_std, got_mean, got_std))
+    return (np.log(s2 / s1) + (s1**2 + (m1 - m2) ** 2) / (2 * s2**2) - 0.5).sum(-1)
 
 
-def summarize(values: np.ndarray) -> dict:
+def summarize(values: np.ndarray) -> dict[str, float | None]:
     values = np.asarray(values, np.float64)
     finite = values[np.isfinite(values)]
     if not len(finite):
         return {"mean": None, "max": None}
     return {"mean": float(finite.mean()), "max": float(finite.max())}
+
+
+def _action_range(contract: PolicyContract) -> np.ndarray | None:
+    a = contract.action
+    if a.low is None or a.high is None:
+        return None
+    return np.asarray(a.high, np.float64) - np.asarray(a.low, np.float64)
+
+
+def action_difference(contract: PolicyContract, ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:
+    """Agreement of two env-action batches: exact for indices, else max |Δ| absolute and relative to the range."""
+    if contract.action.is_discrete:
+        agree = ref == got
+        return {"action_agreement": float(agree.mean()) if agree.size else 1.0}
+    diff = np.abs(ref.astype(np.float64) - got.astype(np.float64)).reshape(len(ref), -1)
+    out: dict[str, Any] = {"max_abs_action_diff": float(diff.max()) if diff.size else 0.0}
+    span = _action_range(contract)
+    if span is not None and diff.size:
+        out["max_action_diff_relative_to_range"] = float((diff / np.broadcast_to(span, diff.shape[1:])).max())
+    return out
+
+
+def policy_metrics(
+    contract: PolicyContract,
+    ref: Mapping[str, np.ndarray],
+    got: Mapping[str, np.ndarray],
+    host_noise: np.ndarray | None,
+) -> dict[str, Any]:
+    """The kind's metrics for one batch of outputs (rows already restricted to finite observations)."""
+    a = contract.action
+    metrics: dict[str, Any] = {}
+    ref_action, got_action = contract.env_action(ref), contract.env_action(got)
+    if a.kind in ("argmax", "categorical"):
+        metrics["argmax"] = argmax_flips(ref[a.distribution_output], ref_action, got_action)
+    if a.kind == "categorical":
+        metrics["kl"] = summarize(categorical_kl(ref[a.logits], got[a.logits]))  # type: ignore[index]
+    if a.kind == "gaussian":
+        mean_r, mean_g = ref[a.mean], got[a.mean]  # type: ignore[index]
+        std_r, std_g = contract.std(ref, mean_r.shape), contract.std(got, mean_g.shape)
+        metrics["kl"] = summarize(gaussian_kl(mean_r, std_r, mean_g, std_g))
+    metrics.update(action_difference(contract, ref_action, got_action))
+    if host_noise is not None and contract.samples_on_host:
+        ref_sample = contract.env_action(ref, host_noise)
+        got_sample = contract.env_action(got, host_noise)
+        metrics["sampled"] = action_difference(contract, ref_sample, got_sample)
+        if a.kind == "categorical":
+            idx = ref_sample.astype(np.int64)[:, None]
+            lp_r = np.take_along_axis(log_softmax(ref[a.logits]), idx, -1)[:, 0]  # type: ignore[index]
+            lp_g = np.take_along_axis(log_softmax(got[a.logits]), idx, -1)[:, 0]  # type: ignore[index]
+        else:
+            raw = np.asarray(mean_r, np.float64) + std_r * host_noise  # the reference's pre-squash sample
+            lp_r, lp_g = gaussian_log_prob(mean_r, std_r, raw), gaussian_log_prob(mean_g, std_g, raw)
+        metrics["abs_delta_log_prob"] = summarize(np.abs(lp_r - lp_g))
+    if contract.log_prob is not None:
+        delta = np.abs(ref[contract.log_prob].astype(np.float64) - got[contract.log_prob].astype(np.float64))
+        metrics["abs_delta_log_prob"] = summarize(delta)
+    return metrics

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from msrl_consistency.artifacts.files import write_json_atomic
-from msrl_consistency.compare.verifier import Check, VerifyResult
+from msrl_consistency.compare.checks import Check, VerifyResult
 from msrl_consistency.errors import UsageError
 
 BASELINE_SCHEMA = "msrl-consistency/baseline"

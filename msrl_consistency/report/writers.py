@@ -1,10 +1,15 @@
 """Verify reports: console table, report.json (schema-versioned), report.md, junit.xml, action-diff plot.
 
-``report.json`` layout (schema ``msrl-consistency/verify-report`` v1)::
+``report.json`` layout (schema ``msrl-consistency/verify-report`` v2)::
 
-    {schema, schema_version, created, passed, exit_code, bundle: {path, env_id, precision, manifest_sha256},
-     reference, options, runtimes: {name: {status, versions, reason?, tolerance?}},
+    {schema, schema_version, created, passed, exit_code,
+     bundle: {path, env_id, precision, source, manifest_sha256, graphs: {name: contract}},
+     reference, inputs: {env, recorded_observations}, options,
+     runtimes: {name: {status, versions, reason?, tolerance?}},
      checks: [{runtime, name, status, summary, metrics, diagnosis}]}
+
+v2 (policy contracts) added ``bundle.source``, ``bundle.graphs`` and ``inputs``; check names are
+``observations.<graph>`` for every graph of the bundle.
 """
 
 from __future__ import annotations
@@ -19,31 +24,35 @@ import numpy as np
 
 from inference.bundle import sha256_file
 from msrl_consistency.artifacts.files import write_atomic, write_json_atomic
-from msrl_consistency.compare.verifier import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
+from msrl_consistency.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
 
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "warn", "skip": "skip"}
 
 
 def report_dict(result: VerifyResult) -> dict[str, Any]:
-    opts = result.options
+    opts, bundle = result.options, result.bundle
+    manifest = bundle.root / "manifest.json"
     return {
         "schema": REPORT_SCHEMA,
         "schema_version": REPORT_SCHEMA_VERSION,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "passed": not result.failed,
+        "passed": result.ok,
         "exit_code": result.exit_code,
         "bundle": {
-            "path": str(result.bundle.root),
-            "env_id": result.bundle.env_id,
-            "precision": result.bundle.manifest["precision"],
-            "manifest_sha256": sha256_file(result.bundle.root / "manifest.json"),
+            "path": str(bundle.root),
+            "env_id": bundle.env_id,
+            "precision": bundle.precision,
+            "source": (bundle.manifest.get("source") or {}).get("kind", "msrl-trainer"),
+            "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None,
+            "graphs": {g: bundle.contract(g).to_dict() for g in bundle.graphs},
         },
         "reference": result.reference.origin,
+        "inputs": result.inputs,
         "options": {
             "observations": int(len(result.reference.feeds)),
-            "episodes": opts.episodes,
-            "seed": opts.seed,
-            "tolerance": opts.tolerance or result.bundle.manifest["precision"],
+            "episodes": result.reference.episodes,
+            "seed": result.reference.seed,
+            "tolerance": opts.tolerance or bundle.precision,
             "overrides": {k: v.to_dict() for k, v in opts.overrides.items()},
         },
         "runtimes": result.runtimes,
@@ -51,27 +60,28 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
     }
 
 
-def console_table(result: VerifyResult) -> str:
+def console_table(result: VerifyResult, only_failed: bool = False) -> str:
+    checks = result.failed if only_failed else result.checks
     rows = [("runtime", "check", "status", "details")]
-    for c in result.checks:
+    for c in checks:
         detail = c.summary if not c.diagnosis else f"{c.summary} → {c.diagnosis['stage']}: {c.diagnosis['detail']}"
         rows.append((c.runtime, c.name, STATUS_MARK[c.status], detail))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [" | ".join(r[i].ljust(widths[i]) for i in range(3)) + " | " + r[3] for r in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths) + "-+-" + "-" * 20)
-    verdict = "CONSISTENT" if not result.failed else f"INCONSISTENT ({len(result.failed)} failed checks)"
+    verdict = "CONSISTENT" if result.ok else f"INCONSISTENT ({len(result.failed)} failed checks)"
     return "\n".join(lines) + f"\n\n{verdict}"
 
 
 def markdown(result: VerifyResult) -> str:
     icon = {"pass": "✅", "fail": "❌", "warn": "⚠️", "skip": "⏭️"}
-    verdict = "✅ consistent" if not result.failed else f"❌ inconsistent: {len(result.failed)} failed check(s)"
+    verdict = "✅ consistent" if result.ok else f"❌ inconsistent: {len(result.failed)} failed check(s)"
     out = [
-        f"# Consistency report: {result.bundle.env_id}",
+        f"# Consistency report: {result.bundle.env_id or result.inputs.get('env') or result.bundle.root.name}",
         "",
-        f"**{verdict}** — bundle `{result.bundle.root}` ({result.bundle.manifest['precision']}), "
+        f"**{verdict}** — bundle `{result.bundle.root}` ({result.bundle.precision}), "
         f"reference `{result.reference.origin}`, {len(result.reference.feeds)} observations, "
-        f"{result.options.episodes} episodes, seed {result.options.seed}.",
+        f"{result.reference.episodes} episodes, seed {result.reference.seed}.",
         "",
         "| runtime | check | status | details |",
         "|---|---|---|---|",

@@ -7,6 +7,7 @@ into the caller. Feeds are checked against the graph's declared inputs before an
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -14,36 +15,26 @@ from typing import Any, ClassVar
 import numpy as np
 
 from inference.bundle import Bundle
-from msrl_consistency.errors import MsrlError, RuntimeUnavailable, UsageError
+from inference.tensors import FeedError, TensorMeta, check_feeds
+from msrl_consistency.errors import MsrlError, RuntimeUnavailable
 
+__all__ = ["CellProvider", "FeedError", "InferenceFailed", "Runtime", "RuntimeSource", "TensorMeta"]
 
-@dataclass(frozen=True)
-class TensorMeta:
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]  # -1 = dynamic
-
-    @classmethod
-    def from_manifest(cls, entry: dict[str, Any]) -> TensorMeta:
-        return cls(entry["name"], np.dtype(entry["dtype"]), tuple(entry["shape"]))
-
-
-class FeedError(UsageError):
-    """An input does not match the graph's declared name, dtype or shape."""
+# Graph name -> the MindSpore Cell that computes it (the training path). Built by whoever knows the policy:
+# our trainer's checkpoint loader, a user's ``MODULE:FACTORY``, or a Cell object handed to the library API.
+CellProvider = Callable[[str], Any]
 
 
 class InferenceFailed(MsrlError):
-    """The runtime loaded the graph but failed (or hung) while running it."""
-
-    exit_code = 1
+    """The runtime loaded the graph but failed (or hung) while running it (a failing check inside verify)."""
 
 
 @dataclass
 class RuntimeSource:
-    """Where runtimes find their graph: the bundle, and the training checkpoint for the Cell-based paths."""
+    """Where runtimes find their graph: the bundle's files, and the policy Cells for the Cell-based paths."""
 
     bundle: Bundle
-    checkpoint: Path | None = None
+    cells: CellProvider | None = None
     device: str = "cpu"
     device_id: int = 0
 
@@ -118,24 +109,7 @@ class Runtime(abc.ABC):
         return {meta.name: np.asarray(out) for meta, out in zip(self.outputs, outs, strict=True)}
 
     def check_feeds(self, arrays: tuple[np.ndarray, ...] | list[np.ndarray]) -> None:
-        if len(arrays) != len(self.inputs):
-            raise FeedError(f"{self.graph} takes {len(self.inputs)} inputs ({self._names()}), got {len(arrays)}")
-        batch = None
-        for meta, arr in zip(self.inputs, arrays, strict=True):
-            if not isinstance(arr, np.ndarray) or arr.dtype != meta.dtype:
-                got = getattr(arr, "dtype", type(arr).__name__)
-                raise FeedError(f"{self.graph} input {meta.name!r} must be {meta.dtype}, got {got}")
-            fixed_ok = arr.ndim == len(meta.shape) and all(
-                m in (-1, s) for m, s in zip(meta.shape, arr.shape, strict=True)
-            )
-            if not fixed_ok:
-                raise FeedError(f"{self.graph} input {meta.name!r} must have shape {meta.shape}, got {arr.shape}")
-            if batch is not None and arr.shape[0] != batch:
-                raise FeedError(f"{self.graph} inputs disagree on the batch size ({batch} vs {arr.shape[0]})")
-            batch = arr.shape[0]
-
-    def _names(self) -> str:
-        return ", ".join(m.name for m in self.inputs)
+        check_feeds(self.inputs, arrays, self.graph)
 
     @abc.abstractmethod
     def _load(self) -> None: ...

@@ -15,9 +15,7 @@ from msrl_consistency.runtimes.base import InferenceFailed, Runtime, RuntimeSour
 
 
 class IncompatibleModel(MsrlError):
-    """The runtime cannot read the exporter's format version (a version-contract failure)."""
-
-    exit_code = 1
+    """The runtime cannot read the exporter's format version (a version-contract check inside verify)."""
 
 
 class LiteRuntime(Runtime):

@@ -1,7 +1,7 @@
 """``ms-cell`` (the training path, PyNative) and ``ms-graph`` (the same Cell compiled in GRAPH_MODE).
 
-Both rebuild the policy from the training checkpoint with a strict load, so they are the reference
-every exported graph is compared with.
+Both run the policy Cell the caller provides (``RuntimeSource.cells``: rebuilt from a checkpoint with a
+strict load, or the user's own Cell object), so they are the reference every exported graph is compared with.
 """
 
 from __future__ import annotations
@@ -35,23 +35,16 @@ class MsCellRuntime(Runtime):
         device = mindspore_device_problem(source.device)
         if device:
             return device
-        if source.checkpoint is None:
-            return "needs the training checkpoint (--ckpt)"
-        if not source.checkpoint.is_file():
-            return f"checkpoint not found: {source.checkpoint}"
+        if source.cells is None:
+            return "needs the policy Cell (--ckpt for a run of ours; --cell and --ckpt for your own Cell)"
         return None
 
     def _load(self) -> None:
         from msrl_consistency import compat
-        from msrl_consistency.agent import PolicySpec
-        from msrl_consistency.artifacts.checkpoint import load_policy
-        from msrl_consistency.artifacts.graphs import export_heads
 
         compat.set_device(self.source.device, self.source.device_id)
-        spec = PolicySpec.from_dict(self.source.bundle.policy_spec)
-        policy = load_policy(self.source.checkpoint, spec)  # type: ignore[arg-type]
-        self.policy = policy
-        self.cell = compat.CompiledCall(export_heads(policy)[self.graph])  # plain Cell call in PyNative
+        assert self.source.cells is not None
+        self.cell = compat.CompiledCall(self.source.cells(self.graph))  # a plain Cell call in PyNative
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         from mindspore import Tensor
@@ -60,7 +53,7 @@ class MsCellRuntime(Runtime):
 
         with compat.execution_mode(graph=self.graph_mode):
             outs = self.cell(*[Tensor(a) for a in arrays])
-        return [o.asnumpy() for o in outs]
+        return [o.asnumpy() for o in compat.as_tuple(outs)]
 
     def versions(self) -> dict[str, str]:
         from msrl_consistency import compat

@@ -29,10 +29,9 @@ class MsMindirRuntime(Runtime):
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         from mindspore import Tensor
 
-        outs = self.cell(*[Tensor(a) for a in arrays])
-        if not isinstance(outs, tuple | list):
-            outs = (outs,)
-        return [o.asnumpy() for o in outs]
+        from msrl_consistency import compat
+
+        return [o.asnumpy() for o in compat.as_tuple(self.cell(*[Tensor(a) for a in arrays]))]
 
     def versions(self) -> dict[str, str]:
         from msrl_consistency import compat

@@ -1,0 +1,297 @@
+"""The library API: export and verify a policy, ours or any team's own ``nn.Cell``.
+
+    from msrl_consistency import verify_policy
+    result = verify_policy(net, "contract.toml", "policy_model.mindir", env_id="Pendulum-v1")
+    assert result.ok, result.console_table(only_failed=True)
+
+``export_run`` / ``verify_run`` serve runs of our trainer; ``export_policy`` / ``verify_policy`` take a team's
+Cell (an object, or ``MODULE:FACTORY``), its checkpoint and a contract. All four compose the same pieces:
+graph writers (``artifacts``), runtimes, the comparison (``compare``) and the reports.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mindspore import nn
+
+from inference.bundle import SCHEMA, SCHEMA_VERSION, Bundle, BundleError, load_bundle, sha256_file
+from inference.contract import ContractError, PolicyContract, trainer_contracts
+from msrl_consistency import compat
+from msrl_consistency.agent import ActorCritic, PolicySpec
+from msrl_consistency.artifacts import graphs as G
+from msrl_consistency.artifacts import run_dir as rd
+from msrl_consistency.artifacts.bundle import (
+    ExportCheckFailed,
+    ExportOptions,
+    GraphExport,
+    half_precision,
+    normalization_hash,
+    write_bundle,
+)
+from msrl_consistency.artifacts.cells import TrainerCells, UserCells
+from msrl_consistency.artifacts.checkpoint import load_policy
+from msrl_consistency.artifacts.mindir import mindir_version
+from msrl_consistency.compare.checks import VerifyResult
+from msrl_consistency.compare.inputs import Inputs, check_same_contract, resolve_inputs
+from msrl_consistency.compare.reference import Reference
+from msrl_consistency.compare.selfcheck import self_check
+from msrl_consistency.compare.verifier import VerifyOptions, verify
+from msrl_consistency.errors import UsageError, first_line
+
+ContractLike = PolicyContract | str | Path | Mapping[str, Any]
+CellLike = nn.Cell | str | Callable[[], nn.Cell]
+
+
+def as_contract(contract: ContractLike) -> PolicyContract:
+    """A contract from an object, a TOML path or the TOML layout as a dict; ``ContractError`` says what is wrong."""
+    if isinstance(contract, PolicyContract):
+        contract.validate()
+        return contract
+    if isinstance(contract, str | Path):
+        return PolicyContract.from_toml(contract)
+    return PolicyContract.from_dict(contract)
+
+
+# -- export -----------------------------------------------------------------------------------------------
+def export_run(
+    ckpt: Path, out: Path, options: ExportOptions, policy: ActorCritic | None = None, force: bool = False
+) -> Bundle:
+    """Export a run of our trainer (``ckpt`` with its run.json beside it). ``policy`` overrides the loaded Cell,
+    which is how tests build deliberately broken bundles."""
+    options.validate()
+    compat.set_device("cpu")
+    run = rd.read_run_json(ckpt.parent)
+    spec = PolicySpec.from_dict(run["policy_spec"])
+    reference = policy if policy is not None else load_policy(ckpt, spec)
+    exported = reference
+    if options.precision == "fp16":
+        exported = ActorCritic(spec)  # a copy: the fp32 reference stays untouched
+        for (_, dst), (_, src) in zip(exported.parameters_and_names(), reference.parameters_and_names(), strict=True):
+            dst.set_data(src.value())
+    heads = G.export_heads(exported, options.precision)
+    log_std = None if spec.discrete else reference.log_std.asnumpy().tolist()
+    contracts = trainer_contracts(spec.to_dict(), log_std, run["env_id"])
+    graphs = {name: GraphExport(io, heads[name], contracts[name]) for name, io in G.trainer_graphs(spec).items()}
+    fields = {
+        "env_id": run["env_id"],
+        "env": run["env"],
+        "policy_spec": spec.to_dict(),
+        "action_postprocess": None if spec.discrete else {
+            "mode": spec.action_postprocess, "low": spec.action_low, "high": spec.action_high},
+        "gaussian_log_std": log_std,  # the state-independent std: KL from the exported mean alone
+        "normalization": {
+            "enabled": spec.normalize_obs,
+            "clip": spec.clip_obs,
+            "mean": reference.normalizer.mean.asnumpy().tolist(),
+            "var": reference.normalizer.var.asnumpy().tolist(),
+            "sha256": normalization_hash(reference),
+        },
+        "noise": {
+            "kind": spec.noise_kind,
+            "dim": spec.noise_dim,
+            "generator": "numpy.random.Generator(PCG64): random() for uniform, standard_normal() for normal, float32",
+            "training_stream": run["seeds"]["noise"],
+        },
+        "source": {
+            "kind": "msrl-trainer",
+            "checkpoint": str(ckpt.resolve()),
+            "checkpoint_sha256": sha256_file(ckpt),
+            "run_json_sha256": sha256_file(ckpt.parent / rd.RUN_JSON),
+            "global_step": run["global_step"],
+            "train_versions": run["versions"],
+            "git_commit": run.get("git_commit"),
+        },
+        "seeds": {"train": run["seeds"]},
+    }  # fmt: skip
+    return write_bundle(out, graphs, fields, options, _checker(options), force)
+
+
+def export_policy(
+    cell: CellLike,
+    contract: ContractLike,
+    out: Path,
+    checkpoint: Path | None = None,
+    options: ExportOptions | None = None,
+    force: bool = False,
+) -> Bundle:
+    """Export a team's own policy Cell as a bundle (MindIR with a dynamic batch, ONNX, Lite ``.ms``, manifest).
+
+    ``cell`` is a Cell object, a factory, or ``"MODULE:FACTORY"``; ``checkpoint`` is loaded strictly into it.
+    """
+    options = options or ExportOptions()
+    options.validate()
+    compat.set_device("cpu")
+    contract = _contract_or_usage(contract)
+    cells = UserCells(cell, checkpoint)
+    built = cells()
+    io = _probe(built, contract, "the Cell")
+    if _differs_on_rerun(built, io):
+        raise ExportCheckFailed(
+            "the Cell gives different outputs for the same input on two calls: sampling inside the graph cannot be "
+            "reproduced by another runtime; take the noise as an input ([input] noise in the contract)"
+        )
+    exported = half_precision(_fresh(cells, built)) if options.precision == "fp16" else built
+    env = None
+    if contract.env_id:
+        from msrl_consistency.envs import describe_env
+
+        try:
+            env = describe_env(contract.env_id).to_dict()
+        except UsageError:
+            env = None  # an env our trainer cannot describe (image observations...): bounds stay unknown
+    fields = {
+        "env_id": contract.env_id,
+        "env": env,
+        "source": {
+            "kind": "cell",
+            "cell": cells.label,
+            "checkpoint": None if checkpoint is None else str(Path(checkpoint).resolve()),
+            "checkpoint_sha256": None if checkpoint is None else sha256_file(checkpoint),
+        },
+    }
+    graphs = {"policy": GraphExport(io, exported, contract)}
+    return write_bundle(out, graphs, fields, options, _checker(options), force)
+
+
+def _checker(options: ExportOptions) -> Callable[[Bundle, dict[str, nn.Cell]], dict[str, Any]]:
+    return lambda bundle, cells: self_check(bundle, cells, options.check_samples, options.check_seed)
+
+
+def _fresh(cells: UserCells, built: nn.Cell) -> nn.Cell:
+    """A second copy of the user's Cell (to convert to fp16 without touching the caller's object)."""
+    if cells.shared:
+        try:
+            return copy.deepcopy(built)
+        except Exception as exc:  # noqa: BLE001
+            reason = first_line(exc)
+            raise UsageError(f"fp16 export needs a copy of the Cell; pass a factory instead ({reason})") from None
+    return cells()
+
+
+def _contract_or_usage(contract: ContractLike) -> PolicyContract:
+    try:
+        return as_contract(contract)
+    except ContractError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _probe(cell: nn.Cell, contract: PolicyContract, what: str) -> G.GraphIO:
+    try:
+        return G.probe_graph(cell, contract)
+    except ContractError as exc:
+        raise UsageError(f"contract and {what} disagree: {exc}") from None
+
+
+def _differs_on_rerun(cell: nn.Cell, io: G.GraphIO) -> bool:
+    from mindspore import Tensor
+
+    rng = np.random.default_rng(1)
+    feeds = [Tensor(rng.standard_normal((4, *t.shape[1:])).astype(np.float32)) for t in io.inputs]
+    with compat.execution_mode(graph=False):
+        first = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
+        again = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
+    return any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(first, again, strict=True))
+
+
+# -- verify -----------------------------------------------------------------------------------------------
+def verify_run(
+    bundle: Bundle,
+    checkpoint: Path,
+    options: VerifyOptions | None = None,
+    inputs: Inputs | None = None,
+    **kwargs: Any,
+) -> VerifyResult:
+    """Verify a bundle of our trainer against its checkpoint (the training path rebuilt from ``policy_spec``)."""
+    if bundle.policy_spec is None:
+        raise UsageError(f"{bundle.root} was exported from a user's Cell: verify it with --cell MODULE:FACTORY")
+    options = options or VerifyOptions()
+    inputs = inputs or resolve_inputs(bundle)
+    return verify(bundle, options, inputs, TrainerCells(checkpoint, bundle.policy_spec), checkpoint, **kwargs)
+
+
+def verify_policy(
+    cell: CellLike,
+    contract: ContractLike | None,
+    model: str | Path,
+    *,
+    checkpoint: Path | None = None,
+    env_id: str | None = None,
+    env: str | Callable[[], Any] | None = None,
+    observations: str | Path | np.ndarray | None = None,
+    options: VerifyOptions | None = None,
+    reference: Reference | None = None,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> VerifyResult:
+    """Verify a team's own policy: ``cell`` (object, factory or ``MODULE:FACTORY``) is the training path,
+    ``model`` an exported MindIR file (exported with plain ``mindspore.export``: then ``contract`` is
+    required) or a bundle directory written by ``export_policy``.
+
+    Observations come from ``env_id`` (any registered gymnasium id), ``env`` (a constructor of the team's
+    own env, or ``MODULE:FACTORY``), ``observations`` (recorded: ``.npy``/``.npz`` path or an array; then
+    episode replay is skipped and the report says so), or the contract's ``env_id``.
+    """
+    options = options or VerifyOptions()
+    compat.select_device(options.device, options.device_id)
+    cells = UserCells(cell, checkpoint)
+    bundle = open_model(model, contract, cells)
+    inputs = resolve_inputs(bundle, env_id, env, observations)
+    return verify(bundle, options, inputs, cells, checkpoint, reference, progress=progress)
+
+
+def open_model(model: str | Path, contract: ContractLike | None, cells: UserCells | None = None) -> Bundle:
+    """A bundle directory (or a file inside one), or a bare MindIR wrapped as a one-graph bundle."""
+    path = Path(model)
+    if not path.exists():
+        raise UsageError(f"model not found: {path}")
+    bundle_dir = path if path.is_dir() else path.parent
+    if (bundle_dir / "manifest.json").is_file():
+        try:
+            bundle = load_bundle(bundle_dir)
+        except BundleError as exc:
+            raise UsageError(str(exc)) from None
+        if contract is not None:
+            check_same_contract(bundle, _contract_or_usage(contract))
+        return bundle
+    if path.is_dir() or path.suffix != ".mindir":
+        raise UsageError(f"{path} is neither a bundle directory nor a .mindir file")
+    if contract is None:
+        raise UsageError(f"{path.name} is a bare MindIR: pass --contract CONTRACT.toml to say what its outputs mean")
+    return mindir_bundle(path, _contract_or_usage(contract), cells)
+
+
+def mindir_bundle(path: Path, contract: PolicyContract, cells: UserCells | None) -> Bundle:
+    """A user-exported MindIR (no bundle) as a one-graph bundle in memory: its I/O probed from the MindIR itself
+    (and checked against the Cell when there is one); ONNX and ``.ms`` are absent, and runtimes that need them
+    report why."""
+    import mindspore as ms
+
+    try:
+        graph_cell = nn.GraphCell(ms.load(str(path)))
+    except Exception as exc:  # noqa: BLE001 - MindSpore raises assorted types for unreadable files
+        raise UsageError(f"cannot load {path} as MindIR: {first_line(exc)}") from None
+    io = _probe(graph_cell, contract, f"the MindIR {path.name}")
+    if cells is not None:
+        cell_io = _probe(cells(), contract, "the Cell")
+        cell_shapes, mindir_shapes = [list(t.shape) for t in cell_io.outputs], [list(t.shape) for t in io.outputs]
+        if cell_shapes != mindir_shapes:
+            raise UsageError(f"the Cell's outputs {cell_shapes} are not the MindIR's {mindir_shapes}: "
+                             "is the MindIR exported from this Cell?")  # fmt: skip
+    reason = "a bare MindIR was given; `export --cell ...` writes a bundle with ONNX and .ms too"
+    entry = {"file": path.name, "format": "mindir", "sha256": sha256_file(path)}
+    entry["mind_ir_version"] = mindir_version(path)
+    manifest = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "env_id": contract.env_id,
+        "precision": "fp32",
+        "source": {"kind": "mindir", "mindir": str(path.resolve())},
+        "exporter": {"mind_ir_version": entry["mind_ir_version"]},
+        "graphs": {"policy": {**io.to_dict(), "contract": contract.to_dict(),
+                              "files": {"mindir": entry, "onnx": {"skipped": reason}, "ms": {"skipped": reason}}}},
+    }  # fmt: skip
+    return Bundle(path.parent, manifest)

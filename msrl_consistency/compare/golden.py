@@ -1,0 +1,105 @@
+"""Golden files: the reference's inputs, outputs and episode traces in one portable ``.npz``.
+
+Recorded on the training box (``verify --save-golden``) and compared on a deploy box without MindSpore
+(``verify --golden``), Polygraphy's ``--save-outputs`` / ``--load-outputs`` for policies.
+
+Layout (v2): ``obs``, ``source``, ``noise/<graph>``, ``out/<graph>/<output>``, ``episode_noise/<mode>``,
+``trace/<mode>/{obs,actions,rewards,alive}`` and ``meta`` (JSON: format, version, env, seed, episodes,
+manifest_sha256). v1 files (two fixed graphs) still load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inference.bundle import Bundle, sha256_file
+from msrl_consistency.compare.episodes import EpisodeTrace
+from msrl_consistency.compare.feeds import Feeds
+from msrl_consistency.compare.reference import Reference
+from msrl_consistency.errors import UsageError
+
+GOLDEN_FORMAT = "msrl-consistency/golden"
+GOLDEN_VERSION = 2
+TRACE_FIELDS = ("obs", "actions", "rewards", "alive")
+_V1_GRAPHS = {"det": "policy", "sto": "policy_sample"}
+
+
+def save_golden(path: Path, reference: Reference, bundle: Bundle, env_label: str | None) -> None:
+    arrays: dict[str, np.ndarray] = {"obs": reference.feeds.obs, "source": reference.feeds.source.astype("U8")}
+    arrays.update({f"noise/{g}": v for g, v in reference.feeds.noise.items()})
+    for graph, outs in reference.outputs.items():
+        arrays.update({f"out/{graph}/{k}": v for k, v in outs.items()})
+    arrays.update({f"episode_noise/{m}": v for m, v in reference.episode_noise.items()})
+    for mode, trace in reference.traces.items():
+        arrays.update({f"trace/{mode}/{f}": getattr(trace, f) for f in TRACE_FIELDS})
+    meta = {
+        "format": GOLDEN_FORMAT,
+        "version": GOLDEN_VERSION,
+        "env": env_label,
+        "seed": reference.seed,
+        "episodes": reference.episodes,
+        "skipped_episodes": reference.skipped_episodes,
+        "manifest_sha256": sha256_file(bundle.root / "manifest.json") if (bundle.root / "manifest.json").is_file()
+        else None,
+    }  # fmt: skip
+    arrays["meta"] = np.array(json.dumps(meta))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    tmp.replace(path)
+
+
+def read_golden(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The meta dict and the arrays; UsageError for anything that is not a golden file."""
+    if not path.is_file():
+        raise UsageError(f"golden file not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        meta = json.loads(str(arrays.pop("meta")))
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"{path} is not a golden file written by verify --save-golden ({exc})") from None
+    if "version" not in meta:  # v1: fixed graph names and a single env id
+        arrays = _upgrade_v1(arrays)
+        meta = {**meta, "env": meta.get("env_id"), "version": 1}
+    return meta, arrays
+
+
+def load_golden(path: Path, bundle: Bundle) -> Reference:
+    meta, arrays = read_golden(path)
+    missing = [g for g in bundle.graphs if not any(k.startswith(f"out/{g}/") for k in arrays)]
+    if missing:
+        raise UsageError(f"golden file {path.name} has no outputs for graph(s) {missing} of bundle {bundle.root}")
+    if bundle.env_id and meta.get("env") and meta["env"] != bundle.env_id:
+        raise UsageError(f"golden file is for {meta['env']}, the bundle for {bundle.env_id}")
+    outputs: dict[str, dict[str, np.ndarray]] = {}
+    for key, value in arrays.items():
+        if key.startswith("out/"):
+            _, graph, name = key.split("/", 2)
+            outputs.setdefault(graph, {})[name] = value
+    modes = {k.split("/")[1] for k in arrays if k.startswith("trace/")}
+    traces = {m: EpisodeTrace(*(arrays[f"trace/{m}/{f}"] for f in TRACE_FIELDS)) for m in sorted(modes)}
+    noise = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("noise/")}
+    feeds = Feeds(arrays["obs"], arrays["source"], noise)
+    episode_noise = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("episode_noise/")}
+    return Reference(
+        feeds, outputs, traces, episode_noise, int(meta["seed"]), int(meta["episodes"]),
+        origin=f"golden:{path.name}", skipped_episodes=meta.get("skipped_episodes"),
+    )  # fmt: skip
+
+
+def _upgrade_v1(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {"obs": arrays["obs"], "source": arrays["source"]}
+    for key, value in arrays.items():
+        prefix, _, rest = key.partition("/")
+        if prefix in _V1_GRAPHS:
+            out[f"out/{_V1_GRAPHS[prefix]}/{rest}"] = value
+        elif prefix == "trace":
+            out[key] = value
+    out["noise/policy_sample"] = arrays["noise"]
+    out["episode_noise/stochastic"] = arrays["episode_noise"]
+    return out

@@ -1,0 +1,94 @@
+"""The reference every runtime is compared with: the training path's outputs on the feeds and its episodes.
+
+Built from the reference runtimes (``ms-cell``: the policy Cell in PyNative) and an observation source, or
+loaded from a golden file recorded on another machine (``compare.golden``). Nothing here compares anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inference.bundle import Bundle
+from msrl_consistency.compare import episodes as E
+from msrl_consistency.compare.acting import available_modes, is_discrete, mode_policy
+from msrl_consistency.compare.feeds import Feeds, comparison_feeds, seeded_feeds
+from msrl_consistency.compare.inputs import Inputs
+from msrl_consistency.runtimes.base import Runtime
+from msrl_consistency.runtimes.registry import REFERENCE
+
+OBS_STREAM = 17
+
+
+
+@dataclass
+class Reference:
+    """Reference outputs per graph on ``feeds``, and per mode the episode trace (and the noise it used)."""
+
+    feeds: Feeds
+    outputs: dict[str, dict[str, np.ndarray]]
+    traces: dict[str, E.EpisodeTrace]
+    episode_noise: dict[str, np.ndarray]  # mode -> [T, K, dim]; only modes that sample
+    seed: int
+    episodes: int
+    without_norm: dict[str, np.ndarray] | None = None  # graph -> outputs of the policy without its normalisation
+    origin: str = REFERENCE
+    skipped_episodes: str | None = None  # why no episodes were replayed
+    repeat_differs: dict[str, list[str]] = field(default_factory=dict)  # graph -> outputs that changed on a re-run
+
+
+def build_reference(
+    bundle: Bundle,
+    runtimes: Mapping[str, Runtime],
+    inputs: Inputs,
+    observations: int,
+    episodes: int,
+    seed: int,
+    without_norm: Mapping[str, Runtime] | None = None,
+) -> Reference:
+    """Play seeded episodes per mode, draw the feeds, and run every graph of the reference on them.
+
+    First, the same rows run twice through every graph: if the outputs change, the graph samples inside and
+    nothing else is worth comparing (the Reference then carries only that finding).
+    """
+    probe = seeded_feeds(bundle, 64, seed)
+    repeat = {g: names for g in bundle.graphs if (names := changed_on_rerun(bundle, g, runtimes[g], probe))}
+    if repeat:
+        why = "the reference is not reproducible (randomness inside the graph)"
+        return Reference(probe, {}, {}, {}, seed, episodes, skipped_episodes=why, repeat_differs=repeat)
+    traces: dict[str, E.EpisodeTrace] = {}
+    noises: dict[str, np.ndarray] = {}
+    skipped = None
+    if inputs.env is None:
+        skipped = "recorded observations only: there is no env to step, so episode replay was skipped"
+    else:
+        for mode, graph in available_modes(bundle).items():
+            noise = None
+            if mode == "stochastic":
+                noise = noises[mode] = E.episode_noise(bundle, graph, episodes, inputs.env.max_steps, seed)
+            policy = mode_policy(bundle, runtimes, mode)
+            traces[mode] = E.run_episodes(inputs.env, policy, episodes, seed, noise, is_discrete(bundle))
+    if inputs.recorded is not None:
+        observed, label = inputs.recorded, "recorded"
+    elif traces:
+        trace = next(iter(traces.values()))
+        observed, label = trace.obs[trace.alive], "episode"
+    else:
+        observed, label = None, "episode"
+    feeds = comparison_feeds(bundle, observations, seed, observed, label, OBS_STREAM)
+    outputs = {g: runtimes[g].infer(*feeds.graph_inputs(bundle, g)) for g in bundle.graphs}
+    evidence = None
+    if without_norm:
+        evidence = {g: rt.infer(*feeds.graph_inputs(bundle, g))[bundle.contract(g).action.distribution_output]
+                    for g, rt in without_norm.items()}  # fmt: skip
+    return Reference(feeds, outputs, traces, noises, seed, episodes, evidence, skipped_episodes=skipped)
+
+
+def changed_on_rerun(bundle: Bundle, graph: str, runtime: Runtime, feeds: Feeds) -> list[str]:
+    """Outputs that differ when the same rows run twice (same batch, same bits expected): randomness inside the
+    graph, which no other runtime can reproduce."""
+    rows = [x[:64] for x in feeds.graph_inputs(bundle, graph)]
+    first, again = runtime.infer(*rows), runtime.infer(*rows)
+    return [k for k, v in again.items() if not np.array_equal(v, first[k], equal_nan=True)]

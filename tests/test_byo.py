@@ -1,0 +1,277 @@
+"""Bring your own policy: the examples (never touching our trainer) verify, and the faults a foreign policy
+brings are caught and named. Each example is copied to a temp dir and run there, as a team would."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bring-your-own"
+SMALL = ["--observations", "400", "--episodes", "2"]
+
+
+def run(cwd: Path, *args: str, module: str = "msrl_consistency.verify") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def report(path: Path) -> dict:
+    return json.loads((path / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def pendulum(tmp_path_factory) -> Path:
+    """The guide-style PolicyNet, trained briefly by its own plain MindSpore script and exported by it."""
+    work = tmp_path_factory.mktemp("byo") / "pendulum"
+    shutil.copytree(EXAMPLES / "pendulum", work)
+    proc = subprocess.run([sys.executable, "train.py", "--iterations", "2"], cwd=work, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return work
+
+
+@pytest.fixture(scope="module")
+def dqn(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("byo") / "dqn"
+    shutil.copytree(EXAMPLES / "cartpole-dqn", work)
+    proc = subprocess.run([sys.executable, "train.py", "--steps", "600"], cwd=work, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return work
+
+
+USER_MINDIR = ["--mindir", "policy_model.mindir", "--cell", "policy:make_policy", "--ckpt", "policy.ckpt"]
+
+
+def test_user_exported_mindir_verifies_against_its_cell(pendulum):
+    proc = run(pendulum, *USER_MINDIR, "--contract", "contract.toml", *SMALL, "--out", "r-ok")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rep = report(pendulum / "r-ok")
+    assert rep["bundle"]["source"] == "mindir" and rep["bundle"]["graphs"]["policy"]["action"]["kind"] == "gaussian"
+    ran = {name for name, info in rep["runtimes"].items() if info["status"] == "ran"}
+    assert {"ms-graph", "ms-mindir"} <= ran
+    checks = {(c["runtime"], c["name"]): c for c in rep["checks"]}
+    # std ignores the batch ([1]); KL uses it; stochastic episodes sample on the host from (mean, std).
+    assert checks[("ms-mindir", "observations.policy")]["metrics"]["kl"]["max"] == 0.0
+    assert checks[("ms-mindir", "episodes.free_running.stochastic")]["status"] == "pass"
+    assert "no .onnx graph" in checks[("onnxruntime", "available")]["summary"]
+
+
+def test_host_side_normalisation_is_caught_and_named(pendulum):
+    """Before: the bare net exported, normalisation left on the host. The wrapped training path tells."""
+    bare = ["--mindir", "policy_model_bare.mindir", *USER_MINDIR[2:], "--contract", "contract.toml"]
+    proc = run(pendulum, *bare, "--runtimes", "ms-mindir", *SMALL, "--out", "r-bare")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    failed = [c for c in report(pendulum / "r-bare")["checks"] if c["status"] == "fail"]
+    assert {c["diagnosis"]["stage"] for c in failed if c["diagnosis"]} == {"preprocessing"}
+
+
+def test_export_cell_bundle_runs_everywhere_and_on_the_deploy_side(pendulum):
+    proc = run(pendulum, "--cell", "policy:make_policy", "--ckpt", "policy.ckpt", "--contract", "contract.toml",
+               "--out", "bundle", module="msrl_consistency.export")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads((pendulum / "bundle" / "manifest.json").read_text())
+    assert manifest["schema_version"] == 2 and manifest["source"]["kind"] == "cell"
+    assert manifest["graphs"]["policy"]["outputs"][1]["shape"] == [1]  # std kept its batch-free shape
+    assert {"mindir", "onnx", "ms"} <= {f for f, e in manifest["graphs"]["policy"]["files"].items() if "file" in e}
+    # The manifest names the Cell and the checkpoint: verify needs only the bundle.
+    proc = run(pendulum, "--bundle", "bundle", *SMALL, "--out", "r-bundle")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    ran = {name for name, info in report(pendulum / "r-bundle")["runtimes"].items() if info["status"] == "ran"}
+    assert {"ms-mindir", "onnxruntime", "lite"} <= ran
+    code = "import sys; sys.modules['mindspore'] = None\nfrom inference.play import main\nsys.exit(main(sys.argv[1:]))"
+    play = subprocess.run([sys.executable, "-c", code, "bundle", "--episodes", "1", "--stochastic"], cwd=pendulum,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert play.returncode == 0 and "mean return" in play.stdout, play.stderr[-2000:]
+
+
+def test_pytest_helper_passes_and_fails_with_the_table(pendulum, monkeypatch):
+    from msrl_consistency.testing import assert_policy_consistent
+
+    monkeypatch.chdir(pendulum)
+    monkeypatch.syspath_prepend(str(pendulum))
+    import policy  # the example's own module
+
+    net = policy.make_policy()
+    result = assert_policy_consistent(net, "contract.toml", "policy_model.mindir", checkpoint="policy.ckpt",
+                                      runtimes=["ms-mindir"], n_observations=300, episodes=2)  # fmt: skip
+    assert result.ok and result.inputs["env"] == "Pendulum-v1"
+    with pytest.raises(AssertionError, match=r"(?s)ms-mindir \| observations.policy .*FAIL.*preprocessing"):
+        assert_policy_consistent(net, "contract.toml", "policy_model_bare.mindir", checkpoint="policy.ckpt",
+                                 runtimes=["ms-mindir"], n_observations=300, episodes=2)  # fmt: skip
+
+
+def test_nudged_weight_is_a_network_fault(pendulum):
+    import mindspore as ms
+
+    params = ms.load_checkpoint(str(pendulum / "policy.ckpt"))
+    weight = params["fc1.weight"].asnumpy()
+    weight[0, 0] += 1e-3
+    params["fc1.weight"].set_data(ms.Tensor(weight))
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in params.items()], str(pendulum / "nudged.ckpt"))
+    args = [*USER_MINDIR[:4], "--ckpt", "nudged.ckpt", "--contract", "contract.toml", "--runtimes", "ms-mindir"]
+    proc = run(pendulum, *args, *SMALL, "--out", "r-nudged")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    stages = {c["diagnosis"]["stage"] for c in report(pendulum / "r-nudged")["checks"] if c["diagnosis"]}
+    assert "network" in stages
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace("low = [-2.0]", "low = [-1.0]").replace("high = [2.0]", "high = [1.0]"), "action bounds"),
+        (lambda t: t.replace('names = ["mean", "std"]', 'names = ["mean"]').replace('std = "std"', "std = [0.5]"),
+         "returns 2 output"),
+        (lambda t: t.replace("obs = [3]", "obs = [4]"), "fails on inputs shaped by the contract"),
+    ],
+    ids=["lying-bounds", "output-count", "obs-shape"],
+)
+def test_contract_that_disagrees_is_a_usage_error(pendulum, edit, message):
+    lie = pendulum / "lie.toml"
+    lie.write_text(edit((pendulum / "contract.toml").read_text()))
+    proc = run(pendulum, *USER_MINDIR, "--contract", "lie.toml", *SMALL, "--out", "r-lie")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+SAMPLING_POLICY = '''
+from mindspore import ops
+from policy import PolicyNet
+
+class SamplingPolicy(PolicyNet):
+    """Samples inside the graph: no other runtime can reproduce its actions."""
+    def construct(self, x):
+        mean, std = super().construct(x)
+        return mean + std * ops.standard_normal(mean.shape)
+
+def make():
+    return SamplingPolicy()
+'''
+
+SAMPLING_CONTRACT = '''env_id = "Pendulum-v1"
+[input]
+obs = [3]
+[outputs]
+names = ["action"]
+[action]
+kind = "deterministic"
+action = "action"
+squash = "clip"
+low = [-2.0]
+high = [2.0]
+'''
+
+
+def test_sampling_inside_the_graph_is_diagnosed(pendulum):
+    import mindspore as ms
+
+    (pendulum / "sampling_policy.py").write_text(SAMPLING_POLICY)
+    (pendulum / "sampling.toml").write_text(SAMPLING_CONTRACT)
+    make = "import sys; sys.path.insert(0, '.'); import mindspore as ms; import sampling_policy as s\n"
+    export = make + (
+        "net = s.make(); ms.load_checkpoint('policy.ckpt', net)\n"
+        "ms.export(net, ms.Tensor(shape=[None, 3], dtype=ms.float32), file_name='sampling', file_format='MINDIR')"
+    )
+    proc = subprocess.run([sys.executable, "-c", export], cwd=pendulum, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    del ms
+    proc = run(pendulum, "--mindir", "sampling.mindir", "--cell", "sampling_policy:make", "--ckpt", "policy.ckpt",
+               "--contract", "sampling.toml", *SMALL, "--out", "r-sampling")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    failed = [c for c in report(pendulum / "r-sampling")["checks"] if c["status"] == "fail"]
+    assert failed[0]["name"] == "repeatability" and "take the noise as an input" in failed[0]["diagnosis"]["detail"]
+    assert "sampling inside the graph" in proc.stdout
+    refused = run(pendulum, "--cell", "sampling_policy:make", "--ckpt", "policy.ckpt", "--contract", "sampling.toml",
+                  "--out", "b-sampling", module="msrl_consistency.export")  # fmt: skip
+    assert refused.returncode == 1 and "take the noise as an input" in refused.stderr
+    assert not (pendulum / "b-sampling").exists()
+
+
+def test_dqn_example_verifies_with_argmax_metrics(dqn):
+    proc = run(dqn, "--mindir", "qnet.mindir", "--cell", "qnet:make_qnet", "--ckpt", "qnet.ckpt", "--contract",
+               "contract.toml", *SMALL, "--out", "r-dqn")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    checks = {(c["runtime"], c["name"]): c for c in report(dqn / "r-dqn")["checks"]}
+    metrics = checks[("ms-mindir", "observations.policy")]["metrics"]
+    assert metrics["argmax"]["flips"] == 0 and "kl" not in metrics  # Q-values are not a distribution
+    assert checks[("inputs", "episodes.stochastic")]["status"] == "skip"
+    assert ("ms-mindir", "episodes.free_running.deterministic") in checks
+    exported = run(dqn, "--cell", "qnet:make_qnet", "--ckpt", "qnet.ckpt", "--contract", "contract.toml", "--out",
+                   "bundle", module="msrl_consistency.export")  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    proc = run(dqn, "--bundle", "bundle", "--runtimes", "lite,onnxruntime", *SMALL, "--out", "r-dqn-bundle")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_recorded_observations_replace_episodes(dqn):
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    obs = [env.reset(seed=0)[0]]
+    for _ in range(300):
+        o, _, term, trunc, _ = env.step(env.action_space.sample())
+        obs.append(o if not (term or trunc) else env.reset()[0])
+    np.savez(dqn / "recorded.npz", obs=np.asarray(obs, np.float32))
+    user = ["--mindir", "qnet.mindir", "--cell", "qnet:make_qnet", "--ckpt", "qnet.ckpt", "--contract", "contract.toml"]
+    proc = run(dqn, *user, "--observations-file", "recorded.npz", "--runtimes", "ms-mindir", "--out", "r-rec")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rep = report(dqn / "r-rec")
+    assert "episode replay was skipped" in next(c["summary"] for c in rep["checks"] if c["name"] == "episodes")
+    assert not any(c["name"].startswith("episodes.") for c in rep["checks"])
+    assert rep["inputs"]["recorded_observations"].startswith("recorded.npz (301)")
+
+
+HANGING_POLICY = '''
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+class HangingPolicy(nn.Cell):
+    """std = exp(log_std) * ones_like(mean), both an output and an input of the action: hangs Lite 2.0.0."""
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(3, 1)
+        self.log_std = Parameter(Tensor(np.zeros(1, np.float32)), name="log_std")
+
+    def construct(self, obs, noise):
+        mean = self.fc(obs)
+        std = ops.exp(self.log_std) * ops.ones_like(mean)
+        return mean + std * noise, std
+'''
+
+
+def test_a_runtime_that_hangs_is_stopped_and_reported(tmp_path, monkeypatch):
+    """Lite 2.0.0's Predict hangs on this graph: the watchdog kills it and verify reports that runtime's failure."""
+    from inference.contract import PolicyContract
+    from msrl_consistency.api import verify_policy
+    from msrl_consistency.artifacts import bundle as B
+    from msrl_consistency.artifacts import graphs as G
+    from msrl_consistency.compare.verifier import VerifyOptions
+    from msrl_consistency.runtimes.lite import LiteRuntime
+
+    (tmp_path / "hanging.py").write_text(HANGING_POLICY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import hanging
+
+    cell = hanging.HangingPolicy()
+    contract = PolicyContract.from_dict({
+        "env_id": "Pendulum-v1", "input": {"obs": [3], "noise": [1], "noise_kind": "normal"},
+        "outputs": {"names": ["action", "std"]},
+        "action": {"kind": "deterministic", "action": "action", "squash": "clip", "low": [-2.0], "high": [2.0]},
+    })  # fmt: skip
+    # Written without the self-check (which would refuse it, as export does): a bundle from elsewhere.
+    unchecked = lambda _bundle, _cells: {"passed": True, "samples": 0, "results": [], "failures": []}  # noqa: E731
+    graphs = {"policy": B.GraphExport(G.probe_graph(cell, contract), cell, contract)}
+    bundle = B.write_bundle(tmp_path / "bundle", graphs, {"env_id": "Pendulum-v1"}, B.ExportOptions(), unchecked)
+    monkeypatch.setattr(LiteRuntime, "timeout", 3.0)
+    options = VerifyOptions(observations=64, episodes=1, runtimes=("lite", "ms-mindir"))
+    result = verify_policy(cell, None, bundle.root, options=options)
+    lite = {c.name: c for c in result.checks if c.runtime == "lite"}
+    assert lite["inference"].status == "fail" and "timeout" in lite["inference"].summary
+    assert lite["inference"].diagnosis["stage"] == "runtime"
+    assert result.runtimes["ms-mindir"]["status"] == "ran" and result.exit_code == 1
