@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LITE_RUNNER := .lite/bin/msrl-lite-runner
 LITE_CONVERT := .lite/bin/msrl-lite-convert
+RUNNER_SRC := $(wildcard inference/runner/*.cc inference/runner/*.h)
 export GLOG_v ?= 3
 
-.PHONY: setup lite demo test gate lint bench clean
+.PHONY: setup lite deploy-venv demo test gate lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,12 +16,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
-$(LITE_RUNNER) $(LITE_CONVERT) &: inference/lite_runner.cc export/lite_converter.cc inference/build_lite.sh $(STAMP)
+$(LITE_RUNNER) $(LITE_CONVERT) &: $(RUNNER_SRC) export/lite_converter.cc inference/build_lite.sh $(STAMP)
 	bash inference/build_lite.sh
+	@touch $(LITE_RUNNER) $(LITE_CONVERT)
 
 setup: $(STAMP) $(LITE_RUNNER)
 
 lite: $(LITE_RUNNER)
+
+# The deploy side alone, as on an inference box: a separate venv with `pip install ./inference` (no MindSpore)
+# and the runner built into it against the Lite SDK of .lite/sdk (or MSRL_LITE_SDK=DIR).
+DEPLOY_VENV := .venv-deploy
+deploy-venv: $(LITE_RUNNER)
+	rm -rf $(DEPLOY_VENV)
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/python -m pip install -q ./inference
+	$(DEPLOY_VENV)/bin/python -m inference.build_runner --sdk $${MSRL_LITE_SDK:-.lite/sdk} \
+		--out $(CURDIR)/$(DEPLOY_VENV)/bin --runner-only
+	cd $(DEPLOY_VENV) && bin/msrl-doctor  # outside the checkout: the installed package and its runner
 
 demo: setup
 	rm -rf runs/demo-cartpole bundles/demo-cartpole

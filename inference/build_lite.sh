@@ -1,55 +1,91 @@
 #!/usr/bin/env bash
-# Build the MindSpore Lite deploy tools (runner + ONNX converter) against the C++ SDK shipped inside the
-# PyPI mindspore-lite 2.0.0 wheel. The wheel's Python module is cp37-only, but its C++ API works from any
-# program, so we only unpack headers and shared libraries. Run from the repository root (`make lite`).
+# Build the MindSpore Lite deploy tools against a Lite C++ SDK:
+#   msrl-lite-runner       the inference server the Python client drives (shipped; no fault hooks)
+#   msrl-lite-runner-test  the same server plus the fault-injection hook, for the test suite only
+#   msrl-lite-convert      the ONNX -> .ms converter (only where the SDK ships the converter library)
+#   msrl-lite-runner.json  the SDK's version, where it was read from, and which MindIR versions it loads
+#
+# Usage (from anywhere):
+#   bash inference/build_lite.sh                                  # PyPI mindspore-lite 2.0.0 wheel -> .lite/
+#   MSRL_LITE_SDK=/opt/mindspore-lite-2.3.1-linux-aarch64 MSRL_LITE_OUT=/opt/msrl/bin bash inference/build_lite.sh
+#   bash inference/build_lite.sh --sdk DIR --out DIR [--runner-only]
+#   bash inference/build_lite.sh --sdk DIR --detect               # print what the SDK is, build nothing
+#
+# An SDK is either the official tarball layout (DIR/runtime/include/api/model.h, DIR/runtime/lib) or the
+# wheel layout (DIR/include/api/model.h, DIR/lib; the unpacked mindspore_lite/ package directory).
+# Environment: CXX (e.g. aarch64-linux-gnu-g++ to cross-compile), MSRL_LITE_SDK_VERSION (when the SDK carries
+# no version), MSRL_LITE_LIB (the runtime library to link, e.g. mindspore-lite), MSRL_LITE_HOME (where the
+# PyPI SDK is fetched and, without --out, the binaries go; default .lite/ of the checkout).
 set -euo pipefail
 
-LITE_VERSION=2.0.0
-ROOT="$(pwd -P)"
-LITE="$ROOT/.lite"
-DL="$LITE/dl"
-SDK="$LITE/sdk"
-BIN="$LITE/bin"
+LITE_WHEEL_VERSION=2.0.0
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+ROOT="$(dirname "$HERE")"
+SRC="$HERE/runner"
+CONVERTER_SRC="$ROOT/export/lite_converter.cc"
 CXX="${CXX:-g++}"
 
-say() { printf '[build_lite] %s\n' "$*"; }
-die() { printf '[build_lite] error: %s\n' "$*" >&2; exit 1; }
+SDK="${MSRL_LITE_SDK:-}"
+OUT="${MSRL_LITE_OUT:-}"
+RUNNER_ONLY=0
+DETECT_ONLY=0
 
-[[ -f inference/lite_runner.cc && -f export/lite_converter.cc ]] || die "run from the repository root"
-command -v "$CXX" >/dev/null 2>&1 || die "C++ compiler '$CXX' not found; install g++ (e.g. apt-get install g++)"
+say() { printf '[build_lite] %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
-if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
-command -v "$PY" >/dev/null 2>&1 || die "no Python found to run pip / unzip the wheel"
+while (($#)); do
+    case "$1" in
+        --sdk) SDK="${2:?--sdk needs a directory}"; shift 2 ;;
+        --out) OUT="${2:?--out needs a directory}"; shift 2 ;;
+        --runner-only) RUNNER_ONLY=1; shift ;;
+        --detect) DETECT_ONLY=1; shift ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
 
-shopt -s nullglob
-wheels=("$DL"/mindspore_lite-"$LITE_VERSION"-*.whl)
-if ((${#wheels[@]} == 0)); then
-    say "1/4 downloading mindspore-lite==$LITE_VERSION wheel (~170 MB) into .lite/dl"
-    mkdir -p "$DL"
-    "$PY" -m pip download "mindspore-lite==$LITE_VERSION" --no-deps --only-binary=:all: \
-        --python-version 3.7 --platform manylinux2014_x86_64 -d "$DL" -q
-    wheels=("$DL"/mindspore_lite-"$LITE_VERSION"-*.whl)
-    ((${#wheels[@]} > 0)) || die "pip download did not produce a mindspore_lite wheel in $DL"
-else
-    say "1/4 wheel present: ${wheels[0]#"$ROOT"/}"
-fi
-WHEEL="${wheels[0]}"
+[[ -f "$SRC/main.cc" ]] || die "runner sources not found in $SRC"
 
-# The stamp records which wheel the SDK came from, so a re-run only unpacks when the wheel changed.
-if [[ "$(cat "$SDK/.wheel" 2>/dev/null || true)" != "$(basename "$WHEEL")" ]]; then
-    say "2/4 unpacking SDK (include/, lib/) into .lite/sdk"
-    rm -rf "$SDK"
-    mkdir -p "$SDK"
-    "$PY" - "$WHEEL" "$SDK" <<'EOF'
+json_str() {  # a JSON string literal (paths and versions hold no control characters)
+    local s=${1//\\/\\\\}
+    printf '"%s"' "${s//\"/\\\"}"
+}
+
+# ---- 1. the SDK: user-given, or the PyPI wheel's, fetched into .lite/ -----------------------------------
+if [[ -z "$SDK" ]]; then
+    LITE="${MSRL_LITE_HOME:-$ROOT/.lite}"
+    DL="$LITE/dl"
+    SDK="$LITE/sdk"
+    OUT="${OUT:-$LITE/bin}"
+    if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
+    command -v "$PY" >/dev/null 2>&1 || die "no Python found to run pip / unzip the wheel"
+    shopt -s nullglob
+    wheels=("$DL"/mindspore_lite-"$LITE_WHEEL_VERSION"-*.whl)
+    if ((${#wheels[@]} == 0)); then
+        say "downloading mindspore-lite==$LITE_WHEEL_VERSION wheel (~170 MB) into $DL"
+        mkdir -p "$DL"
+        "$PY" -m pip download "mindspore-lite==$LITE_WHEEL_VERSION" --no-deps --only-binary=:all: \
+            --python-version 3.7 --platform manylinux2014_x86_64 -d "$DL" -q
+        wheels=("$DL"/mindspore_lite-"$LITE_WHEEL_VERSION"-*.whl)
+        ((${#wheels[@]} > 0)) || die "pip download did not produce a mindspore_lite wheel in $DL"
+    fi
+    WHEEL="${wheels[0]}"
+    # The stamp names the wheel and the unpack layout, so a re-run only unpacks when either changed.
+    stamp="$(basename "$WHEEL") layout-2"
+    if [[ "$(cat "$SDK/.wheel" 2>/dev/null || true)" != "$stamp" ]]; then
+        say "unpacking the wheel's SDK (include/, lib/, version.py) into $SDK"
+        rm -rf "$SDK"
+        mkdir -p "$SDK"
+        "$PY" - "$WHEEL" "$SDK" <<'EOF'
 import os
 import sys
 import zipfile
 
 wheel, dest = sys.argv[1], sys.argv[2]
-prefixes = ("mindspore_lite/include/", "mindspore_lite/lib/")
+keep = ("mindspore_lite/include/", "mindspore_lite/lib/", "mindspore_lite/version.py", "mindspore_lite/.commit_id")
 with zipfile.ZipFile(wheel) as zf:
     for info in zf.infolist():
-        if info.is_dir() or not info.filename.startswith(prefixes):
+        if info.is_dir() or not info.filename.startswith(keep):
             continue
         target = os.path.join(dest, info.filename[len("mindspore_lite/"):])
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -57,31 +93,189 @@ with zipfile.ZipFile(wheel) as zf:
             while chunk := src.read(1 << 20):
                 out.write(chunk)
 EOF
-    [[ -f "$SDK/include/api/model.h" && -f "$SDK/lib/libmindspore-extendrt_python.so" ]] \
-        || die "wheel $(basename "$WHEEL") does not contain the expected Lite SDK layout"
-    basename "$WHEEL" >"$SDK/.wheel"
+        printf '%s\n' "$stamp" >"$SDK/.wheel"
+    fi
+fi
+[[ -d "$SDK" ]] || die "Lite SDK directory not found: $SDK"
+SDK="$(cd "$SDK" && pwd -P)"
+OUT="${OUT:-${MSRL_LITE_HOME:-$ROOT/.lite}/bin}"
+
+# ---- 2. layout ------------------------------------------------------------------------------------------
+if [[ -f "$SDK/runtime/include/api/model.h" ]]; then
+    LAYOUT=tarball
+    INC_ROOT="$SDK/runtime"
+    LIB="$SDK/runtime/lib"
+elif [[ -f "$SDK/include/api/model.h" ]]; then
+    LAYOUT=wheel
+    INC_ROOT="$SDK"
+    LIB="$SDK/lib"
 else
-    say "2/4 SDK already unpacked in .lite/sdk"
+    die "$SDK is not a Lite SDK: expected runtime/include/api/model.h (official tarball) or include/api/model.h (wheel)"
 fi
 
-mkdir -p "$BIN"
-CXXFLAGS=(-O2 -std=c++17 -Wall -I"$SDK" -I"$SDK/include" -DMSRL_LITE_WHEEL_VERSION="\"$LITE_VERSION\"")
+if [[ -n "${MSRL_LITE_LIB:-}" ]]; then
+    RTLIB="lib${MSRL_LITE_LIB#lib}"
+    RTLIB="${RTLIB%.so}.so"
+else
+    RTLIB=""
+    for name in libmindspore-lite.so libmindspore-extendrt.so libmindspore-extendrt_python.so; do
+        if [[ -e "$LIB/$name" ]]; then RTLIB=$name; break; fi
+    done
+fi
+[[ -n "$RTLIB" && -e "$LIB/$RTLIB" ]] || die "no Lite runtime library in $LIB (looked for libmindspore-lite.so, \
+libmindspore-extendrt.so, libmindspore-extendrt_python.so; set MSRL_LITE_LIB)"
+
+# ---- 3. version: from the SDK's own files, most specific first ---------------------------------------------
+VERSION=""
+VSRC=""
+semver='[0-9]+\.[0-9]+\.[0-9]+[0-9A-Za-z.+-]*'
+if [[ -n "${MSRL_LITE_SDK_VERSION:-}" ]]; then
+    VERSION="$MSRL_LITE_SDK_VERSION"
+    VSRC="MSRL_LITE_SDK_VERSION"
+fi
+if [[ -z "$VERSION" ]]; then  # include/version.h: ms_version_major = X; (or #define MS_VERSION_MAJOR X)
+    for h in "$INC_ROOT/include/version.h" "$SDK/include/version.h"; do
+        [[ -f "$h" ]] || continue
+        part() { sed -nE "s/.*(ms_version_$1 *=|define MS_VERSION_${1^^}) *([0-9]+).*/\2/p" "$h" | head -1; }
+        major=$(part major) minor=$(part minor) rev=$(part revision)
+        if [[ -n "$major" && -n "$minor" && -n "$rev" ]]; then
+            VERSION="$major.$minor.$rev"
+            VSRC="${h#"$SDK"/}"
+            break
+        fi
+    done
+fi
+if [[ -z "$VERSION" && -f "$SDK/version.py" ]]; then  # the wheel's mindspore_lite/version.py
+    VERSION=$(sed -nE "s/^__version__ *= *['\"]([^'\"]+)['\"].*/\1/p" "$SDK/version.py" | head -1)
+    VSRC="version.py"
+fi
+if [[ -z "$VERSION" ]]; then  # an installed wheel: site-packages/mindspore_lite-X.dist-info/METADATA
+    for meta in "$SDK"/../mindspore_lite-*.dist-info/METADATA; do
+        [[ -f "$meta" ]] || continue
+        VERSION=$(sed -nE 's/^Version: *(.+)$/\1/p' "$meta" | head -1)
+        VSRC="$(basename "$(dirname "$meta")")/METADATA"
+        break
+    done
+fi
+if [[ -z "$VERSION" ]]; then  # the library's own "MindSpore Lite X.Y.Z" string (official builds carry it)
+    VERSION=$(grep -a -o -m1 -E "MindSpore Lite $semver" "$LIB/$RTLIB" 2>/dev/null | head -1 | sed 's/^MindSpore Lite //' || true)
+    [[ -n "$VERSION" ]] && VSRC="strings of $RTLIB"
+fi
+if [[ -z "$VERSION" ]]; then  # the official tarball's directory name: mindspore-lite-X.Y.Z-linux-<arch>
+    VERSION=$(basename "$SDK" | sed -nE "s/^mindspore-lite-($semver)-linux-.*/\1/p")
+    [[ -n "$VERSION" ]] && VSRC="directory name"
+fi
+[[ -n "$VERSION" ]] || die "cannot tell the Lite version of $SDK (no include/version.h, version.py, dist-info, \
+library string or mindspore-lite-X.Y.Z-* directory name); set MSRL_LITE_SDK_VERSION=X.Y.Z"
+[[ "$VERSION" =~ ^$semver$ ]] || die "Lite version '$VERSION' read from $VSRC is not X.Y.Z"
+
+# ELF machine of the runtime library vs the compiler's target: a mismatch means a cross-compiler is needed.
+elf_arch() {
+    case "$(od -An -t x2 -j 18 -N 2 "$1" 2>/dev/null | tr -d ' ')" in
+        003e) echo x86_64 ;; 00b7) echo aarch64 ;; 0028) echo arm ;; *) echo unknown ;;
+    esac
+}
+SDK_ARCH=$(elf_arch "$(readlink -f "$LIB/$RTLIB")")
+
+if ((DETECT_ONLY)); then
+    printf '{"sdk": %s, "sdk_layout": "%s", "lite_version": %s, "lite_version_source": %s, "runtime_library": "%s", "arch": "%s"}\n' \
+        "$(json_str "$SDK")" "$LAYOUT" "$(json_str "$VERSION")" "$(json_str "$VSRC")" "$RTLIB" "$SDK_ARCH"
+    exit 0
+fi
+
+command -v "$CXX" >/dev/null 2>&1 || die "C++ compiler '$CXX' not found; install g++ (e.g. apt-get install g++)"
+TARGET=$("$CXX" -dumpmachine)
+case "$TARGET" in
+    x86_64*) CXX_ARCH=x86_64 ;; aarch64*) CXX_ARCH=aarch64 ;; arm*) CXX_ARCH=arm ;; *) CXX_ARCH=unknown ;;
+esac
+if [[ "$SDK_ARCH" != unknown && "$CXX_ARCH" != unknown && "$SDK_ARCH" != "$CXX_ARCH" ]]; then
+    die "the SDK is built for $SDK_ARCH but $CXX targets $TARGET; set CXX (e.g. CXX=aarch64-linux-gnu-g++)"
+fi
+say "SDK $SDK ($LAYOUT layout, $SDK_ARCH), Lite $VERSION (from $VSRC), linking $RTLIB"
+
+# ---- 4. compile -----------------------------------------------------------------------------------------
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd -P)"
+CXXFLAGS=(-O2 -std=c++17 -Wall -I"$INC_ROOT" -I"$INC_ROOT/include" -DMSRL_LITE_VERSION="\"$VERSION\"")
 # -rpath-link resolves the runtime's own dependencies at link time; a DT_RPATH (not RUNPATH, which is not
 # inherited by those indirect dependencies) lets the binaries run without LD_LIBRARY_PATH.
-LDFLAGS=(-L"$SDK/lib" -Wl,-rpath-link,"$SDK/lib" -Wl,--disable-new-dtags -Wl,-rpath,"$SDK/lib")
+LDFLAGS=(-L"$LIB" -Wl,-rpath-link,"$LIB" -Wl,--disable-new-dtags -Wl,-rpath,"$LIB")
+COMMON=(main protocol json lite_log errors mindir_probe pinning server)
 
-build() {  # step, source, output, libraries...
-    local step=$1 src=$2 out=$3
-    shift 3
-    if [[ -x "$out" && "$out" -nt "$src" && "$out" -nt "$0" && "$out" -nt "$SDK/.wheel" ]]; then
-        say "$step ${out#"$ROOT"/} is up to date"
-        return
-    fi
-    say "$step compiling $src -> ${out#"$ROOT"/}"
-    "$CXX" "${CXXFLAGS[@]}" "$src" -o "$out.tmp" "${LDFLAGS[@]}" "$@" || die "compiling $src failed"
+# Rebuild when the sources, the SDK, its version or the compiler changed (content hash, not timestamps).
+key=$( { cat "$SRC"/*.cc "$SRC"/*.h "$0"; [[ -f "$CONVERTER_SRC" ]] && cat "$CONVERTER_SRC";
+         echo "$SDK $VERSION $RTLIB $CXX $TARGET $RUNNER_ONLY"; } | sha256sum | cut -c1-16)
+
+compile() {  # output, libraries..., -- sources...
+    local out=$1
+    shift
+    local libs=() srcs=()
+    while [[ $1 != -- ]]; do libs+=("$1"); shift; done
+    shift
+    srcs=("$@")
+    "$CXX" "${CXXFLAGS[@]}" "${srcs[@]}" -o "$out.tmp" "${LDFLAGS[@]}" "${libs[@]}" || die "compiling $(basename "$out") failed"
     mv -f "$out.tmp" "$out"
 }
 
-build 3/4 inference/lite_runner.cc "$BIN/msrl-lite-runner" -lmindspore-extendrt_python
-build 4/4 export/lite_converter.cc "$BIN/msrl-lite-convert" -lmindspore_converter -lmindspore_core
-say "done: .lite/bin/msrl-lite-runner, .lite/bin/msrl-lite-convert"
+LINK_RT="-l${RTLIB#lib}"
+LINK_RT="${LINK_RT%.so}"
+CONVERTER=null
+if [[ "$(cat "$OUT/.build-key" 2>/dev/null || true)" == "$key" && -x "$OUT/msrl-lite-runner" \
+      && -x "$OUT/msrl-lite-runner-test" && -f "$OUT/msrl-lite-runner.json" ]]; then
+    say "$OUT is up to date"
+    exit 0
+fi
+rm -f "$OUT/.build-key"
+srcs=()
+for f in "${COMMON[@]}"; do srcs+=("$SRC/$f.cc"); done
+say "compiling msrl-lite-runner"
+compile "$OUT/msrl-lite-runner" "$LINK_RT" -- "${srcs[@]}" "$SRC/request_hook_none.cc"
+say "compiling msrl-lite-runner-test (with the fault-injection hook)"
+compile "$OUT/msrl-lite-runner-test" "$LINK_RT" -- "${srcs[@]}" "$SRC/request_hook_fault.cc"
+if ((RUNNER_ONLY)); then
+    say "converter skipped (--runner-only)"
+elif [[ ! -f "$CONVERTER_SRC" ]]; then
+    say "converter skipped ($CONVERTER_SRC not here; the deploy box only needs the runner)"
+elif [[ ! -e "$LIB/libmindspore_converter.so" ]]; then
+    say "converter skipped (no libmindspore_converter.so in $LIB; the deploy box only needs the runner)"
+else
+    say "compiling msrl-lite-convert"
+    compile "$OUT/msrl-lite-convert" -lmindspore_converter -lmindspore_core -- "$CONVERTER_SRC"
+    CONVERTER='"msrl-lite-convert"'
+fi
+
+# ---- 5. which MindIR versions this Lite reads: asked of the SDK itself where the runner can run here ---------
+MAX_MINDIR=null
+if info=$("$OUT/msrl-lite-runner" --info 2>/dev/null); then
+    MAX_MINDIR=$(sed -nE 's/.*"max_mind_ir_version": ([0-9]+|null).*/\1/p' <<<"$info")
+    MAX_MINDIR=${MAX_MINDIR:-null}
+    if [[ "$MAX_MINDIR" == null ]]; then
+        RULE="probe gave no answer: $(sed -nE 's/.*"mind_ir_probe": "([^"]*)".*/\1/p' <<<"$info")"
+    else
+        RULE="probe: Lite's own refusal of a MindIR header with version 2^31-1 names mind_ir::Version_MAX; it loads 0..max"
+    fi
+else
+    RULE="not probed (the runner does not run on this build host, e.g. cross-compiled); python -m inference.doctor probes it on the device"
+fi
+
+cat >"$OUT/msrl-lite-runner.json" <<EOF
+{
+  "schema": "msrl-consistency/lite-runner",
+  "schema_version": 1,
+  "lite_version": $(json_str "$VERSION"),
+  "lite_version_source": $(json_str "$VSRC"),
+  "sdk": $(json_str "$SDK"),
+  "sdk_layout": "$LAYOUT",
+  "runtime_library": "$RTLIB",
+  "arch": "$SDK_ARCH",
+  "compiler": $(json_str "$CXX ($TARGET)"),
+  "max_mind_ir_version": $MAX_MINDIR,
+  "mind_ir_rule": $(json_str "$RULE"),
+  "runner": "msrl-lite-runner",
+  "test_runner": "msrl-lite-runner-test",
+  "converter": $CONVERTER,
+  "built": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+}
+EOF
+printf '%s\n' "$key" >"$OUT/.build-key"
+say "done: $OUT (Lite $VERSION, MindIR <= ${MAX_MINDIR/null/unknown})"

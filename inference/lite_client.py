@@ -8,31 +8,40 @@ runs on a deploy box without any framework installed.
 Protocol (all integers little-endian), over the runner's stdin/stdout:
 
 * Handshake: after loading, the runner writes one JSON line, ``{"ok": true, "lite_version", "model",
-  "device", "inputs": [{"name", "dtype", "shape"}], "outputs": [...]}`` or ``{"ok": false, "kind":
-  "load"|"mindir_version"|"device"|"args"|"missing", "error"}`` and exits with 4/5/6/2/3 respectively.
+  "device", "max_rows", "inputs": [{"name", "dtype", "shape"}], "outputs": [...]}`` or ``{"ok": false, "kind":
+  "load"|"mindir_version"|"device"|"args"|"missing", "error"}`` and exits with 4/5/6/2/3 respectively
+  (``mindir_version`` adds ``mind_ir_version`` and ``max_mind_ir_version``, both as Lite read them).
 * Request: ``u32 magic, u32 op`` (1 infer, 2 ping, 3 quit); infer adds ``u32 n_inputs`` and per input
   ``u32 dtype, u32 ndim, i64 dims[ndim], u64 nbytes, bytes``, in the model's input order.
 * Response: ``u32 magic, u32 status`` (0 ok, 1 bad request, 2 inference failure); if ok ``u32 n_outputs``
   and per output ``u32 name_len, name, u32 dtype, u32 ndim, i64 dims[ndim], u64 nbytes, bytes``, else
   ``u32 msg_len, msg``. Ping answers status 0 with no outputs; quit and EOF end the process with code 0.
 * Dtype codes: 0 float32, 1 float16, 2 int32, 3 int64, 4 uint8, 5 bool (one byte).
+* A request whose first dimension exceeds ``max_rows`` (``--max-rows``, default 65536) is refused with status 1
+  and its payload skipped unbuffered: one huge batch would otherwise grow Lite's buffers for the runner's life.
+
+``msrl-lite-runner --info`` prints ``{"lite_version", "max_mind_ir_version", ...}`` and exits (see sdk.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import select
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any, NamedTuple, NoReturn
 
 import numpy as np
+
+from inference.mindir import read_header
 
 MAGIC = 0x4D534C52
 OP_INFER, OP_PING, OP_QUIT = 1, 2, 3
@@ -50,6 +59,11 @@ _U64 = struct.Struct("<Q")
 _PING = _U32X2.pack(MAGIC, OP_PING)
 _QUIT = _U32X2.pack(MAGIC, OP_QUIT)
 _REPO = Path(__file__).resolve().parents[1]
+RUNNER_NAME = "msrl-lite-runner"
+TEST_RUNNER_NAME = "msrl-lite-runner-test"
+DEFAULT_MAX_ROWS = 65536  # the runner's own default for --max-rows
+
+log = logging.getLogger(__name__)
 
 
 class LiteRunnerError(RuntimeError):
@@ -74,6 +88,8 @@ class MindIRVersionError(ModelLoadError):
     """The MindIR was written by a newer MindSpore than this Lite can read; the bundle's .ms is the way out."""
 
     exit_code = 5
+    mind_ir_version: int | None = None
+    max_mind_ir_version: int | None = None
 
 
 class DeviceUnavailable(LiteRunnerError):
@@ -134,16 +150,25 @@ class TensorMeta(NamedTuple):
 
 
 def runner_path() -> Path:
-    """Runner binary: ``$MSRL_LITE_RUNNER`` if set, else the one ``make lite`` builds in this checkout."""
+    """Runner binary: ``$MSRL_LITE_RUNNER`` if set, else the one ``make lite`` builds in this checkout, else
+    the one ``build_lite.sh --out $VIRTUAL_ENV/bin`` put next to this environment's Python.
+
+    The checkout comes first so a source tree always runs its own build; an installed deploy package has no
+    checkout and finds the runner in its environment's ``bin``.
+    """
     env = os.environ.get("MSRL_LITE_RUNNER")
-    return Path(env) if env else _REPO / ".lite" / "bin" / "msrl-lite-runner"
+    if env:
+        return Path(env)
+    checkout = _REPO / ".lite" / "bin" / RUNNER_NAME
+    in_env = Path(sys.prefix) / "bin" / RUNNER_NAME
+    return in_env if not checkout.is_file() and in_env.is_file() else checkout
 
 
 def runner_available() -> tuple[bool, str]:
     """Whether the runner binary can be started, with the path or the reason it cannot."""
     path = runner_path()
     if not path.is_file():
-        return False, f"Lite runner not found at {path} (build it with `make lite`)"
+        return False, f"Lite runner not found at {path} (build: bash inference/build_lite.sh; or set MSRL_LITE_RUNNER)"
     if not os.access(path, os.X_OK):
         return False, f"Lite runner at {path} is not executable"
     return True, str(path)
@@ -157,7 +182,10 @@ class LiteRunner:
     """One model served by a ``msrl-lite-runner`` child process; call ``infer`` once per step or batch.
 
     Every request is bounded by ``timeout`` seconds (``load_timeout`` for loading); on expiry the whole
-    process group is killed, so no stray runner survives a hung Lite graph.
+    process group is killed, so no stray runner survives a hung Lite graph. The request that timed out or
+    crashed the runner raises; the next request starts a fresh runner (logged as a warning), so a long-lived
+    deploy loop survives one bad request. ``max_restarts`` bounds restarts in a row without a served request.
+    ``max_rows`` caps the batch a request may carry (the runner refuses more, see the module docstring).
     """
 
     def __init__(
@@ -170,19 +198,32 @@ class LiteRunner:
         threads: int = 1,
         timeout: float = 10.0,
         load_timeout: float = 60.0,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        max_restarts: int = 3,
     ) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.model_path = str(model_path)
         self.timeout = timeout
+        self.load_timeout = load_timeout
+        self.max_rows = max_rows
+        self.max_restarts = max_restarts
+        self.restarts = 0  # runners started after the first, over this client's life
+        self._restarts_in_a_row = 0
+        self._closed = False
+        self._last_failure = ""
         self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
         self._buf = bytearray()  # bytes received from the runner; self._pos is the parse position
         self._pos = 0
-        # A file, not a pipe: the runner can never block on a full stderr pipe nobody drains. Closed in close().
-        self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="msrl-lite-runner-")  # noqa: SIM115
         exe = Path(runner) if runner is not None else runner_path()
         if not (exe.is_file() and os.access(exe, os.X_OK)):
-            self._stderr.close()
-            raise RunnerUnavailable(f"Lite runner not found or not executable: {exe} (build it with `make lite`)")
-        cmd = [
+            self._closed = True
+            raise RunnerUnavailable(
+                f"Lite runner not found or not executable: {exe} (build it: bash inference/build_lite.sh)"
+            )
+        self.runner = exe
+        self._cmd = [
             str(exe),
             "--model",
             self.model_path,
@@ -192,11 +233,27 @@ class LiteRunner:
             str(device_id),
             "--threads",
             str(threads),
+            "--max-rows",
+            str(max_rows),
         ]
+        self._start()
+        self.lite_version: str = self._hello["lite_version"]
+        self.device: str = self._hello["device"]
+        self.inputs = [self._meta(t) for t in self._hello["inputs"]]
+        self.outputs = [self._meta(t) for t in self._hello["outputs"]]
+        self._infer_head = _U32X3.pack(MAGIC, OP_INFER, len(self.inputs))
+        self._feed_heads: list[dict[tuple[np.dtype, tuple[int, ...]], bytes]] = [{} for _ in self.inputs]
+
+    def _start(self) -> None:
+        """Spawns the runner and reads its handshake; on failure nothing is left running."""
         env = dict(os.environ)
         env.setdefault("GLOG_v", "3")  # Lite logs warnings by default; keep the stderr log small
+        # A file, not a pipe: the runner can never block on a full stderr pipe nobody drains.
+        self._stderr = tempfile.TemporaryFile(prefix="msrl-lite-runner-")  # noqa: SIM115 - closed in _discard
+        self._buf = bytearray()
+        self._pos = 0
         self._proc = subprocess.Popen(
-            cmd,
+            self._cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -206,13 +263,25 @@ class LiteRunner:
         )
         self._in = self._proc.stdin.fileno()  # type: ignore[union-attr]
         self._out = self._proc.stdout.fileno()  # type: ignore[union-attr]
-        hello = self._handshake(load_timeout)
-        self.lite_version: str = hello["lite_version"]
-        self.device: str = hello["device"]
-        self.inputs = [self._meta(t) for t in hello["inputs"]]
-        self.outputs = [self._meta(t) for t in hello["outputs"]]
-        self._infer_head = _U32X3.pack(MAGIC, OP_INFER, len(self.inputs))
-        self._feed_heads: list[dict[tuple[np.dtype, tuple[int, ...]], bytes]] = [{} for _ in self.inputs]
+        self._hello = self._handshake(self.load_timeout)
+
+    def _restart(self) -> None:
+        """Starts a fresh runner after the previous one was killed or died; bounded by ``max_restarts``."""
+        if self._restarts_in_a_row >= self.max_restarts:
+            raise RunnerCrashed(
+                f"runner for {self.model_path} is down after: {self._last_failure}; not restarting it "
+                f"({self._restarts_in_a_row} restart(s) in a row served no request, max_restarts={self.max_restarts})"
+            )
+        self._restarts_in_a_row += 1
+        self.restarts += 1
+        log.warning(
+            "restarting the Lite runner for %s (restart %d in a row, at most %d) after: %s",
+            self.model_path,
+            self._restarts_in_a_row,
+            self.max_restarts,
+            self._last_failure,
+        )
+        self._start()
 
     # ---- public API ---------------------------------------------------------------------------------
 
@@ -229,6 +298,11 @@ class LiteRunner:
         parts = [self._infer_head]
         for meta, heads, arr in zip(self.inputs, self._feed_heads, arrays, strict=True):
             arr = np.ascontiguousarray(arr)
+            if arr.ndim and arr.shape[0] > self.max_rows:
+                raise FeedError(
+                    f"input '{meta.name}': {arr.shape[0]} rows exceed the cap of {self.max_rows} rows per request "
+                    "(LiteRunner(max_rows=...)); split the batch"
+                )
             head = heads.get((arr.dtype, arr.shape))
             if head is None:
                 head = self._feed_head(meta, arr)
@@ -267,7 +341,14 @@ class LiteRunner:
         return time.perf_counter() - start
 
     def close(self) -> None:
-        """Ask the runner to quit, then wait briefly and kill its process group if needed. Idempotent."""
+        """Ask the runner to quit, then wait briefly and kill its process group if needed. Idempotent; a closed
+        client is never restarted."""
+        self._closed = True
+        self._discard()
+
+    def _discard(self) -> None:
+        """Ends the current runner process (quit, then kill) and drops its pipes and log; a later request of an
+        open client starts a new one."""
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.poll() is None:
@@ -280,7 +361,7 @@ class LiteRunner:
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()
-        if not self._stderr.closed:
+        if self._stderr is not None and not self._stderr.closed:
             self._stderr.close()
 
     def __enter__(self) -> LiteRunner:
@@ -325,8 +406,12 @@ class LiteRunner:
         )
 
     def _alive(self) -> subprocess.Popen[bytes]:
-        if self._proc is None:
+        """The running runner; restarts one that was killed or died, unless the client was closed."""
+        if self._closed:
             raise LiteRunnerError("runner is closed")
+        if self._proc is None:
+            self._restart()
+        assert self._proc is not None
         return self._proc
 
     def _handshake(self, load_timeout: float) -> dict[str, Any]:
@@ -336,17 +421,17 @@ class LiteRunner:
             while b"\n" not in self._buf:
                 self._fill(deadline, what=f"loading {self.model_path}")
         except RunnerCrashed as exc:
-            self.close()
+            self._discard()
             raise ModelLoadError(f"runner died while loading {self.model_path}: {exc}") from None
         except LiteRunnerError:
-            self.close()
+            self._discard()
             raise
         line, _, rest = bytes(self._buf).partition(b"\n")
         self._buf[:] = rest
         try:
             hello = json.loads(line)
         except ValueError:
-            self.close()
+            self._discard()
             raise RunnerCrashed(f"runner sent an invalid handshake: {line[:200]!r}") from None
         if not hello.get("ok"):
             proc = self._proc
@@ -355,9 +440,26 @@ class LiteRunner:
                     proc.wait(timeout=5.0)
                 except subprocess.TimeoutExpired:
                     self._kill(proc)
-            self.close()
-            raise _KIND_ERRORS.get(hello.get("kind", ""), ModelLoadError)(hello.get("error", "unknown error"))
+            self._discard()
+            raise self._refusal(hello)
         return hello
+
+    def _refusal(self, hello: dict[str, Any]) -> LiteRunnerError:
+        """The exception for a handshake refusal; a MindIR version refusal also names the writing MindSpore."""
+        kind = hello.get("kind", "")
+        msg = str(hello.get("error", "unknown error"))
+        error = _KIND_ERRORS.get(kind, ModelLoadError)(msg)
+        if isinstance(error, MindIRVersionError):
+            error.mind_ir_version = hello.get("mind_ir_version")
+            error.max_mind_ir_version = hello.get("max_mind_ir_version")
+            try:
+                producer = read_header(self.model_path).mindspore_version
+            except OSError:
+                producer = None
+            tag = f"MindIR v{error.mind_ir_version}"
+            if producer and msg.startswith(tag):
+                error.args = (f"{tag} written by MindSpore {producer}{msg[len(tag) :]}",)
+        return error
 
     def _send(self, frame: bytes) -> None:
         view = memoryview(frame)
@@ -374,6 +476,7 @@ class LiteRunner:
         magic, status = _U32X2.unpack_from(self._buf, self._need(8, deadline))
         if magic != MAGIC:
             self._crashed(f"bad response magic {magic:#x}")
+        self._restarts_in_a_row = 0  # this runner serves requests
         if status == STATUS_OK:
             return
         (msg_len,) = _U32.unpack_from(self._buf, self._need(4, deadline))
@@ -396,11 +499,14 @@ class LiteRunner:
         remaining = deadline - time.monotonic()
         ready = remaining > 0 and select.select([self._out], [], [], remaining)[0]
         if not ready:
-            proc = self._alive()
+            proc = self._proc
+            assert proc is not None
             self._kill(proc)
-            self.close()
+            self._discard()
+            self._last_failure = f"timeout ({self.timeout:g} s) waiting for {what}"
             raise RunnerTimeout(
-                f"runner (pid {proc.pid}) gave no answer within the timeout while waiting for {what}; killed it"
+                f"runner (pid {proc.pid}) gave no answer within the timeout while waiting for {what}; killed it "
+                "(the next request starts a new runner)"
             )
         data = os.read(self._out, 1 << 16)
         if not data:
@@ -408,7 +514,8 @@ class LiteRunner:
         self._buf += data
 
     def _crashed(self, why: str = "") -> NoReturn:
-        proc = self._alive()
+        proc = self._proc
+        assert proc is not None
         try:
             code = proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
@@ -416,13 +523,14 @@ class LiteRunner:
             code = proc.returncode
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
         tail = self._stderr_tail()
-        self.close()
+        self._discard()
+        self._last_failure = f"runner {how}{': ' + why if why else ''}"
         raise RunnerCrashed(
             f"runner (pid {proc.pid}) {how}{': ' + why if why else ''}{'; stderr: ' + tail if tail else ''}"
         )
 
     def _stderr_tail(self, lines: int = 5) -> str:
-        if self._stderr.closed:
+        if self._stderr is None or self._stderr.closed:
             return ""
         self._stderr.seek(0, os.SEEK_END)
         size = self._stderr.tell()

@@ -1,59 +1,111 @@
 """``python -m inference.play BUNDLE``: play seeded episodes of the bundle's env with MindSpore Lite.
 
 Deploy side only (NumPy, Gymnasium and the Lite runner; no MindSpore): this is how the policy behaves
-on a 310 box. Exit codes: 0 ok, 2 bad bundle or arguments, 3 runner unavailable, 4-10 runner errors.
+on a 310 box. ``--format auto`` (the default) loads the ``.mindir`` where the runner's Lite reads its
+version and the ``.ms`` otherwise. Exit codes: 0 ok, 2 bad bundle or arguments (one ``error:`` line),
+3 runner unavailable, 4-10 runner errors (see ``lite_client``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from inference.bundle import BundleError, load_bundle
+from inference.bundle import Bundle, BundleError, load_bundle
 from inference.lite_client import LiteRunner, LiteRunnerError
+from inference.sdk import FORMATS, open_runner
 
 PLAY_NOISE_STREAM = 21
+
+
+def bundle_env_id(bundle: Bundle) -> str:
+    """The env the bundle's policy acts in; a manifest without one cannot be played."""
+    env_id = bundle.manifest.get("env_id")
+    if not isinstance(env_id, str) or not env_id:
+        raise BundleError(f"{bundle.root}/manifest.json has no env_id: cannot tell which env to play")
+    return env_id
+
+
+def make_env(env_id: str) -> Any:
+    """A Gymnasium env; a missing Gymnasium or an unknown env id is a usage error (BundleError, exit 2)."""
+    try:
+        import gymnasium as gym
+    except ImportError:
+        raise BundleError("playing episodes needs Gymnasium: pip install gymnasium") from None
+    try:
+        return gym.make(env_id)
+    except Exception as exc:  # noqa: BLE001 - gymnasium raises several kinds for unknown or broken envs
+        raise BundleError(f"cannot make env {env_id!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+
+
+def mode_graph(bundle: Bundle, stochastic: bool) -> str:
+    """The graph that acts in the requested mode (the policy contract decides, see ``Bundle.mode_graph``)."""
+    mode = "stochastic" if stochastic else "deterministic"
+    graph = bundle.mode_graph(mode)
+    if graph is None:
+        raise BundleError(f"bundle {bundle.root} has no {mode} graph")
+    return graph
+
+
+def run_episodes(
+    runner: LiteRunner,
+    bundle: Bundle,
+    graph: str,
+    episodes: int,
+    seed: int,
+    stochastic: bool,
+    report: Callable[[str], None] | None = None,
+) -> list[float]:
+    """Returns of ``episodes`` seeded episodes of ``graph`` served by ``runner`` (env seeds seed, seed+1, ...;
+    host noise from a seeded stream); the graph's contract turns its outputs into env actions."""
+    env_id = bundle_env_id(bundle)
+    contract = bundle.contract(graph)
+    discrete = contract.action.is_discrete
+    rng = np.random.default_rng([seed, PLAY_NOISE_STREAM])
+    returns = []
+    for k in range(episodes):
+        env = make_env(env_id)
+        try:
+            obs, _ = env.reset(seed=seed + k)
+            total, done, nan_steps = 0.0, False, 0
+            while not done:
+                feed = np.asarray(obs, np.float32)[None]
+                nan_steps += int(np.isnan(feed).any())
+                noise = bundle.sample_noise(graph, rng, 1) if stochastic else None
+                if contract.takes_noise:
+                    action = contract.env_action(runner.infer(feed, noise))[0]
+                else:
+                    action = contract.env_action(runner.infer(feed), host_noise=noise)[0]
+                obs, reward, terminated, truncated, _ = env.step(int(action) if discrete else action)
+                total += float(reward)
+                done = terminated or truncated
+        finally:
+            env.close()
+        if report is not None:
+            flag = f"  ({nan_steps} NaN observations!)" if nan_steps else ""
+            report(f"episode {k:3d} seed {seed + k}: return {total:.2f}{flag}")
+        returns.append(total)
+    return returns
 
 
 def play(
     bundle_dir: str, episodes: int, seed: int, stochastic: bool, fmt: str, device: str, device_id: int
 ) -> list[float]:
-    import gymnasium as gym
-
+    if episodes < 1:
+        raise BundleError(f"--episodes must be >= 1, got {episodes}")
     bundle = load_bundle(bundle_dir)
+    bundle_env_id(bundle)  # refuse before starting a runner
+    graph = mode_graph(bundle, stochastic)
+    runner, loaded, why = open_runner(bundle, graph, fmt, device=device, device_id=device_id)
+    with runner:
+        returns = run_episodes(runner, bundle, graph, episodes, seed, stochastic, report=print)
     mode = "stochastic" if stochastic else "deterministic"
-    graph = bundle.mode_graph(mode)
-    if graph is None:
-        raise BundleError(f"bundle {bundle.root} has no {mode} graph")
-    contract = bundle.contract(graph)
-    rng = np.random.default_rng([seed, PLAY_NOISE_STREAM])
-    returns = []
-    with LiteRunner(bundle.file(graph, fmt), device=device, device_id=device_id) as runner:
-        for k in range(episodes):
-            env = gym.make(bundle.env_id)
-            obs, _ = env.reset(seed=seed + k)
-            total, done, nan_steps = 0.0, False, 0
-            while not done:
-                feed = [np.asarray(obs, np.float32)[None]]
-                nan_steps += int(np.isnan(feed[0]).any())
-                noise = bundle.sample_noise(graph, rng, 1) if stochastic else None
-                if contract.takes_noise:
-                    outputs = runner.infer(*feed, noise)
-                    action = contract.env_action(outputs)[0]
-                else:
-                    action = contract.env_action(runner.infer(*feed), host_noise=noise)[0]
-                discrete = contract.action.is_discrete
-                obs, reward, terminated, truncated, _ = env.step(int(action) if discrete else action)
-                total += float(reward)
-                done = terminated or truncated
-            env.close()
-            flag = f"  ({nan_steps} NaN observations!)" if nan_steps else ""
-            print(f"episode {k:3d} seed {seed + k}: return {total:.2f}{flag}")
-            returns.append(total)
     print(f"mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} over {episodes} episodes "
-          f"({'stochastic' if stochastic else 'deterministic'}, {fmt}, Lite {runner.lite_version})")  # fmt: skip
+          f"({mode}, .{loaded} on Lite {runner.lite_version}: {why})")  # fmt: skip
     return returns
 
 
@@ -63,16 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stochastic", action="store_true", help="sample actions with seeded host noise")
-    p.add_argument("--format", default="ms", choices=["ms", "mindir"], help="graph file to load in Lite")
+    p.add_argument("--format", default="auto", choices=FORMATS, help="graph file to load in Lite")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--device-id", type=int, default=0)
     args = p.parse_args(argv)
     try:
         play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, args.device, args.device_id)
-    except BundleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except LiteRunnerError as exc:
+    except (BundleError, LiteRunnerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0

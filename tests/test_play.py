@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -34,3 +35,35 @@ def test_play_refuses_tampered_bundle(cartpole_bundle, tmp_path):
     proc = play(str(copy), "--episodes", "1")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "sha256" in proc.stderr
+
+
+def _copy_with_manifest(bundle_root, tmp_path, edit):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle_root, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_play_without_env_id_is_a_one_line_usage_error(cartpole_bundle, tmp_path):
+    copy = _copy_with_manifest(cartpole_bundle.root, tmp_path, lambda m: m.pop("env_id"))
+    proc = play(str(copy), "--episodes", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "no env_id" in proc.stderr
+    assert proc.stderr.startswith("error: ")
+
+
+def test_play_refuses_zero_episodes(cartpole_bundle):
+    proc = play(str(cartpole_bundle.root), "--episodes", "0")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == "error: --episodes must be >= 1, got 0"
+
+
+def test_play_auto_format_falls_back_to_ms_for_a_newer_mindir(cartpole_bundle):
+    """Lite 2.0.0 reads MindIR <= v1 and MindSpore 2.10 writes v3: auto must say so and use the .ms."""
+    proc = play(str(cartpole_bundle.root), "--episodes", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert ".ms on Lite 2.0.0: fallback to .ms: MindIR v3, Lite 2.0.0 reads <= v1" in proc.stdout
+    forced = play(str(cartpole_bundle.root), "--episodes", "1", "--format", "mindir")
+    assert forced.returncode == 5 and "MindIR v3 written by MindSpore" in forced.stderr

@@ -1,0 +1,367 @@
+"""``python -m inference.doctor [BUNDLE]``: this box's versions next to what a bundle pins, and which pairs clash.
+
+Run it on either box. It prints Python, NumPy, Gymnasium, MindSpore (from package metadata: never imported),
+the Lite SDK the runner was built against and the MindIR versions it loads, the CANN toolkit and driver if an
+Ascend install is found, Ascend devices, and the CPU model with its SIMD level (AVX2 / AVX-512 / NEON give
+different float roundings). With a bundle, each pin of its manifest is checked against this box:
+
+* a graph is deployable if one route works: its ``.mindir`` (version <= what this Lite loads) or its ``.ms``
+  (written by a converter of the same Lite release: Lite only warns on a mismatch, then may fail to build);
+* NumPy and Gymnasium versions differing from training: a warning (seeded noise streams and env dynamics are
+  only guaranteed within one version);
+* ``--device ascend`` without CANN or a device: incompatible.
+
+Exit codes: 0 compatible (warnings allowed), 1 an incompatible pair, 2 bad input (one ``error:`` line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from inference.bundle import Bundle, BundleError, load_bundle
+from inference.mindir import read_header
+from inference.sdk import RunnerInfo, has_file, runner_info
+
+OK, WARN, INCOMPATIBLE, INFO = "ok", "warn", "incompatible", "info"
+ASCEND_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/latest")
+_LITE_VERSION = re.compile(rb"MindSpore Lite (\d+\.\d+\.\d+[0-9A-Za-z.+-]*)")
+_ARM_IMPLEMENTERS = {"0x41": "Arm", "0x48": "HiSilicon", "0x51": "Qualcomm", "0x61": "Apple", "0xc0": "Ampere"}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | incompatible | info
+    here: str
+    bundle: str
+    detail: str
+
+
+# ---- this box ------------------------------------------------------------------------------------------------
+
+
+def package_version(name: str) -> str | None:
+    """An installed distribution's version without importing it (MindSpore's import costs seconds and GBs)."""
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def parse_cpuinfo(text: str) -> tuple[str, set[str]]:
+    """CPU model and feature flags from /proc/cpuinfo text (x86 ``model name``/``flags``, Arm ``Features``)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    model = fields.get("model name") or fields.get("Hardware") or ""
+    if not model and "CPU implementer" in fields:
+        vendor = _ARM_IMPLEMENTERS.get(fields["CPU implementer"].lower(), fields["CPU implementer"])
+        model = f"{vendor} CPU part {fields.get('CPU part', '?')}"
+    return model or "unknown", flags
+
+
+def simd_level(flags: set[str], machine: str) -> str:
+    """The widest SIMD extension the kernels can use: it decides float rounding (FMA, reduction order)."""
+    if machine in ("x86_64", "AMD64", "i686"):
+        if "avx512f" in flags:
+            return "AVX-512"
+        if "avx2" in flags:
+            return "AVX2" + ("+FMA" if "fma" in flags else "")
+        if "avx" in flags:
+            return "AVX"
+        return "SSE4.2" if "sse4_2" in flags else "SSE2"
+    if machine.startswith(("aarch64", "arm")):
+        if "sve" in flags:
+            return "NEON+SVE"
+        return "NEON" if {"asimd", "neon"} & flags else "none"
+    return "unknown"
+
+
+def _key_values(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        for line in path.read_text(errors="replace").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                out[key.strip().lower()] = value.strip()
+    except OSError:
+        pass
+    return out
+
+
+def cann_info() -> dict[str, str] | None:
+    """The Ascend CANN toolkit found via ``$ASCEND_HOME_PATH``/``$ASCEND_TOOLKIT_HOME`` or the default paths."""
+    roots = [os.environ.get("ASCEND_HOME_PATH"), os.environ.get("ASCEND_TOOLKIT_HOME"), *ASCEND_ROOTS]
+    for root in filter(None, roots):
+        base = Path(root)
+        candidates = sorted(base.glob("*/ascend_toolkit_install.info")) + [base / "version.cfg"]
+        for info in candidates:
+            kv = _key_values(info)
+            version = kv.get("version") or kv.get("toolkit_running_version") or kv.get("runtime_running_version")
+            if version:
+                return {"version": version.strip("[]").split(":")[0], "path": str(info)}
+    return None
+
+
+def ascend_devices() -> list[str]:
+    return sorted(p for p in glob.glob("/dev/davinci*") if re.fullmatch(r"/dev/davinci\d+", p))
+
+
+def environment(info: RunnerInfo | None) -> dict[str, Any]:
+    try:
+        model, flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        model, flags = "unknown", set()
+    machine = platform.machine()
+    cann = cann_info()
+    driver = _key_values(Path("/usr/local/Ascend/driver/version.info")).get("version")
+    return {
+        "python": platform.python_version(),
+        "numpy": package_version("numpy"),
+        "gymnasium": package_version("gymnasium"),
+        "mindspore": package_version("mindspore"),
+        "machine": machine,
+        "cpu_model": model,
+        "simd": simd_level(flags, machine),
+        "lite": None
+        if info is None
+        else {
+            "runner": str(info.runner),
+            "lite_version": info.lite_version,
+            "lite_version_source": info.record.get("lite_version_source"),
+            "sdk": info.record.get("sdk"),
+            "max_mind_ir_version": info.max_mind_ir_version,
+            "mind_ir_rule": info.mind_ir_rule,
+        },
+        "cann": cann,
+        "ascend_driver": driver,
+        "ascend_devices": ascend_devices(),
+        "npu_smi": shutil.which("npu-smi"),
+    }
+
+
+# ---- the bundle's pins ---------------------------------------------------------------------------------------
+
+
+def ms_lite_version(path: Path) -> str | None:
+    """The converter release a .ms was written by: its flatbuffer's version string, e.g. "MindSpore Lite 2.0.0"."""
+    try:
+        found = _LITE_VERSION.search(path.read_bytes())
+    except OSError:
+        return None
+    return found.group(1).decode() if found else None
+
+
+def _minor(version: str | None) -> tuple[str, ...]:
+    return tuple((version or "").split(".")[:2])
+
+
+def _route_checks(bundle: Bundle, graph: str, info: RunnerInfo | None) -> list[Check]:
+    """The .mindir and .ms routes of one graph; a route that fails is only a warning if the other one works."""
+    lite = info.lite_version if info else None
+    here = f"Lite {lite or '?'}"
+    routes: list[Check] = []
+    if has_file(bundle, graph, "mindir"):
+        version = read_header(bundle.file(graph, "mindir")).mind_ir_version
+        loads = info.mindir_loads(version) if info else None
+        limit = "?" if info is None or info.max_mind_ir_version is None else str(info.max_mind_ir_version)
+        status = {True: OK, False: INCOMPATIBLE, None: WARN}[loads]
+        detail = {
+            True: "loads directly",
+            False: f"Lite {lite} loads MindIR <= v{limit} (mind_ir::Version_MAX)",
+            None: "cannot tell which MindIR versions this Lite loads (runner not probed)",
+        }[loads]
+        routes.append(Check(f"{graph}.mindir", status, f"{here} (MindIR <= v{limit})", f"MindIR v{version}", detail))
+    if has_file(bundle, graph, "ms"):
+        written = ms_lite_version(bundle.file(graph, "ms")) or bundle.manifest.get("exporter", {}).get("lite_sdk")
+        if lite is None or written is None:
+            status, detail = WARN, "cannot tell the Lite release on one side"
+        elif written == lite:
+            status, detail = OK, "same Lite release"
+        elif _minor(written) == _minor(lite):
+            status, detail = WARN, "same Lite minor release, different patch"
+        else:
+            status, detail = INCOMPATIBLE, "a .ms must be converted by the runtime's Lite release: re-convert it"
+        routes.append(Check(f"{graph}.ms", status, here, f"converted by Lite {written or '?'}", detail))
+    if any(c.status == OK for c in routes):
+        routes = [
+            Check(c.name, WARN, c.here, c.bundle, c.detail + "; the other route is used")
+            if c.status == INCOMPATIBLE
+            else c
+            for c in routes
+        ]
+    elif not routes:
+        routes.append(Check(graph, INCOMPATIBLE, here, "no .mindir or .ms", "nothing Lite can load"))
+    return routes
+
+
+def _version_check(name: str, here: str | None, pinned: str | None, why: str, missing: str = WARN) -> Check:
+    if pinned is None:
+        return Check(name, INFO, here or "-", "-", "not recorded by the bundle")
+    if here is None:
+        return Check(name, missing, "not installed", pinned, why)
+    if here == pinned:
+        return Check(name, OK, here, pinned, "same version")
+    return Check(name, WARN, here, pinned, why)
+
+
+def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, device: str) -> list[Check]:
+    m = bundle.manifest
+    exporter = m.get("exporter", {}) or {}
+    train = (m.get("source", {}) or {}).get("train_versions", {}) or {}
+    checks: list[Check] = []
+    if info is None:
+        checks.append(Check("lite-runner", INCOMPATIBLE, "not built", "-", "build it: bash inference/build_lite.sh"))
+    for graph in m.get("graphs") or {}:
+        checks.extend(_route_checks(bundle, graph, info))
+    checks.append(
+        _version_check(
+            "numpy",
+            env["numpy"],
+            train.get("numpy") or exporter.get("numpy"),
+            "seeded noise streams (numpy.random.Generator) are only guaranteed within one NumPy version",
+        )
+    )
+    checks.append(
+        _version_check(
+            "gymnasium",
+            env["gymnasium"],
+            train.get("gymnasium"),
+            "env dynamics and reset seeding may change between Gymnasium releases (episodes, not actions)",
+        )
+    )
+    py = exporter.get("python") or train.get("python")
+    checks.append(
+        Check("python", INFO, env["python"], py or "-", "the deploy side does not depend on the training Python")
+    )
+    ms = exporter.get("mindspore") or train.get("mindspore")
+    checks.append(
+        Check(
+            "mindspore",
+            INFO,
+            env["mindspore"] or "not installed",
+            ms or "-",
+            "not needed on the deploy side (MindIR compatibility is the Lite check above)",
+        )
+    )
+    host = (m.get("source", {}) or {}).get("train_host", {}) or {}
+    if host.get("simd"):
+        same = host["simd"] == env["simd"]
+        checks.append(
+            Check(
+                "cpu-simd",
+                OK if same else WARN,
+                env["simd"],
+                host["simd"],
+                "same SIMD level" if same else "float results may differ in the last bits; chaotic envs diverge",
+            )
+        )
+    else:
+        checks.append(
+            Check("cpu-simd", INFO, env["simd"], "-", "not recorded by the bundle; SIMD level changes float rounding")
+        )
+    checks.append(device_check(env, info, device))
+    return checks
+
+
+def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> Check:
+    if device == "cpu":
+        return Check("device", OK, f"cpu ({env['simd']})", "cpu", "CPU inference")
+    missing = []
+    if env["cann"] is None:
+        missing.append("no CANN toolkit (set ASCEND_HOME_PATH or source set_env.sh)")
+    if not env["ascend_devices"]:
+        missing.append("no /dev/davinciN device")
+    sdk_lib = Path(str((info.record if info else {}).get("sdk") or "")) if info else None
+    if sdk_lib is not None and not any(
+        sdk_lib.glob(pattern) for pattern in ("lib/libascend_kernel_plugin*.so", "runtime/lib/libascend_kernel_plugin*")
+    ):
+        missing.append("the runner's Lite SDK has no Ascend plugin")
+    here = f"CANN {env['cann']['version']}" if env["cann"] else "no CANN"
+    here += f", {len(env['ascend_devices'])} device(s)"
+    return Check("device", INCOMPATIBLE if missing else OK, here, "ascend", "; ".join(missing) or "Ascend available")
+
+
+# ---- output ------------------------------------------------------------------------------------------------
+
+
+def render(env: dict[str, Any], checks: list[Check], bundle: Bundle | None) -> str:
+    lite = env["lite"] or {}
+    rows = [
+        ("python", env["python"]),
+        ("numpy", env["numpy"] or "not installed"),
+        ("gymnasium", env["gymnasium"] or "not installed"),
+        ("mindspore", env["mindspore"] or "not installed (not needed here)"),
+        ("cpu", f"{env['cpu_model']} ({env['machine']}, {env['simd']})"),
+        (
+            "lite runner",
+            f"{lite['runner']}: Lite {lite['lite_version']} (version from {lite.get('lite_version_source') or '?'}), "
+            f"loads MindIR <= v{lite['max_mind_ir_version'] if lite['max_mind_ir_version'] is not None else '?'}"
+            if lite
+            else "not built (bash inference/build_lite.sh)",
+        ),
+        ("cann", f"{env['cann']['version']} ({env['cann']['path']})" if env["cann"] else "not found"),
+        ("ascend", f"{len(env['ascend_devices'])} device(s), driver {env['ascend_driver'] or '?'}"),
+    ]
+    lines = ["environment"] + [f"  {k:<12} {v}" for k, v in rows]
+    if checks:
+        lines += ["", f"checks{f' against {bundle.root}' if bundle else ''}"]
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            lines.append(f"  {c.status:<12} {c.name:<{width}}  here {c.here} | bundle {c.bundle} | {c.detail}")
+        bad = [c.name for c in checks if c.status == INCOMPATIBLE]
+        lines += ["", f"incompatible: {', '.join(bad)}" if bad else "compatible"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m inference.doctor", description=__doc__.splitlines()[0])
+    p.add_argument("bundle", nargs="?", help="exported bundle directory to check against this box")
+    p.add_argument("--runner", help="Lite runner binary (default: $MSRL_LITE_RUNNER or the built one)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = p.parse_args(argv)
+    try:
+        if args.runner and not Path(args.runner).is_file():
+            raise BundleError(f"--runner {args.runner} does not exist")
+        if args.bundle and not Path(args.bundle).exists():
+            raise BundleError(f"bundle {args.bundle} does not exist")
+        bundle = load_bundle(args.bundle) if args.bundle else None
+        info = runner_info(args.runner)
+        env = environment(info)
+        checks = bundle_checks(bundle, env, info, args.device) if bundle else []
+        if not bundle and args.device != "cpu":
+            checks.append(device_check(env, info, args.device))
+    except BundleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    incompatible = any(c.status == INCOMPATIBLE for c in checks)
+    if args.json:
+        out = {
+            "environment": env,
+            "bundle": str(bundle.root) if bundle else None,
+            "checks": [asdict(c) for c in checks],
+            "compatible": not incompatible,
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        print(render(env, checks, bundle))
+    return 1 if incompatible else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+// msrl-lite-runner: a long-lived MindSpore Lite inference server speaking a small binary protocol on
+// stdin/stdout, so a NumPy-only Python client can step an environment without importing any framework.
+//
+// Why a separate process: Lite 2.0.0 and MindSpore 2.10 both ship libmindspore_core.so and clash when
+// loaded into one process, and a Lite graph can hang inside Predict; a child process can be timed out and
+// killed. Protocol (little-endian) and handshake are documented in inference/lite_client.py.
+//
+// Files by job: protocol.* (framing, dtypes), json.* (handshake JSON), lite_log.* (Lite log scraping),
+// errors.* (handshake failure kinds), mindir_probe.* (which MindIR versions this Lite reads), pinning.*
+// (CPU pinning), server.* (request loop), request_hook_*.cc (none in the shipped binary; faults in the test one).
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "errors.h"
+#include "include/api/context.h"
+#include "include/api/model.h"
+#include "include/api/status.h"
+#include "include/api/types.h"
+#include "json.h"
+#include "lite_log.h"
+#include "mindir_probe.h"
+#include "protocol.h"
+#include "request_hook.h"
+#include "server.h"
+
+#ifndef MSRL_LITE_VERSION
+#define MSRL_LITE_VERSION "unknown"  // build_lite.sh passes the version it read from the SDK
+#endif
+
+namespace {
+
+using msrl::FailHandshake;
+using msrl::JsonStr;
+
+constexpr uint64_t kDefaultMaxRows = 65536;
+
+// The SDK's version: what the library reports if it reports anything (the PyPI 2.0.0 wheel's runtime returns
+// an empty string), else what build_lite.sh read from the SDK's files.
+std::string LiteVersion(std::string *source) {
+  std::string v = mindspore::Version();  // e.g. "MindSpore Lite 2.3.1"; keep the number
+  const size_t sp = v.rfind(' ');
+  v = sp == std::string::npos ? v : v.substr(sp + 1);
+  *source = v.empty() ? "build" : "library";
+  return v.empty() ? MSRL_LITE_VERSION : v;
+}
+
+struct Args {
+  std::string model;
+  std::string device = "cpu";
+  uint32_t device_id = 0;
+  int threads = 1;
+  uint64_t max_rows = kDefaultMaxRows;
+  bool info = false;
+};
+
+Args ParseArgs(int argc, char **argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--info") {
+      a.info = true;
+      continue;
+    }
+    if (i + 1 >= argc) FailHandshake(msrl::kExitArgs, "args", "missing value for '" + k + "'");
+    std::string v = argv[++i];
+    char *end = nullptr;
+    if (k == "--model") {
+      a.model = v;
+    } else if (k == "--device") {
+      if (v != "cpu" && v != "ascend") FailHandshake(msrl::kExitArgs, "args", "--device must be cpu or ascend");
+      a.device = v;
+    } else if (k == "--device-id") {
+      a.device_id = static_cast<uint32_t>(std::strtoul(v.c_str(), &end, 10));
+      if (v.empty() || *end) FailHandshake(msrl::kExitArgs, "args", "--device-id must be an integer");
+    } else if (k == "--threads") {
+      a.threads = static_cast<int>(std::strtol(v.c_str(), &end, 10));
+      if (v.empty() || *end || a.threads < 1) {
+        FailHandshake(msrl::kExitArgs, "args", "--threads must be a positive integer");
+      }
+    } else if (k == "--max-rows") {
+      const long long rows = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end || rows < 1) FailHandshake(msrl::kExitArgs, "args", "--max-rows must be a positive integer");
+      a.max_rows = static_cast<uint64_t>(rows);
+    } else {
+      FailHandshake(msrl::kExitArgs, "args", "unknown argument '" + k + "'");
+    }
+  }
+  if (a.model.empty() && !a.info) {
+    FailHandshake(msrl::kExitArgs, "args",
+                  "usage: msrl-lite-runner --model PATH [--device cpu|ascend] [--device-id N] [--threads N] "
+                  "[--max-rows N] | --info");
+  }
+  return a;
+}
+
+bool EndsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::unique_ptr<mindspore::Model> Load(const Args &a, const std::string &lite_version) {
+  mindspore::ModelType type;
+  if (EndsWith(a.model, ".ms")) {
+    type = mindspore::kMindIR_Lite;
+  } else if (EndsWith(a.model, ".mindir")) {
+    type = mindspore::kMindIR;
+  } else {
+    FailHandshake(msrl::kExitArgs, "args", "model must end in .ms (MindSpore Lite) or .mindir: '" + a.model + "'");
+  }
+  if (!std::ifstream(a.model, std::ios::binary).good()) {
+    FailHandshake(msrl::kExitMissing, "missing", "model file not found or unreadable: '" + a.model + "'");
+  }
+
+  auto ctx = std::make_shared<mindspore::Context>();
+  ctx->SetThreadNum(a.threads);
+  if (a.device == "ascend") {
+    auto info = std::make_shared<mindspore::AscendDeviceInfo>();
+    info->SetDeviceID(a.device_id);
+    ctx->MutableDeviceInfo().push_back(info);
+  } else {
+    auto info = std::make_shared<mindspore::CPUDeviceInfo>();
+    info->SetEnableFP16(false);
+    ctx->MutableDeviceInfo().push_back(info);
+  }
+
+  auto model = std::make_unique<mindspore::Model>();
+  msrl::StderrCapture capture;
+  mindspore::Status st = model->Build(a.model, type, ctx);
+  const std::string log = capture.Release();
+  if (st.IsOk()) return model;
+  FailHandshake(msrl::ClassifyLoadFailure(log, st, a.model, a.device, a.device_id, lite_version));
+}
+
+// --info: one JSON line about this build (the Lite version and the MindIR versions it reads), then exit 0.
+int Info(const std::string &lite_version, const std::string &source) {
+  std::string detail;
+  const int64_t max_v = msrl::ProbeMaxMindIRVersion(&detail);
+  const std::string line = "{\"lite_version\": " + JsonStr(lite_version) + ", \"lite_version_source\": " +
+                           JsonStr(source) + ", \"max_mind_ir_version\": " +
+                           (max_v >= 0 ? std::to_string(max_v) : "null") + ", \"mind_ir_probe\": " + JsonStr(detail) +
+                           ", \"max_rows_default\": " + std::to_string(kDefaultMaxRows) + "}\n";
+  return msrl::WriteAll(msrl::ProtocolFd(), line.data(), line.size()) ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  // Load failures are classified from Lite's ERROR log lines, so GLOG_v must not silence them. Lite reads
+  // GLOG_v during static initialisation, hence the re-exec instead of a plain setenv.
+  if (const char *v = std::getenv("GLOG_v"); v != nullptr && std::atoi(v) > 3) {
+    setenv("GLOG_v", "3", 1);
+    execv("/proc/self/exe", argv);
+  }
+
+  // stdout is the protocol channel: keep a private handle to it and point fd 1 at stderr, so any printf or
+  // log line from the libraries lands in the diagnostics stream instead of corrupting frames.
+  std::fflush(stdout);
+  msrl::SetProtocolFd(dup(STDOUT_FILENO));
+  dup2(STDERR_FILENO, STDOUT_FILENO);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  const Args args = ParseArgs(argc, argv);
+  std::string version_source;
+  const std::string lite_version = LiteVersion(&version_source);
+  if (args.info) _exit(Info(lite_version, version_source));
+  std::unique_ptr<mindspore::Model> model = Load(args, lite_version);
+
+  const auto inputs = model->GetInputs();
+  const auto outputs = model->GetOutputs();
+  for (const auto *group : {&inputs, &outputs}) {
+    for (const auto &t : *group) {
+      if (msrl::DtypeCode(t.DataType()) < 0) {
+        FailHandshake(msrl::kExitLoad, "load",
+                      "tensor '" + t.Name() + "' has Lite dtype " + std::to_string(static_cast<int>(t.DataType())) +
+                          ", which the runner protocol does not carry");
+      }
+    }
+  }
+  const std::string hello = "{\"ok\": true, \"lite_version\": " + JsonStr(lite_version) +
+                            ", \"model\": " + JsonStr(args.model) + ", \"device\": " + JsonStr(args.device) +
+                            ", \"max_rows\": " + std::to_string(args.max_rows) +
+                            ", \"inputs\": " + msrl::TensorsJson(inputs) +
+                            ", \"outputs\": " + msrl::TensorsJson(outputs) + "}\n";
+  if (!msrl::WriteAll(msrl::ProtocolFd(), hello.data(), hello.size())) return 0;
+
+  // MSRL_LITE_RUNNER_FOLLOW=0 leaves Lite's thread wherever the scheduler puts it (see pinning.h).
+  const char *follow_env = std::getenv("MSRL_LITE_RUNNER_FOLLOW");
+  msrl::ServerOptions options;
+  options.follow = args.device == "cpu" && args.threads == 1 && !(follow_env && std::atoi(follow_env) == 0);
+  options.max_rows = args.max_rows;
+  options.hook = msrl::MakeRequestHook();
+  msrl::Server server(model.get(), STDIN_FILENO, msrl::ProtocolFd(), options);
+  const int rc = server.Run();
+  // Skip static destructors of the Lite libraries: nothing to flush and their teardown is not needed.
+  std::fflush(stderr);
+  _exit(rc);
+}

@@ -1,0 +1,41 @@
+// Test binary only: MSRL_LITE_RUNNER_FAULT = hang | crash | hang:ROWS | crash:ROWS (the :ROWS forms fire only on
+// requests of exactly ROWS rows, so a test can send one bad request among good ones).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "request_hook.h"
+
+namespace msrl {
+
+namespace {
+
+enum class Fault { kNone, kHang, kCrash };
+Fault g_fault = Fault::kNone;
+int64_t g_rows = -1;  // -1: every request
+
+void Inject(uint64_t rows) {
+  if (g_fault == Fault::kNone || (g_rows >= 0 && rows != static_cast<uint64_t>(g_rows))) return;
+  if (g_fault == Fault::kHang) {
+    for (;;) pause();
+  }
+  std::abort();
+}
+
+}  // namespace
+
+RequestHook MakeRequestHook() {
+  const char *spec = std::getenv("MSRL_LITE_RUNNER_FAULT");
+  if (spec == nullptr || *spec == '\0') return Inject;
+  const std::string s = spec;
+  const std::string kind = s.substr(0, s.find(':'));
+  if (kind == "hang") g_fault = Fault::kHang;
+  if (kind == "crash") g_fault = Fault::kCrash;
+  if (s.find(':') != std::string::npos) g_rows = std::atoll(s.c_str() + s.find(':') + 1);
+  return Inject;
+}
+
+}  // namespace msrl

@@ -1,0 +1,54 @@
+// The request loop: reads infer/ping/quit frames, validates feeds against the model's inputs, runs Predict
+// and writes the response frame.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "include/api/model.h"
+#include "pinning.h"
+#include "protocol.h"
+#include "request_hook.h"
+
+namespace msrl {
+
+struct ServerOptions {
+  bool follow = false;     // pin Lite's worker thread to the serving thread's CPU (pinning.h)
+  uint64_t max_rows = 0;   // largest batch (first dimension) a request may carry; refused beyond it
+  RequestHook hook = nullptr;
+};
+
+class Server {
+ public:
+  Server(mindspore::Model *model, int in_fd, int out_fd, const ServerOptions &options);
+  // Serves until quit/EOF (returns 0) or until the stream cannot be trusted (returns kExitProtocol).
+  int Run();
+
+ private:
+  struct Feed {
+    uint32_t dtype = 0;
+    std::vector<int64_t> dims;
+    uint64_t nbytes = 0;
+    std::vector<uint8_t> data;
+  };
+
+  int Desync(const std::string &msg);
+  void Error(uint32_t status, const std::string &msg);
+  bool Infer();
+  std::string Validate(uint32_t n) const;
+  std::string Predict(uint32_t n);
+  void ReleaseLargeBuffers(uint32_t n);
+
+  mindspore::Model *model_;
+  Reader in_;
+  int out_fd_;
+  Writer out_;
+  ServerOptions options_;
+  std::vector<mindspore::MSTensor> inputs_, outputs_;
+  std::vector<std::vector<int64_t>> declared_, current_;
+  std::vector<Feed> feeds_;
+  ThreadFollower follower_;
+};
+
+}  // namespace msrl

@@ -1,0 +1,118 @@
+"""What the Lite runner was built against, and which bundle file it should load.
+
+``build_lite.sh`` writes ``msrl-lite-runner.json`` next to the runner: the SDK's version (read from the SDK's
+own files), and the highest MindIR version that SDK loads, asked of Lite itself (``msrl-lite-runner --info``
+hands Lite a header-only MindIR of version 2^31-1; Lite's refusal names ``mind_ir::Version_MAX``, and it
+loads exactly the versions 0..max). When the runner was cross-compiled that probe could not run at build
+time, so it runs here on first use. With that, ``auto`` picks the ``.mindir`` where this Lite reads it
+(a matched box) and the ``.ms`` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inference.bundle import Bundle, BundleError
+from inference.lite_client import RUNNER_NAME, LiteRunner, MindIRVersionError, runner_path
+from inference.mindir import read_header
+
+INFO_FILE = RUNNER_NAME + ".json"
+FORMATS = ("auto", "ms", "mindir")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """The runner binary and the facts about the SDK it was built against (None: not known)."""
+
+    runner: Path
+    lite_version: str | None
+    max_mind_ir_version: int | None
+    mind_ir_rule: str
+    record: dict[str, Any] = field(default_factory=dict)  # msrl-lite-runner.json as written by build_lite.sh
+
+    def mindir_loads(self, version: int | None) -> bool | None:
+        """Whether this Lite loads a MindIR of ``version`` (None: cannot tell)."""
+        if version is None or self.max_mind_ir_version is None:
+            return None
+        return 0 <= version <= self.max_mind_ir_version
+
+
+def probe(runner: Path, timeout: float = 60.0) -> dict[str, Any]:
+    """``runner --info``: the Lite version and Version_MAX as the linked Lite reports them ({} if it cannot run)."""
+    try:
+        proc = subprocess.run([str(runner), "--info"], capture_output=True, timeout=timeout, check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return {}
+
+
+def runner_info(runner: str | Path | None = None) -> RunnerInfo | None:
+    """Facts about ``runner`` (default: the one ``LiteRunner`` would start); None if there is no runner."""
+    path = Path(runner) if runner is not None else runner_path()
+    if not path.is_file():
+        return None
+    record: dict[str, Any] = {}
+    info_file = path.parent / INFO_FILE
+    if info_file.is_file():
+        try:
+            record = json.loads(info_file.read_text())
+        except (OSError, ValueError):
+            record = {}
+    version = record.get("lite_version")
+    max_v = record.get("max_mind_ir_version")
+    rule = str(record.get("mind_ir_rule", ""))
+    if version is None or max_v is None:
+        probed = probe(path)
+        version = version or probed.get("lite_version")
+        if max_v is None and probed.get("max_mind_ir_version") is not None:
+            max_v = probed["max_mind_ir_version"]
+            rule = "probe at run time: " + str(probed.get("mind_ir_probe", ""))
+    return RunnerInfo(path, version, max_v if isinstance(max_v, int) else None, rule or "unknown", record)
+
+
+def has_file(bundle: Bundle, graph: str, fmt: str) -> bool:
+    entry = bundle.manifest.get("graphs", {}).get(graph, {}).get("files", {}).get(fmt) or {}
+    return "file" in entry
+
+
+def choose_format(bundle: Bundle, graph: str, fmt: str, info: RunnerInfo | None) -> tuple[str, str]:
+    """The bundle file format to load and why: ``auto`` takes the .mindir where this Lite reads its version."""
+    if fmt not in FORMATS:
+        raise BundleError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+    if fmt != "auto":
+        return fmt, "requested"
+    if has_file(bundle, graph, "mindir"):
+        version = read_header(bundle.file(graph, "mindir")).mind_ir_version
+        loads = info.mindir_loads(version) if info is not None else None
+        lite = f"Lite {info.lite_version}" if info is not None else "this Lite"
+        limit = f"reads <= v{info.max_mind_ir_version}" if info and info.max_mind_ir_version is not None else ""
+        if loads:
+            return "mindir", f"MindIR v{version} loads directly in {lite} ({limit})"
+        if has_file(bundle, graph, "ms"):
+            why = f"{lite} {limit}" if loads is False else f"cannot tell whether {lite} reads it"
+            return "ms", f"fallback to .ms: MindIR v{version}, {why}"
+        return "mindir", f"no .ms in the bundle; trying MindIR v{version}"
+    if has_file(bundle, graph, "ms"):
+        return "ms", "the bundle has no .mindir"
+    raise BundleError(f"bundle {bundle.root}: {graph} has neither a .mindir nor a .ms file")
+
+
+def open_runner(bundle: Bundle, graph: str, fmt: str = "auto", **kwargs: Any) -> tuple[LiteRunner, str, str]:
+    """A started runner for ``graph`` plus the format it loaded and why; an ``auto`` .mindir that Lite refuses
+    after all falls back to the .ms."""
+    info = runner_info(kwargs.get("runner"))
+    chosen, why = choose_format(bundle, graph, fmt, info)
+    try:
+        return LiteRunner(bundle.file(graph, chosen), **kwargs), chosen, why
+    except MindIRVersionError as exc:
+        if fmt != "auto" or chosen != "mindir" or not has_file(bundle, graph, "ms"):
+            raise
+        log.warning("falling back to the .ms: %s", exc)
+        return LiteRunner(bundle.file(graph, "ms"), **kwargs), "ms", f"fallback to .ms: {exc}"

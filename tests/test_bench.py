@@ -1,0 +1,108 @@
+"""inference.bench: the table and JSON it writes, the soak's drift detection, and its argument errors.
+
+Timings are only checked for shape (percentiles ordered, rates positive), never against a bound.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from inference.bench import soak
+from inference.lite_client import TensorMeta, runner_available
+
+pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; sys.modules['mindspore'] = None\nfrom inference.bench import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_bench_writes_table_and_json(cartpole_bundle, tmp_path):
+    out = tmp_path / "b" / "bench.json"
+    proc = bench(str(cartpole_bundle.root), "--batch", "1,4,32", "--loops", "40", "--warmup", "3", "--soak",
+                 "600", "--soak-inputs", "7", "--episodes", "2", "--seed", "5", "--json", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["lite_version"] == "2.0.0" and result["lite_sdk"]["max_mind_ir_version"] == 1
+    assert result["format"] == "ms" and "MindIR v3" in result["format_reason"]
+    assert [r["batch"] for r in result["batches"]] == [1, 4, 32]
+    for row in result["batches"]:
+        assert 0 < row["p50_us"] <= row["p99_us"] <= row["p99.9_us"] and row["obs_per_s"] > 0
+        assert row["per_obs_p50_us"] == pytest.approx(row["p50_us"] / row["batch"])
+    s = result["soak"]
+    assert s["requests"] == 600 and s["drifted_requests"] == 0 and s["runner_restarts"] == 0
+    assert len(s["rss_samples"]) == 51 and s["rss_mb_start"] > 0 and s["rss_mb_max"] >= s["rss_mb_end"]
+    assert "| batch | p50 µs | p99 µs | p99.9 µs | per obs p50 µs | obs/s |" in proc.stdout
+    assert "bitwise drift: 0 requests" in proc.stdout
+    # The task figure is play's episodes, seed for seed.
+    play = subprocess.run([sys.executable, "-m", "inference.play", str(cartpole_bundle.root), "--episodes", "2",
+                           "--seed", "5"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    returns = [float(line.split("return ")[1]) for line in play.stdout.splitlines() if line.startswith("episode")]
+    assert result["episodes"]["returns"] == returns and result["episodes"]["mean_return"] == np.mean(returns)
+
+
+def test_bench_stochastic_graph(cartpole_bundle, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = bench(str(cartpole_bundle.root), "--graph", "policy_sample", "--batch", "2", "--loops", "5",
+                 "--episodes", "0", "--json", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["graph"] == "policy_sample" and "episodes" not in result and "soak" not in result
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "0"], "--batch sizes must be within 1-65536"),
+        (["--batch", "1,x"], "--batch must be comma-separated integers"),
+        (["--loops", "0"], "--loops must be >= 1"),
+        (["--soak", "-5"], "--soak must be >= 0"),
+        (["--graph", "nope"], "bundle"),
+    ],
+)
+def test_bench_bad_arguments(cartpole_bundle, tmp_path, args, message):
+    proc = bench(str(cartpole_bundle.root), *args, "--json", str(tmp_path / "x.json"))
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {message}")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_bench_missing_bundle(tmp_path):
+    proc = bench(str(tmp_path / "nope"))
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: bundle {tmp_path / 'nope'} does not exist"
+
+
+class _DriftingRunner:
+    """Answers like a runner, except that one request gets an answer one ulp off."""
+
+    inputs = [TensorMeta("obs", np.dtype(np.float32), (-1, 4))]
+    pid = None
+    restarts = 0
+
+    def __init__(self, drift_at: int) -> None:
+        self.calls, self.drift_at = 0, drift_at
+
+    def infer(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        self.calls += 1
+        logits = obs[:, :2] * 2
+        if self.calls == self.drift_at:
+            logits = np.nextafter(logits, np.inf, dtype=np.float32)
+        return {"logits": logits}
+
+
+def test_soak_detects_bitwise_drift():
+    contract = SimpleNamespace(takes_noise=False)
+    bundle = SimpleNamespace(manifest={}, contract=lambda graph: contract)
+    clean = soak(bundle, "policy", _DriftingRunner(drift_at=-1), requests=50, distinct=5, seed=0)
+    assert clean["drifted_requests"] == 0 and clean["drift_max_abs"] == 0
+    drifted = soak(bundle, "policy", _DriftingRunner(drift_at=23), requests=50, distinct=5, seed=0)
+    assert drifted["drifted_requests"] == 1 and 0 < drifted["drift_max_abs"] < 1e-6
+    first = soak(bundle, "policy", _DriftingRunner(drift_at=3), requests=50, distinct=5, seed=0)  # first answer off
+    assert first["drifted_requests"] == 9  # every later repeat of that input differs from it

@@ -1,0 +1,73 @@
+"""The deploy side on its own: a fresh venv, ``pip install ./inference``, the runner built into that venv
+against the Lite SDK, then doctor, bench and play, with no MindSpore anywhere in that environment.
+
+Nothing here skips: a venv that cannot be built (no network and no pip cache, a broken pyproject) fails the
+test with pip's reason. pip may use its cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# What `pip install ./inference` may bring, besides pip/setuptools that come with the venv itself.
+DEPLOY_PACKAGES = {"msrl-consistency-deploy", "numpy", "gymnasium", "cloudpickle", "farama-notifications",
+                   "typing-extensions"}  # fmt: skip
+VENV_OWN = {"pip", "setuptools", "wheel"}
+
+
+def _run(cmd: list[str], what: str, cwd: Path, env: dict[str, str], timeout: float = 600):
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}\n{proc.stdout[-2000:]}"
+    return proc
+
+
+def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, tmp_path: Path) -> None:
+    # The source is copied so pip's in-tree build leaves nothing in the checkout.
+    src = tmp_path / "src" / "inference"
+    shutil.copytree(REPO / "inference", src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MSRL_LITE", "PYTHON", "VIRTUAL_ENV"))}
+    env["GLOG_v"] = "3"
+    work = tmp_path / "work"  # cwd without the checkout, so only the installed package can be imported
+    work.mkdir()
+
+    _run([sys.executable, "-m", "venv", str(venv)], "python -m venv", work, env, timeout=300)
+    py = str(venv / "bin" / "python")
+    _run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", str(src)], "pip install", work, env)
+
+    listed = json.loads(_run([py, "-m", "pip", "list", "--format", "json"], "pip list", work, env).stdout)
+    names = {p["name"].lower().replace("_", "-") for p in listed}
+    assert names - VENV_OWN == DEPLOY_PACKAGES, names
+    blocked = subprocess.run([py, "-c", "import mindspore"], capture_output=True, text=True, cwd=work, env=env)
+    assert blocked.returncode != 0 and "No module named 'mindspore'" in blocked.stderr
+    where = _run([py, "-c", "import inference; print(inference.__file__)"], "import", work, env).stdout
+    assert str(venv) in where
+
+    # One command builds the runner into the venv's bin, where LiteRunner finds it without MSRL_LITE_RUNNER.
+    build = [py, "-m", "inference.build_runner", "--sdk", str(REPO / ".lite" / "sdk"), "--runner-only"]
+    _run(build, "build_runner", work, env)
+    assert (venv / "bin" / "msrl-lite-runner").is_file() and (venv / "bin" / "msrl-lite-runner.json").is_file()
+
+    doctor = _run([str(venv / "bin" / "msrl-doctor"), str(cartpole_bundle.root), "--json"], "doctor", work, env)
+    report = json.loads(doctor.stdout)
+    assert report["compatible"] and report["environment"]["mindspore"] is None
+    assert report["environment"]["lite"]["runner"] == str(venv / "bin" / "msrl-lite-runner")
+    assert report["environment"]["lite"]["lite_version"] == "2.0.0"
+
+    out = work / "bench.json"
+    bench = [py, "-m", "inference.bench", str(cartpole_bundle.root), "--batch", "1,16", "--loops", "20",
+             "--warmup", "2", "--soak", "300", "--episodes", "1", "--json", str(out)]  # fmt: skip
+    _run(bench, "bench", work, env)
+    result = json.loads(out.read_text())
+    assert result["lite_version"] == "2.0.0" and result["lite_sdk"]["lite_version"] == "2.0.0"
+    assert result["soak"]["drifted_requests"] == 0 and [b["batch"] for b in result["batches"]] == [1, 16]
+
+    play = _run([py, "-m", "inference.play", str(cartpole_bundle.root), "--episodes", "1"], "play", work, env)
+    assert "mean return" in play.stdout and "Lite 2.0.0" in play.stdout
+    assert float(play.stdout.split("return ")[1].split()[0]) == result["episodes"]["returns"][0]

@@ -1,0 +1,143 @@
+"""inference.doctor: this box against a bundle's pins; exit 0 compatible, 1 an incompatible pair, 2 bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inference.bundle import sha256_file
+from inference.doctor import INCOMPATIBLE, OK, device_check, parse_cpuinfo, simd_level
+from inference.lite_client import runner_available
+
+pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
+
+
+def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # MindSpore is made unimportable: the doctor reads its version from package metadata only.
+    code = (
+        "import sys; sys.modules['mindspore'] = None\n"
+        "from inference.doctor import main\nsys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def _copy(bundle_root: Path, tmp_path: Path, edit=None) -> Path:
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle_root, copy)
+    if edit is not None:
+        manifest = json.loads((copy / "manifest.json").read_text())
+        edit(manifest, copy)
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def _by_name(report: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_genuine_bundle_is_compatible_through_the_ms_route(cartpole_bundle):
+    proc = doctor(str(cartpole_bundle.root), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    checks = _by_name(report)
+    assert report["compatible"] and report["environment"]["lite"]["max_mind_ir_version"] == 1
+    assert checks["policy.ms"]["status"] == OK and checks["policy_sample.ms"]["status"] == OK
+    # MindSpore 2.10 writes MindIR v3; Lite 2.0.0 loads <= v1: a warning only, because the .ms route works.
+    assert checks["policy.mindir"]["status"] == "warn" and "other route is used" in checks["policy.mindir"]["detail"]
+    assert checks["policy.mindir"]["bundle"] == "MindIR v3"
+    assert report["environment"]["mindspore"] == cartpole_bundle.manifest["exporter"]["mindspore"]
+    table = doctor(str(cartpole_bundle.root))
+    assert table.returncode == 0 and table.stdout.rstrip().endswith("compatible")
+
+
+def test_mindir_too_new_and_no_ms_is_incompatible(cartpole_bundle, tmp_path):
+    def drop_ms(m, copy):
+        for graph in m["graphs"].values():
+            graph["files"]["ms"] = {"skipped": "removed for the test"}
+            (copy / f"{graph['files']['mindir']['file'].rsplit('.', 1)[0]}.ms").unlink()
+
+    proc = doctor(str(_copy(cartpole_bundle.root, tmp_path, drop_ms)))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().splitlines()[-1] == "incompatible: policy.mindir, policy_sample.mindir"
+    assert "Lite 2.0.0 loads MindIR <= v1" in proc.stdout
+
+
+def test_ms_from_another_lite_release_is_incompatible(cartpole_bundle, tmp_path):
+    """A .ms records its converter's release; one from Lite 1.9 cannot back up a MindIR Lite 2.0 refuses."""
+
+    def older_converter(m, copy):
+        for graph in m["graphs"].values():
+            entry = graph["files"]["ms"]
+            path = copy / entry["file"]
+            data = path.read_bytes()
+            assert b"MindSpore Lite 2.0.0" in data
+            path.write_bytes(data.replace(b"MindSpore Lite 2.0.0", b"MindSpore Lite 1.9.0"))
+            entry["sha256"] = sha256_file(path)
+
+    proc = doctor(str(_copy(cartpole_bundle.root, tmp_path, older_converter)), "--json")
+    assert proc.returncode == 1, proc.stderr
+    checks = _by_name(json.loads(proc.stdout))
+    assert checks["policy.ms"]["status"] == INCOMPATIBLE and checks["policy.ms"]["bundle"] == "converted by Lite 1.9.0"
+    assert checks["policy.mindir"]["status"] == INCOMPATIBLE
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "tampered", "runner"])
+def test_bad_input_exits_2_with_one_line(cartpole_bundle, tmp_path, case):
+    args = [str(tmp_path / "nope")]
+    if case == "corrupt":
+        copy = _copy(cartpole_bundle.root, tmp_path)
+        (copy / "manifest.json").write_text("{not json")
+        args = [str(copy)]
+    elif case == "tampered":
+        copy = _copy(cartpole_bundle.root, tmp_path)
+        (copy / "policy.ms").write_bytes(b"\0" * 64)
+        args = [str(copy)]
+    elif case == "runner":
+        args = [str(cartpole_bundle.root), "--runner", str(tmp_path / "no-runner")]
+    proc = doctor(*args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cann_toolkit_is_read_from_its_install_info(tmp_path):
+    latest = tmp_path / "ascend-toolkit" / "latest"
+    (latest / "x86_64-linux").mkdir(parents=True)
+    (latest / "x86_64-linux" / "ascend_toolkit_install.info").write_text(
+        "package_name=Ascend-cann-toolkit\nversion=7.0.RC1\narch=x86_64\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "ASCEND_HOME_PATH": str(latest)}
+    proc = doctor("--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["environment"]["cann"]["version"] == "7.0.RC1"
+    assert "cann         7.0.RC1" in doctor(env=env).stdout
+
+
+def test_ascend_device_pair():
+    env = {"simd": "NEON", "cann": None, "ascend_devices": []}
+    check = device_check(env, None, "ascend")
+    assert check.status == INCOMPATIBLE and "no CANN toolkit" in check.detail and "no /dev/davinciN" in check.detail
+    env = {"simd": "NEON", "cann": {"version": "8.0.0", "path": "x"}, "ascend_devices": ["/dev/davinci0"]}
+    assert device_check(env, None, "ascend").status == OK
+    assert device_check({"simd": "AVX2", "cann": None, "ascend_devices": []}, None, "cpu").status == OK
+
+
+X86 = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Gold 6248\nflags\t\t: fpu sse2 sse4_2 avx avx2 fma avx512f\n"
+KUNPENG = (
+    "processor\t: 0\nBogoMIPS\t: 200.00\nFeatures\t: fp asimd evtstrm aes crc32\n"
+    "CPU implementer\t: 0x48\nCPU part\t: 0xd01\n"
+)
+
+
+def test_cpu_model_and_simd_level_from_cpuinfo():
+    model, flags = parse_cpuinfo(X86)
+    assert model == "Intel(R) Xeon(R) Gold 6248" and simd_level(flags, "x86_64") == "AVX-512"
+    assert simd_level(flags - {"avx512f"}, "x86_64") == "AVX2+FMA"
+    assert simd_level({"sse2"}, "x86_64") == "SSE2"
+    model, flags = parse_cpuinfo(KUNPENG)
+    assert model == "HiSilicon CPU part 0xd01" and simd_level(flags, "aarch64") == "NEON"
+    assert simd_level(flags | {"sve"}, "aarch64") == "NEON+SVE"
