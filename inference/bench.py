@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, BundleError, load_bundle
+from inference.contract import ContractError
 from inference.lite_client import DEFAULT_MAX_ROWS, LiteRunner, LiteRunnerError
 from inference.play import mode_graph, run_episodes
 from inference.sdk import FORMATS, open_runner, runner_info
+from inference.tensors import FeedError
 
 SCHEMA = "msrl-consistency/bench"
 DEFAULT_BATCHES = "1,8,64,256,1024"
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    except (BundleError, LiteRunnerError) as exc:
+    except (BundleError, ContractError, FeedError, LiteRunnerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:

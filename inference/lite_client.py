@@ -37,11 +37,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any, NamedTuple, NoReturn
+from typing import IO, Any, NoReturn
 
 import numpy as np
 
 from inference.mindir import read_header
+from inference.tensors import FeedError, TensorMeta
 
 MAGIC = 0x4D534C52
 OP_INFER, OP_PING, OP_QUIT = 1, 2, 3
@@ -98,12 +99,6 @@ class DeviceUnavailable(LiteRunnerError):
     exit_code = 6
 
 
-class FeedError(LiteRunnerError, ValueError):
-    """Inputs do not match the model's inputs (count, dtype, rank, fixed dims)."""
-
-    exit_code = 7
-
-
 class RunnerTimeout(LiteRunnerError, TimeoutError):
     """The runner did not answer in time; it has been killed."""
 
@@ -131,22 +126,10 @@ _KIND_ERRORS: dict[str, type[LiteRunnerError]] = {
 }
 
 
-_STATUS_ERRORS: dict[int, type[LiteRunnerError]] = {
+_STATUS_ERRORS: dict[int, type[Exception]] = {
     STATUS_BAD_REQUEST: FeedError,
     STATUS_INFER_FAILED: InferenceError,
 }
-
-
-class TensorMeta(NamedTuple):
-    """A model input or output as Lite reports it; ``-1`` marks a dynamic dimension.
-
-    Output shapes are Lite's view before any inference and can be incomplete (a dynamic-batch ``[-1, 2]``
-    output may read ``(-1,)``); only input shapes are used for validation.
-    """
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
 
 
 def runner_path() -> Path:

@@ -3,7 +3,7 @@
 Deploy side only (NumPy, Gymnasium and the Lite runner; no MindSpore): this is how the policy behaves
 on a 310 box. ``--format auto`` (the default) loads the ``.mindir`` where the runner's Lite reads its
 version and the ``.ms`` otherwise. Exit codes: 0 ok, 2 bad bundle or arguments (one ``error:`` line),
-3 runner unavailable, 4-10 runner errors (see ``lite_client``).
+3 runner unavailable, 4-6 and 8-10 runner errors (see ``lite_client``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, BundleError, load_bundle
+from inference.contract import ContractError
 from inference.lite_client import LiteRunner, LiteRunnerError
 from inference.sdk import FORMATS, open_runner
+from inference.tensors import FeedError
 
 PLAY_NOISE_STREAM = 21
 
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, args.device, args.device_id)
-    except (BundleError, LiteRunnerError) as exc:
+    except (BundleError, ContractError, FeedError, LiteRunnerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0

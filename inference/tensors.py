@@ -11,7 +11,11 @@ import numpy as np
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """A graph input or output; ``-1`` marks a dynamic dimension (the batch)."""
+    """A graph input or output; ``-1`` marks a dynamic dimension (the batch).
+
+    Lite reports output shapes before any inference, and they can be incomplete (a dynamic-batch ``[-1, 2]``
+    output may read ``(-1,)``); only input shapes are used to check feeds.
+    """
 
     name: str
     dtype: np.dtype
@@ -26,7 +30,8 @@ class TensorMeta:
 
 
 class FeedError(ValueError):
-    """An input does not match the graph's declared count, name, dtype or shape (bad input: exit 2)."""
+    """An input does not match the graph's declared count, name, dtype or shape, or a batch exceeds the Lite
+    runner's row cap (bad input: exit 2). Every runtime raises this one class, the Lite client included."""
 
     exit_code = 2
 
