@@ -107,14 +107,32 @@ def test_pytest_helper_passes_and_fails_with_the_table(pendulum, monkeypatch):
                                  checkpoint="policy.ckpt", **small)  # fmt: skip
 
 
-def test_nudged_weight_is_a_network_fault(pendulum):
+def export_mindir(cwd: Path, module: str, ckpt: str, name: str, obs_dim: int) -> str:
+    """What a team does: build the Cell, load its checkpoint, ``mindspore.export`` it (in a fresh process)."""
+    code = (
+        f"import sys; sys.path.insert(0, '.'); import mindspore as ms; import {module} as m\n"
+        f"net = m.make(); ms.load_checkpoint({ckpt!r}, net)\n"
+        f"spec = ms.Tensor(shape=[None, {obs_dim}], dtype=ms.float32)\n"
+        f"ms.export(net, spec, file_name={name!r}, file_format='MINDIR')"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=cwd, check=True, capture_output=True, timeout=300)
+    return f"{name}.mindir"
+
+
+def nudge(ckpt: Path, name: str, out: Path) -> Path:
+    """A copy of ``ckpt`` with one weight moved by 1e-3."""
     import mindspore as ms
 
-    params = ms.load_checkpoint(str(pendulum / "policy.ckpt"))
-    weight = params["fc1.weight"].asnumpy()
-    weight[0, 0] += 1e-3
-    params["fc1.weight"].set_data(ms.Tensor(weight))
-    ms.save_checkpoint([{"name": k, "data": v} for k, v in params.items()], str(pendulum / "nudged.ckpt"))
+    params = ms.load_checkpoint(str(ckpt))
+    weight = params[name].asnumpy()
+    weight.flat[0] += 1e-3
+    params[name].set_data(ms.Tensor(weight))
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in params.items()], str(out))
+    return out
+
+
+def test_nudged_weight_is_a_network_fault(pendulum):
+    nudge(pendulum / "policy.ckpt", "fc1.weight", pendulum / "nudged.ckpt")
     args = [*USER_MINDIR[:4], "--ckpt", "nudged.ckpt", "--contract", "contract.toml", "--runtimes", "ms-mindir"]
     proc = run(pendulum, *args, *SMALL, "--out", "r-nudged")
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -170,18 +188,9 @@ high = [2.0]
 
 
 def test_sampling_inside_the_graph_is_diagnosed(pendulum):
-    import mindspore as ms
-
     (pendulum / "sampling_policy.py").write_text(SAMPLING_POLICY)
     (pendulum / "sampling.toml").write_text(SAMPLING_CONTRACT)
-    make = "import sys; sys.path.insert(0, '.'); import mindspore as ms; import sampling_policy as s\n"
-    export = make + (
-        "net = s.make(); ms.load_checkpoint('policy.ckpt', net)\n"
-        "ms.export(net, ms.Tensor(shape=[None, 3], dtype=ms.float32), file_name='sampling', file_format='MINDIR')"
-    )
-    proc = subprocess.run([sys.executable, "-c", export], cwd=pendulum, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    del ms
+    export_mindir(pendulum, "sampling_policy", "policy.ckpt", "sampling", 3)
     proc = run(pendulum, "--mindir", "sampling.mindir", "--cell", "sampling_policy:make", "--ckpt", "policy.ckpt",
                "--contract", "sampling.toml", *SMALL, "--out", "r-sampling")  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -208,6 +217,46 @@ def test_dqn_example_verifies_with_argmax_metrics(dqn):
     assert exported.returncode == 0, exported.stderr[-2000:]
     proc = run(dqn, "--bundle", "bundle", "--runtimes", "lite,onnxruntime", *SMALL, "--out", "r-dqn-bundle")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+NOISY_QNET = '''
+from mindspore import ops
+from qnet import QNet
+
+class NoisyQNet(QNet):
+    """Exploration noise added inside the graph."""
+    def construct(self, x):
+        q = super().construct(x)
+        return q + 0.5 * ops.standard_normal(q.shape)
+
+def make():
+    return NoisyQNet()
+'''
+
+
+@pytest.mark.parametrize("fault", ["nudged-weight", "noise-in-graph", "lying-contract"])
+def test_dqn_example_catches_injected_faults(dqn, fault):
+    mindir, cell, ckpt, contract = "qnet.mindir", "qnet:make_qnet", "qnet.ckpt", "contract.toml"
+    if fault == "nudged-weight":
+        ckpt = nudge(dqn / "qnet.ckpt", "body.0.weight", dqn / "nudged.ckpt").name
+    elif fault == "noise-in-graph":
+        (dqn / "noisy_qnet.py").write_text(NOISY_QNET)
+        export_mindir(dqn, "noisy_qnet", "qnet.ckpt", "noisy", 4)
+        mindir, cell = "noisy.mindir", "noisy_qnet:make"
+    else:
+        lie = (dqn / "contract.toml").read_text().replace('kind = "argmax"', 'kind = "gaussian"')
+        lie = lie.replace('values = "q"', 'mean = "q"\nstd = [1.0]')
+        (dqn / "lie.toml").write_text(lie)
+        contract = "lie.toml"
+    args = ["--mindir", mindir, "--cell", cell, "--ckpt", ckpt, "--contract", contract, "--runtimes", "ms-mindir"]
+    proc = run(dqn, *args, *SMALL, "--out", f"r-{fault}")
+    if fault == "lying-contract":
+        assert proc.returncode == 2 and "the env takes a discrete action" in proc.stderr, proc.stderr[-2000:]
+        return
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    failed = [c for c in report(dqn / f"r-{fault}")["checks"] if c["status"] == "fail"]
+    stage = "network" if fault == "nudged-weight" else "sampling"
+    assert stage in {c["diagnosis"]["stage"] for c in failed if c["diagnosis"]}
 
 
 def test_recorded_observations_replace_episodes(dqn):
