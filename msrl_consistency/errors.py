@@ -8,10 +8,12 @@ output, a full disk), 3 a required runtime is unavailable, 130 interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 EXIT_OK = 0
@@ -58,19 +60,59 @@ def describe(exc: BaseException) -> tuple[str, int]:
     return f"{type(exc).__name__}: {first_line(exc)}{hint}", EXIT_USAGE
 
 
+class Interrupts:
+    """Ctrl-C for processes that run MindSpore graphs: one clean ``KeyboardInterrupt``, and a second one exits at once.
+
+    MindSpore 2.10 installs a C-level SIGINT handler when it compiles or runs a graph; that handler ends the
+    process by sending it SIGTERM (exit 143, no message, ``finally`` blocks skipped). Python's handlers still
+    receive that SIGTERM, so both signals land here: the first raises ``KeyboardInterrupt`` (or, inside
+    ``deferred()``, only sets ``requested`` so a training iteration can finish and checkpoint); the second exits
+    130 at once. A SIGTERM sent by a job scheduler is therefore also a graceful stop.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._defer = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.requested:
+            print("interrupted again: exiting now", file=sys.stderr, flush=True)
+            os._exit(EXIT_INTERRUPTED)
+        self.requested = True
+        if not self._defer:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[Interrupts]:
+        """Inside the block a first signal only sets ``requested``; the caller stops at a safe point."""
+        self._defer = True
+        try:
+            yield self
+        finally:
+            self._defer = False
+
+
+INTERRUPTS = Interrupts()
+
+
 def run_cli(
     main: Callable[[list[str] | None], int],
     argv: list[str] | None = None,
     verdicts: tuple[type[BaseException], ...] = (),
 ) -> NoReturn:
     """Run a CLI entry point: ``error: ...`` on stderr and the exit code from ``describe`` (or 1 for a verdict)."""
+    INTERRUPTS.install()
     try:
         code = main(argv)
     except verdicts as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = EXIT_INCONSISTENT
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted; temporary files removed, nothing half-written left behind", file=sys.stderr)
         code = EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the one place every exception becomes a line and a code
         if os.environ.get("MSRL_DEBUG"):
