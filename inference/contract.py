@@ -18,13 +18,13 @@ acts with it, so this module is NumPy and stdlib only. The reference for every k
 from __future__ import annotations
 
 import math
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomllib
 
 ACTION_KINDS = ("argmax", "categorical", "gaussian", "deterministic")
 SQUASHES = ("none", "clip", "tanh")

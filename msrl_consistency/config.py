@@ -11,12 +11,11 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from msrl_consistency.errors import UsageError
 

@@ -57,11 +57,34 @@ def test_feeds_are_checked_against_the_contract(cartpole_bundle, cartpole_ckpt):
             rt.infer(obs, np.zeros((2, 2), np.float32))
 
 
-def test_unavailable_and_incompatible_runtimes_explain_themselves(cartpole_bundle, cartpole_ckpt):
-    source = RuntimeSource(cartpole_bundle, TrainerCells(cartpole_ckpt, cartpole_bundle.policy_spec))
-    reasons = availability(source)
-    assert "mindspore_lite" in reasons["lite-python"]  # the PyPI Lite wheel is cp37-only
-    assert RUNTIMES["ms-cell"].unavailable_reason(RuntimeSource(cartpole_bundle))
-    if reasons["lite-mindir"] is None:
-        with pytest.raises(IncompatibleModel, match=r"MindIR v3 .* reads <= v1; use the \.ms"):
-            create("lite-mindir", source, "policy").open()
+def test_unavailable_runtimes_explain_themselves(cartpole_bundle, monkeypatch, tmp_path):
+    reasons = availability(RuntimeSource(cartpole_bundle))
+    assert "needs the policy Cell" in reasons["ms-cell"] and "needs the policy Cell" in reasons["ms-graph"]
+    lite_python = RUNTIMES["lite-python"]
+    monkeypatch.setenv("MSRL_LITE_PYTHON", str(tmp_path / "no-such-python"))
+    assert "cannot start" in lite_python.unavailable_reason(RuntimeSource(cartpole_bundle))
+    for name, body, expected in [("without", "echo 'No module named mindspore_lite' >&2; exit 1", "does not import"),
+                                 ("with", "echo 2.3.0", None)]:  # fmt: skip
+        fake = tmp_path / f"python-{name}-lite"
+        fake.write_text(f"#!/bin/sh\n{body}\n")
+        fake.chmod(0o755)
+        monkeypatch.setenv("MSRL_LITE_PYTHON", str(fake))
+        reason = lite_python.unavailable_reason(RuntimeSource(cartpole_bundle))
+        assert reason is None if expected is None else expected in reason
+    monkeypatch.setenv("MSRL_LITE_RUNNER", str(tmp_path / "no-such-runner"))
+    assert "no-such-runner" in availability(RuntimeSource(cartpole_bundle))["lite"]
+
+
+def test_a_mindir_newer_than_the_runtime_reads_is_a_version_contract_failure(cartpole_bundle):
+    from inference.sdk import runner_info
+
+    info = runner_info()
+    assert info is not None and info.max_mind_ir_version is not None, "build the runner: make lite"
+    version = cartpole_bundle.graph("policy")["files"]["mindir"]["mind_ir_version"]
+    runtime = create("lite-mindir", RuntimeSource(cartpole_bundle), "policy")
+    if info.mindir_loads(version):  # a Lite new enough for this MindIR: it loads and runs
+        with runtime:
+            assert "action" in runtime.infer(np.zeros((2, 4), np.float32))
+    else:
+        with pytest.raises(IncompatibleModel, match=rf"MindIR v{version} .* reads <= v{info.max_mind_ir_version}"):
+            runtime.open()

@@ -132,7 +132,9 @@ def test_bundle_from_another_checkpoint_is_a_provenance_fault(cartpole_bundle, t
     other = train_tiny(tmp_path / "other", "CartPole-v1", seed=7)
     result = verify_run(cartpole_bundle, other, VerifyOptions(**FAST, runtimes=("ms-mindir",)))
     assert result.exit_code == 1
-    assert "provenance" in stages(result) or any(c.name == "provenance" for c in result.failed)
+    provenance = next(c for c in result.checks if c.name == "provenance")
+    assert provenance.status == "fail" and "different checkpoint" in provenance.summary
+    assert stages(result) == {"provenance"}
 
 
 def test_golden_file_round_trip_without_mindspore(cartpole_bundle, cartpole_ckpt, tmp_path):
@@ -214,8 +216,22 @@ def test_cli_exit_codes(cartpole_bundle, cartpole_ckpt, tmp_path):
         str(tmp_path / "r"),
     )
     assert required.returncode == 3, required.stderr[-2000:]
-    ascend = run("--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--device", "ascend")
-    assert ascend.returncode == 3 and "no Ascend backend" in ascend.stderr
+
+
+def test_a_device_mindspore_cannot_reach_is_unavailable(cartpole_bundle, cartpole_ckpt, monkeypatch, tmp_path):
+    """Whatever this machine has: a backend MindSpore reports missing makes the reference unavailable (exit 3)."""
+    import mindspore as ms
+
+    from msrl_consistency import verify
+    from msrl_consistency.errors import describe
+
+    monkeypatch.setattr(ms.hal, "is_available", lambda target: target == "CPU")
+    args = ["--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--device", "ascend", "--out",
+            str(tmp_path / "r"), "--quiet"]  # fmt: skip
+    with pytest.raises(Exception) as info:
+        verify.main(args)
+    message, code = describe(info.value)
+    assert code == 3 and "no Ascend backend" in message
 
 
 @pytest.mark.parametrize("env", ["cartpole", "pendulum"])

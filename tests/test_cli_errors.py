@@ -1,0 +1,82 @@
+"""Bad input to export and verify: exit 2 with one ``error:`` line, before any work, nothing written.
+
+Exit 1 from verify only ever means "the runtimes disagree"; each case here was a traceback or a late failure
+(some with exit 1) before ``errors.describe`` became the one place that maps exceptions to exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def cli(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", f"msrl_consistency.{module}", *args], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], message: str) -> None:
+    errors = [line for line in proc.stderr.splitlines() if "error: " in line]  # ours, or argparse's usage error
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "reference ms-cell" not in proc.stderr  # refused before any work
+
+
+def edited_bundle(bundle, tmp_path: Path, drop: tuple[str, ...]) -> Path:
+    copy = tmp_path / "edited"
+    shutil.copytree(bundle.root, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for key in drop:
+        manifest.pop(key)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_verify_refuses_bad_arguments_before_any_work(cartpole_bundle, cartpole_ckpt, pendulum_ckpt, tmp_path):
+    base = ["--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--out", str(tmp_path / "r")]
+    assert_usage_error(cli("verify", *base, "--runtimes", "nonexistent"), "unknown runtime 'nonexistent'")
+    assert_usage_error(cli("verify", *base, "--tol", "typo=1e-3,1e-3"), "unknown output(s) typo")
+    assert_usage_error(cli("verify", *base, "--tol", "logits=-1,0"), "non-negative")
+    assert_usage_error(cli("verify", *base, "--observations", "3"), "--observations must be >= 16")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert_usage_error(cli("verify", *base[:4], "--out", str(blocker / "reports")), "cannot create the report dir")
+    assert_usage_error(cli("verify", *base[:2], "--ckpt", str(pendulum_ckpt)), "was trained on Pendulum-v1")
+    assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_verify_of_a_manifest_without_env_or_normalisation(cartpole_bundle, cartpole_ckpt, tmp_path):
+    no_env = edited_bundle(cartpole_bundle, tmp_path, ("env_id", "env"))
+    args = ["--bundle", str(no_env), "--ckpt", str(cartpole_ckpt), "--out", str(tmp_path / "r")]
+    assert_usage_error(cli("verify", *args), "no observation source")
+    small = ["--observations", "200", "--episodes", "1", "--runtimes", "ms-mindir"]
+    assert cli("verify", *args, "--env-id", "CartPole-v1", *small).returncode == 0  # the source given instead
+    shutil.rmtree(no_env)
+    no_norm = edited_bundle(cartpole_bundle, tmp_path, ("normalization",))
+    proc = cli("verify", "--bundle", str(no_norm), "--ckpt", str(cartpole_ckpt), "--out", str(tmp_path / "r2"), *small)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # feeds fall back to the visited states' statistics
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--check-samples", "0"], "--check-samples must be >= 16"),
+        (["--formats", "mindir,tflite"], "--formats must be a subset"),
+        (["--cell", "nope:make"], "--cell needs --contract"),
+    ],
+)
+def test_export_refuses_bad_arguments(cartpole_ckpt, tmp_path, extra, message):
+    assert_usage_error(cli("export", "--ckpt", str(cartpole_ckpt), "--out", str(tmp_path / "b"), *extra), message)
+    assert not (tmp_path / "b").exists()
+
+
+def test_export_to_an_unwritable_place_is_a_usage_error(cartpole_ckpt, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert_usage_error(cli("export", "--ckpt", str(cartpole_ckpt), "--out", str(blocker / "b")), "cannot write")
+    assert blocker.read_text() == ""
