@@ -79,7 +79,9 @@ class Bundle:
             spec = self.policy_spec
             if spec is None:
                 raise ContractError("no contract and no policy_spec")
-            return trainer_contracts(spec, self.manifest.get("gaussian_log_std"), self.env_id)[graph]
+            sample_outputs = [o["name"] for o in self.graph("policy_sample")["outputs"]]
+            log_std = self.manifest.get("gaussian_log_std")
+            return trainer_contracts(spec, log_std, self.env_id, sample_outputs)[graph]
         except (ContractError, KeyError) as exc:
             raise BundleError(f"bundle {self.root}: graph {graph!r} has no usable policy contract ({exc})") from None
 

@@ -311,6 +311,17 @@ class PolicyContract:
             return argmax_int32(outputs[a.distribution_output])
         return self.squash(np.asarray(outputs[a.mean], np.float32))  # type: ignore[index]
 
+    def decision_scores(self, outputs: Mapping[str, np.ndarray], noise: np.ndarray | None = None) -> np.ndarray | None:
+        """The scores whose argmax is the discrete action: Q-values, logits, or logits plus the Gumbel noise of a
+        sample (the noise fed to the graph, or the host's). None for continuous actions."""
+        a = self.action
+        if a.kind == "argmax":
+            return np.asarray(outputs[a.values], np.float32)  # type: ignore[index]
+        if a.kind != "categorical":
+            return None
+        logits = np.asarray(outputs[a.logits], np.float32)  # type: ignore[index]
+        return logits if noise is None else logits + gumbel(noise)
+
     def std(self, outputs: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
         """The Gaussian std broadcast to ``shape``: from an output (per state or not) or from fixed numbers."""
         a = self.action
@@ -353,10 +364,21 @@ def argmax_int32(x: np.ndarray) -> np.ndarray:
     return np.argmax(np.asarray(x), axis=-1).astype(np.int32)
 
 
-def gumbel_argmax(logits: np.ndarray, uniform: np.ndarray) -> np.ndarray:
-    """argmax(logits + Gumbel(u)): a sample from softmax(logits), exactly as the exported graphs compute it."""
+def gumbel(uniform: np.ndarray) -> np.ndarray:
+    """Gumbel noise ``-log(-log(u))`` from uniform noise clamped away from 0 and 1, as the exported graphs do."""
     u = np.clip(np.asarray(uniform, np.float32), UNIFORM_EPS, np.float32(1) - UNIFORM_EPS)
-    return argmax_int32(np.asarray(logits, np.float32) - np.log(-np.log(u)))
+    return -np.log(-np.log(u))
+
+
+def gumbel_argmax(logits: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """argmax(logits + Gumbel(u)): a sample from softmax(logits), as the exported graphs compute it."""
+    return argmax_int32(np.asarray(logits, np.float32) + gumbel(uniform))
+
+
+def top2_margin(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the gap between the two largest scores, and the larger magnitude of the two."""
+    top2 = np.sort(np.asarray(scores, np.float64), -1)[..., -2:]
+    return top2[..., 1] - top2[..., 0], np.abs(top2).max(-1)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -428,23 +450,30 @@ def _shape(value: Any, where: str) -> tuple[int, ...]:
 
 
 # -- our own trainer's graphs as contracts -------------------------------------------------------------
-def trainer_contracts(policy_spec: Mapping[str, Any], log_std: Sequence[float] | None, env_id: str | None) -> dict[
-    str, PolicyContract
-]:
+def trainer_contracts(
+    policy_spec: Mapping[str, Any],
+    log_std: Sequence[float] | None,
+    env_id: str | None,
+    sample_outputs: Sequence[str] | None = None,
+) -> dict[str, PolicyContract]:
     """The two graphs ``msrl_consistency.train`` exports, as instances of the general contract.
 
     ``policy``: obs → (env action, logits | mean), the action post-processed in the graph; ``policy_sample``:
-    (obs, noise) → (env action, log-prob, value), sampling in the graph from the given noise.
+    (obs, noise) → (env action, log-prob, value, logits | mean), sampling in the graph from the given noise
+    (Gumbel-max of the logits, or the mean plus std times the noise, post-processed). ``sample_outputs`` is the
+    sampling graph's output list: bundles of schema v1 had no logits/mean output there, and their sampling graph
+    is then described as the deterministic kind (the action output is the action). None: the current layout.
     """
     discrete = policy_spec["action_kind"] == "discrete"
     obs = (int(policy_spec["obs_dim"]),)
+    param = "logits" if discrete else "mean"
     if discrete:
-        det = ActionSpec("categorical", logits="logits", action="action")
+        det = ActionSpec("categorical", logits=param, action="action")
     else:
         mode = policy_spec.get("action_postprocess", "clip")
         det = ActionSpec(
             "gaussian",
-            mean="mean",
+            mean=param,
             log_std=tuple(float(v) for v in (log_std or [])) or None,
             action="action",
             squash=mode,
@@ -452,18 +481,16 @@ def trainer_contracts(policy_spec: Mapping[str, Any], log_std: Sequence[float] |
             low=tuple(policy_spec["action_low"]),
             high=tuple(policy_spec["action_high"]),
         )
-    param = "logits" if discrete else "mean"
-    sample = ActionSpec("deterministic", action="action", discrete=discrete)
-    return {
+    names = ("action", "log_prob", "value")
+    if sample_outputs is None or param in sample_outputs:
+        names, sample = (*names, param), det
+    else:
+        sample = ActionSpec("deterministic", action="action", discrete=discrete)
+    noise = {"noise_shape": (int(policy_spec["action_dim"]),), "noise_kind": "uniform" if discrete else "normal"}
+    contracts = {
         "policy": PolicyContract(obs, ("action", param), det, env_id=env_id),
-        "policy_sample": PolicyContract(
-            obs,
-            ("action", "log_prob", "value"),
-            sample,
-            noise_shape=(int(policy_spec["action_dim"]),),
-            noise_kind="uniform" if discrete else "normal",
-            env_id=env_id,
-            value="value",
-            log_prob="log_prob",
-        ),
+        "policy_sample": PolicyContract(obs, names, sample, env_id=env_id, value="value", log_prob="log_prob", **noise),
     }
+    for contract in contracts.values():
+        contract.validate()
+    return contracts

@@ -70,13 +70,20 @@ def export_run(
     reference = policy if policy is not None else load_policy(ckpt, spec)
     exported = reference
     if options.precision == "fp16":
-        exported = ActorCritic(spec)  # a copy: the fp32 reference stays untouched
+        exported = ActorCritic(spec)  # a copy (Parameters and switches): the fp32 reference stays untouched
         for (_, dst), (_, src) in zip(exported.parameters_and_names(), reference.parameters_and_names(), strict=True):
             dst.set_data(src.value())
+        exported.normalizer.enabled = reference.normalizer.enabled
+        if not spec.discrete:
+            exported.postprocess.enabled = reference.postprocess.enabled
     heads = G.export_heads(exported, options.precision)
+    fp32_heads = G.export_heads(reference) if options.precision == "fp16" else heads
     log_std = None if spec.discrete else reference.log_std.asnumpy().tolist()
     contracts = trainer_contracts(spec.to_dict(), log_std, run["env_id"])
-    graphs = {name: GraphExport(io, heads[name], contracts[name]) for name, io in G.trainer_graphs(spec).items()}
+    graphs = {
+        name: GraphExport(io, heads[name], contracts[name], fp32_heads[name])
+        for name, io in G.trainer_graphs(spec).items()
+    }
     fields = {
         "env_id": run["env_id"],
         "env": run["env"],
@@ -154,7 +161,7 @@ def export_policy(
             "checkpoint_sha256": None if checkpoint is None else sha256_file(checkpoint),
         },
     }
-    graphs = {"policy": GraphExport(io, exported, contract)}
+    graphs = {"policy": GraphExport(io, exported, contract, built)}
     return write_bundle(out, graphs, fields, options, _checker(options), force)
 
 

@@ -99,13 +99,16 @@ def test_export_cli_rejects_bad_input(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_fp16_bundle_skips_onnx_and_lite_with_the_reason(pendulum_ckpt, tmp_path):
+def test_fp16_bundle_has_a_lite_artefact_with_fp16_weights(pendulum_ckpt, tmp_path):
     from msrl_consistency.runtimes.base import RuntimeSource
     from msrl_consistency.runtimes.registry import availability
 
-    bundle = export_run(pendulum_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16"))
+    fp32 = export_run(pendulum_ckpt, tmp_path / "fp32", ExportOptions(formats=("ms",)))
+    bundle = export_run(pendulum_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16", require_lite=True))
     files = bundle.manifest["graphs"]["policy"]["files"]
-    assert "file" in files["mindir"] and "fp16" in files["onnx"]["skipped"] and "skipped" in files["ms"]
+    assert "file" in files["mindir"] and "fp16" in files["onnx"]["skipped"] and files["ms"]["weights"] == "float16"
+    assert not list(bundle.root.glob("*.onnx"))  # the float32 ONNX was only the converter's input
+    assert files["ms"]["bytes"] < fp32.manifest["graphs"]["policy"]["files"]["ms"]["bytes"]
     reasons = availability(RuntimeSource(bundle), ["lite", "onnxruntime", "ms-mindir"])
-    assert "no .ms graph" in reasons["lite"] and "no .onnx graph" in reasons["onnxruntime"]
-    assert reasons["ms-mindir"] is None
+    assert reasons["lite"] is None and reasons["ms-mindir"] is None and "no .onnx graph" in reasons["onnxruntime"]
+    assert {r["format"] for r in bundle.manifest["self_check"]["results"]} == {"mindir", "ms"}

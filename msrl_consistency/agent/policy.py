@@ -4,7 +4,7 @@ One policy, several heads, all sharing the same pre/post-processing:
 
 * ``evaluate_actions``: log-prob, entropy and value for the PPO loss (normalised obs, prepared actions);
 * ``RolloutPolicy``: (obs, noise) → one packed tensor for the training hot loop;
-* ``StochasticPolicy``: (obs, noise) → (env action, log-prob, value): the exported sampling graph;
+* ``StochasticPolicy``: (obs, noise) → (env action, log-prob, value, logits | mean): the exported sampling graph;
 * ``DeterministicPolicy``: obs → (env action, logits or mean): the exported deterministic graph.
 """
 
@@ -62,18 +62,18 @@ class ActorCritic(nn.Cell):
         log_std = self.log_std + 0.0 * param
         return D.gaussian_log_prob(param, log_std, actions), D.gaussian_entropy(log_std), value
 
-    def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(env action, raw action, log-prob of the raw action, value) from explicit noise."""
+    def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(env action, raw action, log-prob of the raw action, value, logits or mean) from explicit noise."""
         x = self.normalizer(obs)
         param = self.actor(x)
         value = self.critic(x).squeeze(-1)
         if self.discrete:
             action = D.gumbel_argmax(param, noise)
             one_hot = ops.one_hot(action, self.action_dim, 1.0, 0.0)
-            return action, action, D.categorical_log_prob(param, one_hot), value
+            return action, action, D.categorical_log_prob(param, one_hot), value, param
         log_std = self.log_std + 0.0 * param
         raw = D.gaussian_sample(param, log_std, noise)
-        return self.postprocess(raw), raw, D.gaussian_log_prob(param, log_std, raw), value
+        return self.postprocess(raw), raw, D.gaussian_log_prob(param, log_std, raw), value, param
 
     def deterministic(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """(env action, logits or mean): argmax for discrete, the post-processed mean for box."""
@@ -94,7 +94,7 @@ class RolloutPolicy(nn.Cell):
         self.policy = policy
 
     def construct(self, obs: Tensor, noise: Tensor) -> Tensor:
-        env_action, raw, logp, value = self.policy.sample(obs, noise)
+        env_action, raw, logp, value, _ = self.policy.sample(obs, noise)
         if self.policy.discrete:
             raw = raw.astype("float32").expand_dims(-1)
             env_action = raw
@@ -102,15 +102,19 @@ class RolloutPolicy(nn.Cell):
 
 
 class StochasticPolicy(nn.Cell):
-    """Exported sampling graph: (obs, noise) → (env action, log-prob, value)."""
+    """Exported sampling graph: (obs, noise) → (env action, log-prob, value, logits or mean).
+
+    The distribution's parameters are an output too, so the graph's contract can say what it samples from
+    (Gumbel-max of the logits, or the mean plus std times the noise): verify then knows each sample's margin.
+    """
 
     def __init__(self, policy: ActorCritic) -> None:
         super().__init__()
         self.policy = policy
 
-    def construct(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        env_action, _, logp, value = self.policy.sample(obs, noise)
-        return env_action, logp, value
+    def construct(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        env_action, _, logp, value, param = self.policy.sample(obs, noise)
+        return env_action, logp, value, param
 
 
 class DeterministicPolicy(nn.Cell):

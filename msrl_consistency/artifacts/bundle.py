@@ -59,18 +59,23 @@ class ExportOptions:
 
 @dataclass
 class GraphExport:
-    """One graph to write: its I/O, the Cell that computes it, and the contract that says how it acts."""
+    """One graph to write: its I/O, the Cell that computes it, and the contract that says how it acts.
+
+    ``fp32_cell`` (fp16 exports): the same graph in float32, the source of the ``.ms``, whose weights the Lite
+    converter stores as float16 (MindSpore cannot export a valid fp16 ONNX to convert from).
+    """
 
     io: G.GraphIO
     cell: nn.Cell
     contract: PolicyContract
+    fp32_cell: nn.Cell | None = None
 
 
 SelfCheck = Callable[[Bundle, dict[str, nn.Cell]], dict[str, Any]]
 
 
 def half_precision(cell: nn.Cell) -> nn.Cell:
-    """An fp16 copy's graph behind the float32 I/O contract (the Cell itself is converted in place)."""
+    """An fp16 graph behind the float32 I/O contract (the Cell itself is converted in place: pass a copy)."""
     cell.to_float(ms.float16)
     return G.Float16Policy(cell)
 
@@ -93,7 +98,7 @@ def write_bundle(
     try:
         entries: dict[str, Any] = {}
         for name, graph in graphs.items():
-            files = _write_graph(graph.cell, graph.io, tmp, options)
+            files = _write_graph(graph, tmp, options)
             entries[name] = {**graph.io.to_dict(), "contract": graph.contract.to_dict(), "files": files}
         full = _manifest(manifest, entries, options)
         write_json_atomic(tmp / MANIFEST, full)
@@ -111,36 +116,42 @@ def write_bundle(
     return load_bundle(out)
 
 
-def _write_graph(cell: nn.Cell, io: G.GraphIO, tmp: Path, options: ExportOptions) -> dict[str, Any]:
+def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions) -> dict[str, Any]:
     files: dict[str, Any] = {}
-    base = tmp / io.name
+    base = tmp / graph.io.name
     if "mindir" in options.formats:
-        files["mindir"] = _entry(G.write_mindir(cell, io, base.with_suffix(".mindir")))
-    wants_onnx = "onnx" in options.formats or "ms" in options.formats
-    if options.precision == "fp16" and wants_onnx:
-        # MindSpore 2.10 writes the fp16 graph's Clip bounds as fp32, which ONNX Runtime and the converter reject.
-        reason = "fp16 ONNX from MindSpore 2.10 is invalid (fp32 Clip bounds in an fp16 graph); use the fp16 MindIR"
-        if options.require_lite and "ms" in options.formats:
-            raise UsageError(f"--require-lite: no .ms for an fp16 export ({reason})")
-        return {**files, **{fmt: {"skipped": reason} for fmt in ("onnx", "ms") if fmt in options.formats}}
+        files["mindir"] = _entry(G.write_mindir(graph.cell, graph.io, base.with_suffix(".mindir")))
+    fp16 = options.precision == "fp16"
+    onnx_source = graph.fp32_cell if fp16 else graph.cell
     onnx_path = None
-    if wants_onnx:
+    if fp16 and "onnx" in options.formats:
+        # MindSpore 2.10 writes an fp16 graph's Clip bounds as fp32, which ONNX Runtime and the converter reject.
+        files["onnx"] = {"skipped": "fp16 ONNX from MindSpore 2.10 is invalid (fp32 Clip bounds in an fp16 graph); "
+                         "the fp16 MindIR and the .ms (fp16 weights) are the fp16 artefacts"}  # fmt: skip
+    if ("onnx" in options.formats and not fp16) or "ms" in options.formats:
         try:
-            onnx_path = G.write_onnx(cell, io, base.with_suffix(".onnx"))
-            files["onnx"] = _entry(onnx_path)
+            if onnx_source is None:
+                raise G.ConversionError("an fp16 .ms needs the float32 graph to convert from")
+            onnx_path = G.write_onnx(onnx_source, graph.io, base.with_suffix(".onnx"))
+            if not fp16:
+                files["onnx"] = _entry(onnx_path)
+        except G.ConversionError as exc:
+            files.setdefault("onnx", {"skipped": str(exc)})
         except Exception as exc:  # noqa: BLE001 - MindSpore's ONNX exporter raises assorted types
-            files["onnx"] = {"skipped": f"ONNX export failed: {first_line(exc)}"}
+            files.setdefault("onnx", {"skipped": f"ONNX export failed: {first_line(exc)}"})
     if "ms" in options.formats:
         try:
             if onnx_path is None:
                 raise G.ConversionError("the .ms needs the ONNX graph, which failed to export")
-            files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms")))
+            files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms"), fp16_weights=fp16))
+            if fp16:
+                files["ms"]["weights"] = "float16"
         except G.ConversionError as exc:
             if options.require_lite:
                 raise UsageError(f"--require-lite: {exc}") from None
             files["ms"] = {"skipped": str(exc)}
-    if "onnx" not in options.formats and "file" in files.get("onnx", {}):
-        (tmp / files.pop("onnx")["file"]).unlink()
+    if onnx_path is not None and "file" not in files.get("onnx", {}):
+        onnx_path.unlink()  # only the converter's input
     return files
 
 

@@ -67,7 +67,7 @@ def trainer_graphs(spec: PolicySpec) -> dict[str, GraphIO]:
             "policy_sample",
             "stochastic",
             (obs, noise),
-            (action, TensorMeta("log_prob", f32, (-1,)), TensorMeta("value", f32, (-1,))),
+            (action, TensorMeta("log_prob", f32, (-1,)), TensorMeta("value", f32, (-1,)), param),
         ),
     }
 
@@ -171,13 +171,13 @@ class ConversionError(RuntimeError):
     pass
 
 
-def write_lite(onnx_path: Path, path: Path, converter: Path = DEFAULT_CONVERTER) -> Path:
-    """ONNX → ``.ms`` with the Lite converter binary built by ``make lite``."""
+def write_lite(onnx_path: Path, path: Path, converter: Path = DEFAULT_CONVERTER, fp16_weights: bool = False) -> Path:
+    """ONNX → ``.ms`` with the Lite converter binary built by ``make lite``; ``fp16_weights`` stores the float32
+    weights as float16 (how Lite deploys fp16; inputs and outputs stay float32)."""
     if not converter.exists():
         raise ConversionError(f"Lite converter not built ({converter}); run `make lite`")
-    proc = subprocess.run(
-        [str(converter), "--onnx", str(onnx_path), "--out", str(path)], capture_output=True, text=True, timeout=300
-    )
+    args = [str(converter), "--onnx", str(onnx_path), "--out", str(path), *(["--fp16"] if fp16_weights else [])]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 or not path.exists():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise ConversionError(f"Lite converter failed on {onnx_path.name}: {tail[0]}")

@@ -23,10 +23,10 @@ class Diagnosis:
         return {"stage": self.stage, "detail": self.detail}
 
 
-def _close(a: np.ndarray, b: np.ndarray, atol: float = 1e-4) -> bool:
+def _close(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     mask = np.isfinite(a) & np.isfinite(b)
-    return bool(a.shape == b.shape and np.allclose(a[mask], b[mask], atol=atol, rtol=1e-4))
+    return bool(a.shape == b.shape and np.allclose(a[mask], b[mask], atol=atol, rtol=rtol))
 
 
 def diagnose(
@@ -43,8 +43,11 @@ def diagnose(
     cosine_param: float,
     bundle_precision: str,
     checkpoint_matches: bool | None,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
 ) -> Diagnosis:
-    """Rules ordered from the most specific explanation to the most general."""
+    """Rules ordered from the most specific explanation to the most general; ``atol``/``rtol`` (the preset's)
+    decide when the runtime's outputs "equal" a hypothesis (a half-precision graph is only that close)."""
     if checkpoint_matches is False:
         return Diagnosis("provenance", "the bundle was exported from a different checkpoint (sha256 differs)")
     if det_param_ok and det_action_ok and not sample_ok:
@@ -54,11 +57,11 @@ def diagnose(
             "stream or its transformation differs",
         )
     if det_param_ok and not det_action_ok:
-        if unscaled_action is not None and _close(got_action, unscaled_action):
+        if unscaled_action is not None and _close(got_action, unscaled_action, atol, rtol):
             return Diagnosis("postprocessing", "actions equal the raw mean: scaling to the action bounds is missing")
         return Diagnosis("postprocessing", "same logits/mean but different actions: action post-processing differs")
     if not det_param_ok:
-        if param_without_norm is not None and _close(got_param, param_without_norm):
+        if param_without_norm is not None and _close(got_param, param_without_norm, atol, rtol):
             return Diagnosis(
                 "preprocessing",
                 "outputs match the policy without observation normalisation: the graph does not normalise observations",

@@ -4,7 +4,8 @@ Recorded on the training box (``verify --save-golden``) and compared on a deploy
 (``verify --golden``), Polygraphy's ``--save-outputs`` / ``--load-outputs`` for policies.
 
 Layout (v2): ``obs``, ``source``, ``noise/<graph>``, ``out/<graph>/<output>``, ``episode_noise/<mode>``,
-``trace/<mode>/{obs,actions,rewards,alive}`` and ``meta`` (JSON: format, version, env, seed, episodes,
+``trace/<mode>/{obs,actions,rewards,alive}``, ``top2/<mode>`` (the reference's score margin and scale at each
+step, for discrete actions) and ``meta`` (JSON: format, version, env, seed, episodes,
 manifest_sha256). v1 files (two fixed graphs) still load.
 """
 
@@ -34,6 +35,7 @@ def save_golden(path: Path, reference: Reference, bundle: Bundle, env_label: str
     for graph, outs in reference.outputs.items():
         arrays.update({f"out/{graph}/{k}": v for k, v in outs.items()})
     arrays.update({f"episode_noise/{m}": v for m, v in reference.episode_noise.items()})
+    arrays.update({f"top2/{m}": v for m, v in reference.top2.items()})
     for mode, trace in reference.traces.items():
         arrays.update({f"trace/{mode}/{f}": getattr(trace, f) for f in TRACE_FIELDS})
     meta = {
@@ -86,9 +88,10 @@ def load_golden(path: Path, bundle: Bundle) -> Reference:
     noise = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("noise/")}
     feeds = Feeds(arrays["obs"], arrays["source"], noise)
     episode_noise = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("episode_noise/")}
+    top2 = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("top2/")}
     return Reference(
         feeds, outputs, traces, episode_noise, int(meta["seed"]), int(meta["episodes"]),
-        origin=f"golden:{path.name}", skipped_episodes=meta.get("skipped_episodes"),
+        origin=f"golden:{path.name}", skipped_episodes=meta.get("skipped_episodes"), top2=top2,
     )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.contract import top2_margin
 from msrl_consistency.compare import episodes as E
 from msrl_consistency.compare.acting import available_modes, is_discrete, mode_policy
 from msrl_consistency.compare.feeds import Feeds, comparison_feeds, seeded_feeds
@@ -36,6 +37,7 @@ class Reference:
     without_norm: dict[str, np.ndarray] | None = None  # graph -> outputs of the policy without its normalisation
     origin: str = REFERENCE
     skipped_episodes: str | None = None  # why no episodes were replayed
+    top2: dict[str, np.ndarray] = field(default_factory=dict)  # mode -> [T, K, 2] (margin, scale) of discrete actions
     episodes_by: str = REFERENCE  # the runner that played the reference episodes
     repeat_differs: dict[str, list[str]] = field(default_factory=dict)  # graph -> outputs that changed on a re-run
 
@@ -75,6 +77,8 @@ def build_reference(
                 noise = noises[mode] = E.episode_noise(bundle, graph, episodes, inputs.env.max_steps, seed)
             policy = mode_policy(bundle, episode_runtimes or runtimes, mode)
             traces[mode] = E.run_episodes(inputs.env, policy, episodes, seed, noise, is_discrete(bundle))
+    top2 = {mode: _trace_margins(bundle, runtimes, mode, trace, noises.get(mode)) for mode, trace in traces.items()}
+    top2 = {mode: v for mode, v in top2.items() if v is not None}
     if inputs.recorded is not None:
         observed, label = inputs.recorded, "recorded"
     elif traces:
@@ -88,7 +92,25 @@ def build_reference(
     if without_norm:
         evidence = {g: rt.infer(*feeds.graph_inputs(bundle, g))[bundle.contract(g).action.distribution_output]
                     for g, rt in without_norm.items()}  # fmt: skip
-    return Reference(feeds, outputs, traces, noises, seed, episodes, evidence, skipped_episodes=skipped)
+    return Reference(feeds, outputs, traces, noises, seed, episodes, evidence, skipped_episodes=skipped, top2=top2)
+
+
+def _trace_margins(
+    bundle: Bundle, runtimes: Mapping[str, Runtime], mode: str, trace: E.EpisodeTrace, noise: np.ndarray | None
+) -> np.ndarray | None:
+    """The reference's top-2 decision-score margin and scale at every step of a trace (discrete actions only):
+    what a reduced-precision preset needs to judge a differing action on teacher-forced replay."""
+    graph = bundle.mode_graph(mode)
+    contract = bundle.contract(graph)  # type: ignore[arg-type]
+    if contract.action.kind not in ("argmax", "categorical"):
+        return None
+    steps, k = trace.alive.shape
+    obs = trace.obs.reshape(steps * k, *trace.obs.shape[2:])
+    flat_noise = None if noise is None else noise[:steps].reshape(steps * k, -1)
+    inputs = [obs, flat_noise] if contract.takes_noise else [obs]
+    outputs = runtimes[graph].infer(*inputs)  # type: ignore[index]
+    margin, scale = top2_margin(contract.decision_scores(outputs, flat_noise))  # type: ignore[misc]
+    return np.stack([margin, scale], -1).reshape(steps, k, 2)
 
 
 def changed_on_rerun(bundle: Bundle, graph: str, runtime: Runtime, feeds: Feeds) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, BundleError
+from inference.contract import PolicyContract, top2_margin
 from msrl_consistency.compare import episodes as E
 from msrl_consistency.compare.acting import is_discrete, mode_policy
 from msrl_consistency.compare.checks import Check
@@ -21,7 +22,7 @@ from msrl_consistency.compare.diagnose import diagnose
 from msrl_consistency.compare.feeds import Feeds
 from msrl_consistency.compare.policy_level import policy_metrics
 from msrl_consistency.compare.reference import Inputs, Reference, changed_on_rerun
-from msrl_consistency.compare.stats import ArrayComparison, Tolerance, compare_arrays
+from msrl_consistency.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays, ks_two_sample
 from msrl_consistency.errors import MsrlError
 from msrl_consistency.runtimes.base import Runtime
 
@@ -42,11 +43,13 @@ def check_runtime(
     ref: Reference,
     inputs: Inputs,
     tolerance: Mapping[str, Tolerance],
+    preset: Preset,
     required: bool,
     checkpoint_matches: bool | None,
     env_deterministic: bool = False,
 ) -> RuntimeReport:
-    """Open, compare, close. ``tolerance`` maps every output name to its tolerance for this runtime.
+    """Open, compare, close. ``tolerance`` maps every output name to its tolerance for this runtime; ``preset``
+    says what else the tolerance promises (flips at near-ties, episodes judged by their returns).
 
     ``env_deterministic`` (the env passed its determinism check) lets free-running episodes skip the env steps
     where the runtime acts exactly like the reference (``episodes.run_episodes(follow=...)``): same results.
@@ -73,7 +76,7 @@ def check_runtime(
         got = {g: rt.infer(*ref.feeds.graph_inputs(bundle, g)) for g, rt in runtimes.items()}
         comparisons = {}
         for graph in bundle.graphs:
-            check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance)
+            check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance, preset)
             checks.append(check)
         checks.append(_nan_check(name, bundle, ref, got))
         checks.append(_repeat_check(name, bundle, runtimes, ref.feeds))
@@ -85,15 +88,18 @@ def check_runtime(
         for mode, trace in ref.traces.items():
             policy = mode_policy(bundle, runtimes, mode)
             noise = ref.episode_noise.get(mode)
-            atol = _action_atol(bundle, mode, tolerance)
-            teacher = _teacher_forced(name, mode, trace, policy, noise, is_discrete(bundle), atol)
+            atol = _action_atol(bundle, mode, tolerance, trace.actions[trace.alive])
+            margins = _margin_verdict(preset, ref.top2.get(mode), tolerance, bundle, mode)
+            teacher = _teacher_forced(
+                name, mode, trace, policy, noise, is_discrete(bundle), atol, margins, preset.max_flip_rate
+            )
             checks.append(teacher)
             assert inputs.env is not None
             follow = trace if env_deterministic else None
             own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, is_discrete(bundle), follow)
             diff = E.action_differences(trace, own, is_discrete(bundle), atol)
             diffs[mode] = diff["per_step_max"]
-            checks.append(_free_running_check(name, mode, diff, trace, teacher.status == "pass"))
+            checks.append(_free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset))
     except MsrlError as exc:
         checks.append(Check(name, "inference", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
         info = {"status": "error", "reason": str(exc)}
@@ -109,26 +115,65 @@ def _close(runtimes: Mapping[str, Runtime]) -> None:
 
 def _compare_outputs(
     runtime: str, graph: str, bundle: Bundle, ref: Reference, got: dict[str, np.ndarray],
-    tolerance: Mapping[str, Tolerance],
+    tolerance: Mapping[str, Tolerance], preset: Preset,
 ) -> tuple[Check, dict[str, ArrayComparison]]:  # fmt: skip
-    """Every output of ``graph`` on the finite feeds, plus the contract's policy-level metrics."""
+    """Every output of ``graph`` on the finite feeds, the discrete action as the preset judges flips, and the
+    contract's policy-level metrics."""
     finite = ref.feeds.finite
     expected = ref.outputs[graph]
-    cmps = {k: compare_arrays(k, _rows(expected[k], finite), _rows(got[k], finite), tolerance[k]) for k in expected}
-    failed = [c for c in cmps.values() if not c.passed]
-    worst = max(cmps.values(), key=lambda c: c.max_abs)
-    summary = (
-        f"{len(failed)} output(s) differ: "
-        + ", ".join(f"{c.name} {c.mismatches}/{c.count} (max abs {c.max_abs:.2e})" for c in failed)
-        if failed
-        else f"{int(finite.sum())} observations agree; worst {worst.name} max abs {worst.max_abs:.2e}"
-    )
     contract = bundle.contract(graph)
+    cmps = {k: compare_arrays(k, _rows(expected[k], finite), _rows(got[k], finite), tolerance[k]) for k in expected}
+    ref_out, got_out = _select(expected, finite), _select(got, finite)
     noise = ref.feeds.noise.get(graph)
+    flips = None
+    if contract.action.is_discrete:
+        graph_noise = noise[finite] if noise is not None and contract.takes_noise else None
+        scores_tol = tolerance[contract.action.distribution_output]
+        flips = judge_flips(contract, ref_out, got_out, graph_noise, preset, scores_tol)
+    # A discrete action output is judged as an action (flips), not element by element.
+    failed = [c for k, c in cmps.items() if not c.passed and not (flips and k == contract.action.action)]
+    parts = [f"{c.name} {c.mismatches}/{c.count} (max abs {c.max_abs:.2e})" for c in failed]
+    if flips and not flips["ok"]:
+        parts.append(f"{flips['flips']} action flip(s) of {flips['count']}, {flips['explained']} at near-ties")
+    worst = max(cmps.values(), key=lambda c: c.max_abs)
+    summary = f"{int(finite.sum())} observations agree; worst {worst.name} max abs {worst.max_abs:.2e}"
+    if flips and flips["flips"]:
+        summary += f"; {flips['flips']} action flip(s) at near-ties, within the {preset.name} preset"
+    if parts:
+        summary = f"{len(parts)} output(s) differ: " + ", ".join(parts)
     host_noise = noise[finite] if noise is not None and contract.samples_on_host else None
     metrics: dict[str, Any] = {"outputs": {k: c.to_dict() for k, c in cmps.items()}}
-    metrics.update(policy_metrics(contract, _select(expected, finite), _select(got, finite), host_noise))
-    return Check(runtime, f"observations.{graph}", "fail" if failed else "pass", summary, metrics), cmps
+    metrics.update(policy_metrics(contract, ref_out, got_out, host_noise))
+    if flips is not None:
+        metrics["flips"] = flips
+    return Check(runtime, f"observations.{graph}", "fail" if parts else "pass", summary, metrics), cmps
+
+
+def judge_flips(
+    contract: PolicyContract, ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], noise: np.ndarray | None,
+    preset: Preset, tol: Tolerance,
+) -> dict[str, Any]:  # fmt: skip
+    """Discrete actions that differ, each explained or not by a near-tie of the reference's decision scores."""
+    ref_action, got_action = contract.env_action(ref), contract.env_action(got)
+    rows = np.flatnonzero(ref_action != got_action)
+    scores = contract.decision_scores(ref, noise)
+    explained = np.zeros(len(rows), bool)
+    margins = np.full(len(rows), np.nan)
+    if scores is not None and len(rows):
+        margin, scale = top2_margin(scores[rows])
+        margins, explained = margin, margin <= preset.flip_bound(scale, tol)
+    rate = len(rows) / max(1, len(ref_action))
+    ok = not len(rows) or (preset.allow_flips and bool(explained.all()) and rate <= preset.max_flip_rate)
+    return {
+        "ok": ok,
+        "flips": int(len(rows)),
+        "count": int(len(ref_action)),
+        "explained": int(explained.sum()),
+        "rate": rate,
+        "max_rate": preset.max_flip_rate if preset.allow_flips else 0.0,
+        "rows": rows[:20].tolist(),
+        "margins": margins[:20].tolist(),
+    }
 
 
 def _rows(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -178,10 +223,16 @@ IN_GRAPH_RANDOMNESS = {
 }
 
 
-def _action_atol(bundle: Bundle, mode: str, tolerance: Mapping[str, Tolerance]) -> float:
+def _action_atol(
+    bundle: Bundle, mode: str, tolerance: Mapping[str, Tolerance], actions: np.ndarray | None = None
+) -> float:
+    """The absolute difference two continuous actions may have in ``mode``: the acting output's atol, plus its
+    ``scale`` times the largest reference action (a preset whose error grows with the magnitude)."""
     graph = bundle.mode_graph(mode)
     action = bundle.contract(graph).action  # type: ignore[arg-type]
-    return tolerance[action.action or action.distribution_output].atol
+    tol = tolerance[action.action or action.distribution_output]
+    largest = float(np.abs(actions).max()) if actions is not None and actions.size and tol.scale else 0.0
+    return tol.atol + tol.scale * largest
 
 
 def _diagnose(
@@ -194,7 +245,8 @@ def _diagnose(
     finite = ref.feeds.finite
     ref_out, got_out = _select(ref.outputs[det], finite), _select(got[det], finite)
     ref_action, got_action = contract.env_action(ref_out), contract.env_action(got_out)
-    atol = _action_atol(bundle, "deterministic", tolerance) if bundle.mode_graph("deterministic") else 1e-6
+    has_det = bundle.mode_graph("deterministic") is not None
+    atol = _action_atol(bundle, "deterministic", tolerance, np.asarray(ref_action)) if has_det else 1e-6
     if contract.action.is_discrete:
         action_ok = bool(np.array_equal(ref_action, got_action))
     else:
@@ -223,31 +275,59 @@ def _diagnose(
         cosine_param=cmps[det][decision].cosine,
         bundle_precision=bundle.precision,
         checkpoint_matches=checkpoint_matches,
+        atol=tolerance[decision].atol,
+        rtol=tolerance[decision].rtol,
     )
+
+
+def _margin_verdict(
+    preset: Preset, top2: np.ndarray | None, tolerance: Mapping[str, Tolerance], bundle: Bundle, mode: str
+) -> np.ndarray | None:
+    """Per step, whether a differing discrete action is a near-tie the preset forgives (None: none forgiven)."""
+    if not preset.allow_flips or top2 is None:
+        return None
+    action = bundle.contract(bundle.mode_graph(mode)).action  # type: ignore[arg-type]
+    return top2[..., 0] <= preset.flip_bound(top2[..., 1], tolerance[action.distribution_output])
 
 
 def _teacher_forced(
     runtime: str, mode: str, trace: E.EpisodeTrace, policy: E.Policy, noise: np.ndarray | None, discrete: bool,
-    atol: float,
+    atol: float, near_tie: np.ndarray | None = None, max_rate: float = 0.0,
 ) -> Check:  # fmt: skip
-    """The runtime acts on the reference's observation stream; compare the chosen actions step by step."""
+    """The runtime acts on the reference's observation stream; compare the chosen actions step by step.
+
+    ``near_tie`` (reduced-precision presets, discrete actions): steps where a differing action is forgiven, in
+    at most ``max_rate`` of the steps.
+    """
     got = E.teacher_forced_actions(trace, policy, noise)
     diff = E.step_differences(trace.actions, got, discrete)
     diff = (diff > (0.5 if discrete else atol)) & trace.alive
+    forgiven = diff & near_tie if near_tie is not None else np.zeros_like(diff)
+    unexplained = diff & ~forgiven
     steps = np.flatnonzero(diff.any(1))
     first = int(steps[0]) if len(steps) else None
-    metrics = {"differing_actions": int(diff.sum()), "first_divergent_step": first, "steps": int(trace.alive.sum())}
-    summary = (
-        f"{int(diff.sum())} of {int(trace.alive.sum())} actions differ, first at step {first}"
-        if diff.any()
-        else f"all {int(trace.alive.sum())} actions agree on the reference's observations"
-    )
-    return Check(runtime, f"episodes.teacher_forced.{mode}", "fail" if diff.any() else "pass", summary, metrics)
+    alive = int(trace.alive.sum())
+    metrics = {"differing_actions": int(diff.sum()), "near_ties_forgiven": int(forgiven.sum()),
+               "first_divergent_step": first, "steps": alive}  # fmt: skip
+    if not diff.any():
+        return Check(runtime, f"episodes.teacher_forced.{mode}", "pass",
+                     f"all {alive} actions agree on the reference's observations", metrics)  # fmt: skip
+    summary = f"{int(diff.sum())} of {alive} actions differ, first at step {first}"
+    if not unexplained.any() and forgiven.sum() <= max_rate * alive:
+        summary += "; every one at a near-tie of the reference's scores (allowed by the preset)"
+        return Check(runtime, f"episodes.teacher_forced.{mode}", "pass", summary, metrics)
+    return Check(runtime, f"episodes.teacher_forced.{mode}", "fail", summary, metrics)
 
 
-def _free_running_check(runtime: str, mode: str, diff: dict, trace: E.EpisodeTrace, teacher_ok: bool) -> Check:
-    """Each path drives its own env. Divergence is a failure unless it is the env amplifying differences
-    below tolerance: observations drifted first and the policy agrees step by step when teacher-forced."""
+def _free_running_check(
+    runtime: str, mode: str, diff: dict, trace: E.EpisodeTrace, own: E.EpisodeTrace, teacher_ok: bool, preset: Preset
+) -> Check:
+    """Each path drives its own env.
+
+    ``exact`` presets: divergence is a failure unless it is the env amplifying differences below tolerance
+    (observations drifted first and the policy agrees step by step when teacher-forced). ``returns`` presets
+    judge the distribution of episode returns instead.
+    """
     first = [f for f in diff["first_divergent_step"] if f is not None]
     drift = [d for d in diff["first_observation_drift"] if d is not None]
     delta = diff["return_delta"]
@@ -264,16 +344,33 @@ def _free_running_check(runtime: str, mode: str, diff: dict, trace: E.EpisodeTra
     name = f"episodes.free_running.{mode}"
     if not diff["episodes_diverged"]:
         return Check(runtime, name, "pass", f"{len(delta)} episodes match the reference step by step", metrics)
-    diverged = [k for k, f in enumerate(diff["first_divergent_step"]) if f is not None]
-    amplified = teacher_ok and all(diff["amplified"][k] for k in diverged)
     summary = (
         f"{diff['episodes_diverged']} of {len(delta)} episodes diverge (first at step {min(first) if first else '?'}), "
         f"max |return delta| {metrics['max_abs_return_delta']:.3g}, mean {metrics['mean_return_delta']:+.3g}"
     )
-    if amplified:
+    if preset.free_running == "returns":
+        return _returns_check(runtime, name, summary, metrics, trace.returns, own.returns, preset)
+    diverged = [k for k, f in enumerate(diff["first_divergent_step"]) if f is not None]
+    if teacher_ok and all(diff["amplified"][k] for k in diverged):
         summary += (
             f"; observations drifted first (step {min(drift)}) from action differences below tolerance and the "
             "teacher-forced check agrees: the env amplifies them (chaotic dynamics), not a policy mismatch"
         )
         return Check(runtime, name, "warn", summary, metrics)
     return Check(runtime, name, "fail", summary, metrics)
+
+
+def _returns_check(
+    runtime: str, name: str, summary: str, metrics: dict, ref: np.ndarray, got: np.ndarray, preset: Preset
+) -> Check:
+    """Reduced precision: episodes may part ways, the task may not be solved worse (mean and distribution)."""
+    ref_mean, got_mean = float(np.mean(ref)), float(np.mean(got))
+    bound = preset.return_tolerance * max(abs(ref_mean), float(np.std(ref)), 1.0)
+    ks, p_value = ks_two_sample(ref, got)
+    metrics.update({"mean_return": got_mean, "reference_mean_return": ref_mean, "mean_return_bound": bound,
+                    "ks_statistic": ks, "ks_p_value": p_value})  # fmt: skip
+    verdict = f"; mean return {got_mean:.4g} vs {ref_mean:.4g} (bound ±{bound:.3g}), KS p = {p_value:.2f}"
+    if abs(got_mean - ref_mean) <= bound and p_value >= preset.ks_alpha:
+        return Check(runtime, name, "pass", summary + verdict + f": the same returns, as the {preset.name} preset "
+                     "judges episodes", metrics)  # fmt: skip
+    return Check(runtime, name, "fail", summary + verdict, metrics)

@@ -24,7 +24,7 @@ from msrl_consistency.compare.feeds import seeded_feeds
 from msrl_consistency.compare.inputs import Inputs
 from msrl_consistency.compare.reference import REFERENCE, Reference, build_reference
 from msrl_consistency.compare.runtime_check import IN_GRAPH_RANDOMNESS, check_runtime
-from msrl_consistency.compare.stats import TOLERANCE_PRESETS, Tolerance, tolerance_for
+from msrl_consistency.compare.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
 from msrl_consistency.compare.versions import version_checks
 from msrl_consistency.errors import RuntimeUnavailable, UsageError
 from msrl_consistency.runtimes.base import CellProvider, Runtime, RuntimeSource
@@ -129,8 +129,8 @@ def verify(
         outputs = {o["name"] for g in bundle.graphs for o in bundle.graph(g)["outputs"]}
         tolerance = {o: options.overrides.get(o, tol_default) for o in outputs}
         report = check_runtime(
-            name, graph_runtimes, bundle, reference, inputs, tolerance, name in options.required, checkpoint_matches,
-            env_deterministic,
+            name, graph_runtimes, bundle, reference, inputs, tolerance, PRESETS[preset], name in options.required,
+            checkpoint_matches, env_deterministic,
         )  # fmt: skip
         runtimes[name], episode_diffs[name] = report.info, report.episode_diffs
         checks += report.checks
