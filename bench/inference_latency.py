@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from inference.bundle import Bundle, load_bundle
+from inference.compare.feeds import seeded_feeds
+from inference.runtimes.base import RuntimeSource
+from inference.runtimes.registry import create
 from msrl_consistency.artifacts.cells import TrainerCells
-from msrl_consistency.compare.feeds import seeded_feeds
-from msrl_consistency.runtimes.base import RuntimeSource
-from msrl_consistency.runtimes.registry import create
 
 BASELINE = "onnxruntime"
 RUNTIMES = ["onnxruntime", "lite", "ms-mindir", "ms-graph", "ms-cell"]

@@ -20,7 +20,13 @@ import numpy as np
 from mindspore import nn
 
 from inference.bundle import SCHEMA, SCHEMA_VERSION, Bundle, BundleError, load_bundle, sha256_file
+from inference.compare.checks import VerifyResult
+from inference.compare.inputs import Inputs, check_same_contract, resolve_inputs
+from inference.compare.reference import Reference
+from inference.compare.verifier import VerifyOptions, verify
 from inference.contract import ContractError, PolicyContract, trainer_contracts
+from inference.errors import UsageError, first_line
+from inference.mindir import mindir_version
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, PolicySpec
 from msrl_consistency.artifacts import graphs as G
@@ -35,13 +41,7 @@ from msrl_consistency.artifacts.bundle import (
 )
 from msrl_consistency.artifacts.cells import TrainerCells, UserCells
 from msrl_consistency.artifacts.checkpoint import load_policy
-from msrl_consistency.artifacts.mindir import mindir_version
-from msrl_consistency.compare.checks import VerifyResult
-from msrl_consistency.compare.inputs import Inputs, check_same_contract, resolve_inputs
-from msrl_consistency.compare.reference import Reference
-from msrl_consistency.compare.selfcheck import self_check
-from msrl_consistency.compare.verifier import VerifyOptions, verify
-from msrl_consistency.errors import UsageError, first_line
+from msrl_consistency.artifacts.selfcheck import self_check
 
 ContractLike = PolicyContract | str | Path | Mapping[str, Any]
 CellLike = nn.Cell | str | Callable[[], nn.Cell]

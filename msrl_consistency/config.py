@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from msrl_consistency.errors import UsageError
+from inference.errors import UsageError
 
 PRESET_DIR = Path(__file__).with_name("presets")
 

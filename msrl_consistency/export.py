@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from msrl_consistency.errors import UsageError, run_cli
+from inference.errors import UsageError, run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from inference.compare.checks import VerifyResult
+from inference.compare.stats import Tolerance
+from inference.compare.verifier import VerifyOptions
 from msrl_consistency.api import CellLike, ContractLike, verify_policy
-from msrl_consistency.compare.checks import VerifyResult
-from msrl_consistency.compare.stats import Tolerance
-from msrl_consistency.compare.verifier import VerifyOptions
 
 
 def assert_policy_consistent(

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from inference.errors import UsageError, run_cli
 from msrl_consistency.config import TrainConfig, explicit_flags, from_dict, parse_config
-from msrl_consistency.errors import UsageError, run_cli
 
 
 def _resume_config(cfg_cli: TrainConfig, argv: list[str]) -> tuple[TrainConfig, Path, dict]:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from msrl_consistency.report.plots import plot_reward_curve
+    from msrl_consistency.artifacts.plots import plot_reward_curve
     from msrl_consistency.training.loop import Trainer
 
     trainer = Trainer(cfg, run_dir, state)

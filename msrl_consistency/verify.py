@@ -21,30 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msrl_consistency.errors import UsageError, run_cli
+from inference.check import DEPLOY_SIDE_RUNTIMES, check_golden, finish, names, parse_tolerance, prepare_out
+from inference.errors import UsageError, run_cli
 
 if TYPE_CHECKING:
     from inference.bundle import Bundle
+    from inference.compare.checks import VerifyResult
+    from inference.compare.verifier import VerifyOptions
     from msrl_consistency.artifacts.cells import UserCells
-    from msrl_consistency.compare.checks import VerifyResult
-    from msrl_consistency.compare.verifier import VerifyOptions
 
-DEPLOY_SIDE_RUNTIMES = ("lite", "onnxruntime")  # what a golden-file check runs by default (no MindSpore needed)
-
-
-def _tolerance_override(text: str) -> tuple[str, tuple[float, float]]:
-    try:
-        name, values = text.split("=", 1)
-        atol, rtol = (float(v) for v in values.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected OUTPUT=ATOL,RTOL, got {text!r}") from None
-    if not name or not (atol >= 0 and rtol >= 0):
-        raise argparse.ArgumentTypeError(f"expected OUTPUT=ATOL,RTOL with non-negative numbers, got {text!r}")
-    return name, (atol, rtol)
-
-
-def _names(text: str | None) -> tuple[str, ...]:
-    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "ascend"], help="device for every runtime")
     p.add_argument("--device-id", type=int, default=0)
-    p.add_argument("--tolerance", choices=["fp32", "fp16"], help="tolerance preset (default: bundle precision)")
-    p.add_argument("--tol", action="append", type=_tolerance_override, default=[], metavar="OUTPUT=ATOL,RTOL",
+    p.add_argument("--tolerance", choices=["fp32", "fp16"],
+                   help="tolerance preset (default: the bundle's precision; what each promises: README)")  # fmt: skip
+    p.add_argument("--tol", action="append", type=parse_tolerance, default=[], metavar="OUTPUT=ATOL,RTOL",
                    help="per-output tolerance override, repeatable")  # fmt: skip
     p.add_argument("--baseline", type=Path, help="compare metrics to a stored baseline")
     p.add_argument("--save-baseline", type=Path, help="store this run's metrics as a baseline")
@@ -85,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Everything that can be wrong with the arguments alone, before any work."""
-    from msrl_consistency.runtimes.registry import RUNTIMES
+    from inference.runtimes.registry import RUNTIMES
 
     if (args.bundle is None) == (args.mindir is None):
         raise UsageError("pass exactly one of --mindir FILE.mindir or --bundle BUNDLE")
@@ -94,7 +80,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"{'bundle' if args.bundle else 'MindIR file'} not found: {location}")
     if args.observations < 16 or args.episodes < 1:
         raise UsageError("--observations must be >= 16 and --episodes >= 1")
-    for name in (*_names(args.runtimes), *_names(args.require)):
+    for name in (*names(args.runtimes), *names(args.require)):
         if name not in RUNTIMES:
             raise UsageError(f"unknown runtime {name!r}; choose from {', '.join(RUNTIMES)}")
     if args.golden and (args.cell or args.ckpt):
@@ -102,18 +88,15 @@ def _check_args(args: argparse.Namespace) -> None:
     for path in (args.ckpt, args.contract, args.golden, args.baseline, args.observations_file):
         if path is not None and not path.is_file():
             raise UsageError(f"file not found: {path}")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create the report directory {args.out}: {exc.strerror or exc}") from None
+    prepare_out(args.out)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
-    from msrl_consistency.compare.stats import Tolerance
-    from msrl_consistency.compare.verifier import VerifyOptions
-    from msrl_consistency.report.baseline import check_baseline, save_baseline
+    from inference.compare.stats import Tolerance
+    from inference.compare.verifier import VerifyOptions
+    from inference.report.baseline import check_baseline, save_baseline
 
     options = VerifyOptions(
         observations=args.observations,
@@ -121,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         tolerance=args.tolerance,
         overrides={name: Tolerance(*vals) for name, vals in args.tol},
-        runtimes=_names(args.runtimes) or (DEPLOY_SIDE_RUNTIMES if args.golden else None),
-        required=_names(args.require),
+        runtimes=names(args.runtimes) or (DEPLOY_SIDE_RUNTIMES if args.golden else None),
+        required=names(args.require),
         device=args.device,
         device_id=args.device_id,
     )
@@ -138,16 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_baseline:
         save_baseline(args.save_baseline, result)
     if args.save_golden:
-        from msrl_consistency.compare.golden import save_golden
+        from inference.compare.golden import save_golden
 
         save_golden(args.save_golden, result.reference, result.bundle, result.inputs.get("env"))
-    paths = result.write_reports(args.out)
-    if not args.quiet:
-        print(result.console_table())
-    verdict = "consistent" if result.ok else "INCONSISTENT"
-    print(f"{verdict}: {against}; reports in {args.out}/ ({', '.join(p.name for p in paths.values())}); "
-          f"{time.perf_counter() - start:.1f} s")  # fmt: skip
-    return result.exit_code
+    return finish(result, args.out, against, start, args.quiet)
 
 
 def _run(
@@ -155,9 +132,9 @@ def _run(
 ) -> tuple[VerifyResult, str]:
     """Resolve the model, the training path and the observations; run verify. Returns (result, description)."""
     from inference.bundle import BundleError, load_bundle
+    from inference.compare.inputs import check_same_contract, resolve_inputs
+    from inference.compare.verifier import verify
     from inference.contract import PolicyContract
-    from msrl_consistency.compare.inputs import Inputs, check_same_contract, resolve_inputs
-    from msrl_consistency.compare.verifier import verify
 
     location = args.bundle or args.mindir
     observation_args = {"env_id": args.env_id, "env": args.env, "observations": args.observations_file}
@@ -184,16 +161,9 @@ def _run(
     if args.contract is not None:
         check_same_contract(bundle, PolicyContract.from_toml(args.contract))
     if args.golden:
-        from msrl_consistency.compare.golden import load_golden, read_golden
-
-        reference = load_golden(args.golden, bundle)
-        inputs = Inputs()
-        if reference.traces:  # free-running episodes need the env the golden file was recorded on
-            recorded_env = read_golden(args.golden)[0].get("env")
-            given = {k: v for k, v in observation_args.items() if v is not None}
-            inputs = resolve_inputs(bundle, **(given or _env_arg(recorded_env)))
         say(f"verifying {bundle.root} against {args.golden} ...")
-        return verify(bundle, options, inputs, reference=reference, progress=progress), f"golden {args.golden.name}"
+        result = check_golden(bundle, args.golden, options, observation_args, progress)
+        return result, f"golden {args.golden.name}"
     source = bundle.manifest.get("source") or {}
     checkpoint = args.ckpt or (Path(source["checkpoint"]) if source.get("checkpoint") else None)
     if checkpoint is not None and not checkpoint.is_file():
@@ -216,11 +186,6 @@ def _user_cells(factory: str, checkpoint: Path | None) -> UserCells:
     from msrl_consistency.artifacts.cells import UserCells
 
     return UserCells(factory, checkpoint)
-
-
-def _env_arg(env: str | None) -> dict[str, str | None]:
-    """A recorded env label as the argument that recreates it: a gymnasium id or ``MODULE:FACTORY``."""
-    return {"env": env} if env and ":" in env and "/" not in env else {"env_id": env}
 
 
 def _same_env(bundle: Bundle, checkpoint: Path) -> None:

@@ -297,12 +297,12 @@ class HangingPolicy(nn.Cell):
 
 def test_a_runtime_that_hangs_is_stopped_and_reported(tmp_path, monkeypatch):
     """Lite 2.0.0's Predict hangs on this graph: the watchdog kills it and verify reports that runtime's failure."""
+    from inference.compare.verifier import VerifyOptions
     from inference.contract import PolicyContract
+    from inference.runtimes.lite import LiteRuntime
     from msrl_consistency.api import verify_policy
     from msrl_consistency.artifacts import bundle as B
     from msrl_consistency.artifacts import graphs as G
-    from msrl_consistency.compare.verifier import VerifyOptions
-    from msrl_consistency.runtimes.lite import LiteRuntime
 
     (tmp_path / "hanging.py").write_text(HANGING_POLICY)
     monkeypatch.syspath_prepend(str(tmp_path))

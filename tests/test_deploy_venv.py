@@ -1,5 +1,6 @@
 """The deploy side on its own: a fresh venv, ``pip install ./inference``, the runner built into that venv
-against the Lite SDK, then doctor, bench and play, with no MindSpore anywhere in that environment.
+against the Lite SDK, then doctor, bench, play and the on-device golden check, with no MindSpore anywhere in
+that environment.
 
 Nothing here skips: a venv that cannot be built (no network and no pip cache, a broken pyproject) fails the
 test with pip's reason. pip may use its cache.
@@ -27,7 +28,22 @@ def _run(cmd: list[str], what: str, cwd: Path, env: dict[str, str], timeout: flo
     return proc
 
 
-def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, tmp_path: Path) -> None:
+def tampered_copy(bundle, other, out: Path) -> Path:
+    """``bundle`` with its .ms graphs swapped for ``other``'s and the manifest's hashes updated to match: a
+    consistent bundle that no longer holds the trained policy (what only a golden check can tell)."""
+    from inference.bundle import sha256_file
+
+    shutil.copytree(bundle.root, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for graph in manifest["graphs"].values():
+        entry = graph["files"]["ms"]
+        shutil.copy(other.root / entry["file"], out / entry["file"])
+        entry["sha256"] = sha256_file(out / entry["file"])
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, cartpole_ckpt, tmp_path: Path) -> None:
     # The source is copied so pip's in-tree build leaves nothing in the checkout.
     src = tmp_path / "src" / "inference"
     shutil.copytree(REPO / "inference", src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
@@ -71,3 +87,29 @@ def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, tmp_pa
     play = _run([py, "-m", "inference.play", str(cartpole_bundle.root), "--episodes", "1"], "play", work, env)
     assert "mean return" in play.stdout and "Lite 2.0.0" in play.stdout
     assert float(play.stdout.split("return ")[1].split()[0]) == result["episodes"]["returns"][0]
+
+    # The on-device check: a golden file recorded here (the training side), checked there with the deploy side only.
+    from conftest import train_tiny
+
+    from inference.compare.golden import save_golden
+    from inference.compare.verifier import VerifyOptions
+    from msrl_consistency.api import export_run, verify_run
+    from msrl_consistency.artifacts.bundle import ExportOptions
+
+    golden = tmp_path / "golden.npz"
+    reference = verify_run(cartpole_bundle, cartpole_ckpt, VerifyOptions(observations=300, episodes=2, seed=1,
+                                                                        runtimes=("ms-mindir",))).reference  # fmt: skip
+    save_golden(golden, reference, cartpole_bundle, "CartPole-v1")
+    check = [str(venv / "bin" / "msrl-check"), str(cartpole_bundle.root), "--golden", str(golden), "--quiet"]
+    ok = subprocess.run([*check, "--out", str(work / "r-ok")], capture_output=True, text=True, cwd=work, env=env)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
+    report = json.loads((work / "r-ok" / "report.json").read_text())
+    assert report["reference"] == "golden:golden.npz" and report["runtimes"]["lite"]["status"] == "ran"
+    assert {c["name"] for c in report["checks"]} >= {"observations.policy", "episodes.free_running.stochastic"}
+    other = export_run(train_tiny(tmp_path / "other", "CartPole-v1", seed=7), tmp_path / "other-bundle",
+                       ExportOptions(formats=("ms",)))  # fmt: skip
+    tampered = tampered_copy(cartpole_bundle, other, tmp_path / "tampered")
+    bad = subprocess.run([check[0], str(tampered), *check[2:], "--out", str(work / "r-bad")], capture_output=True,
+                         text=True, cwd=work, env=env)  # fmt: skip
+    assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-2000:]
+    assert (work / "r-bad" / "junit.xml").is_file() and "INCONSISTENT" in bad.stdout

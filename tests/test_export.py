@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from inference.bundle import BundleError, load_bundle, sha256_file
+from inference.compare.stats import Tolerance
+from inference.errors import UsageError
 from msrl_consistency.api import export_run
+from msrl_consistency.artifacts import selfcheck
 from msrl_consistency.artifacts.bundle import ExportCheckFailed, ExportOptions
-from msrl_consistency.compare import selfcheck
-from msrl_consistency.compare.stats import Tolerance
-from msrl_consistency.errors import UsageError
 
 
 @pytest.mark.parametrize("which", ["cartpole", "pendulum"])
@@ -100,8 +100,8 @@ def test_export_cli_rejects_bad_input(tmp_path):
 
 
 def test_fp16_bundle_has_a_lite_artefact_with_fp16_weights(pendulum_ckpt, tmp_path):
-    from msrl_consistency.runtimes.base import RuntimeSource
-    from msrl_consistency.runtimes.registry import availability
+    from inference.runtimes.base import RuntimeSource
+    from inference.runtimes.registry import availability
 
     fp32 = export_run(pendulum_ckpt, tmp_path / "fp32", ExportOptions(formats=("ms",)))
     bundle = export_run(pendulum_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16", require_lite=True))

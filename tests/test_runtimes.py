@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from inference.compare.feeds import seeded_feeds
+from inference.runtimes.base import FeedError, RuntimeSource
+from inference.runtimes.lite import IncompatibleModel
+from inference.runtimes.registry import REFERENCE, RUNTIMES, availability, create
 from msrl_consistency.artifacts.cells import TrainerCells
-from msrl_consistency.compare.feeds import seeded_feeds
-from msrl_consistency.runtimes.base import FeedError, RuntimeSource
-from msrl_consistency.runtimes.lite import IncompatibleModel
-from msrl_consistency.runtimes.registry import REFERENCE, RUNTIMES, availability, create
 
 # ONNX Runtime sums GEMMs in another order (measured ~1e-4 on logits, ~1e-3 on value outputs of size ~40).
 ATOL = {"onnxruntime": 2e-3}

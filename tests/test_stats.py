@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from msrl_consistency.compare.policy_level import argmax_flips, categorical_kl, gaussian_kl
-from msrl_consistency.compare.stats import Tolerance, compare_arrays
+from inference.compare.policy_level import argmax_flips, categorical_kl, gaussian_kl
+from inference.compare.stats import Tolerance, compare_arrays
 
 
 def test_element_fails_only_when_both_abs_and_rel_exceed():
@@ -43,27 +43,30 @@ def test_policy_level_metrics():
 
 
 def _trace(obs, actions):
-    from msrl_consistency.compare.episodes import EpisodeTrace
+    from inference.compare.episodes import EpisodeTrace
 
     obs, actions = np.asarray(obs, np.float32)[:, None, None], np.asarray(actions, np.float32)[:, None, None]
     return EpisodeTrace(obs, actions, np.ones(obs.shape[:2]), np.ones(obs.shape[:2], bool))
 
 
 def test_free_running_divergence_after_observation_drift_is_amplification_not_a_fault():
-    from msrl_consistency.compare.episodes import action_differences
-    from msrl_consistency.compare.runtime_check import _free_running_check
+    from inference.compare.episodes import action_differences
+    from inference.compare.runtime_check import _free_running_check
+    from inference.compare.stats import PRESETS
+
+    fp32 = PRESETS["fp32"]
 
     ref = _trace([0, 1, 2, 3, 4, 5], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     # Tiny action differences move the observations from step 2 on; actions pass the tolerance only at step 4.
     chaotic = _trace([0, 1, 2.000001, 3.01, 4.5, 7], [1e-6, 1e-6, 1e-5, 5e-5, 1e-2, 0.3])
     diff = action_differences(ref, chaotic, discrete=False, atol=1e-4)
     assert diff["first_divergent_step"] == [4] and diff["first_observation_drift"] == [2]
-    assert _free_running_check("rt", "deterministic", diff, ref, teacher_ok=True).status == "warn"
-    assert _free_running_check("rt", "deterministic", diff, ref, teacher_ok=False).status == "fail"
+    assert _free_running_check("rt", "deterministic", diff, ref, chaotic, True, fp32).status == "warn"
+    assert _free_running_check("rt", "deterministic", diff, ref, chaotic, False, fp32).status == "fail"
     # Same observations, different action: the policy itself disagrees.
     wrong = _trace([0, 1, 2, 3, 4, 5], [0.0, 0.0, 0.0, 0.0, 0.5, 0.5])
     diff = action_differences(ref, wrong, discrete=False, atol=1e-4)
-    assert _free_running_check("rt", "deterministic", diff, ref, teacher_ok=True).status == "fail"
+    assert _free_running_check("rt", "deterministic", diff, ref, wrong, True, fp32).status == "fail"
 
 
 def test_scale_term_widens_atol_with_the_outputs_magnitude():

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from inference.errors import UsageError
 from msrl_consistency import train
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.config import parse_config
-from msrl_consistency.errors import UsageError
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1",
         "--eval-episodes", "0", "--progress", "false"]  # fmt: skip

@@ -9,14 +9,14 @@ import sys
 import numpy as np
 import pytest
 
+from inference.compare.golden import load_golden, save_golden
+from inference.compare.verifier import VerifyOptions
+from inference.errors import UsageError
+from inference.report.writers import write_reports
+from inference.runtimes.base import RuntimeSource
+from inference.runtimes.registry import create
 from msrl_consistency.api import export_run, verify_run
 from msrl_consistency.artifacts.bundle import ExportOptions
-from msrl_consistency.compare.golden import load_golden, save_golden
-from msrl_consistency.compare.verifier import VerifyOptions
-from msrl_consistency.errors import UsageError
-from msrl_consistency.report.writers import write_reports
-from msrl_consistency.runtimes.base import RuntimeSource
-from msrl_consistency.runtimes.registry import create
 
 FAST = dict(observations=800, episodes=2, seed=3)
 
@@ -105,9 +105,9 @@ def test_fp16_preset_still_fails_a_real_fault(pendulum_ckpt, tmp_path):
 
 
 def test_flips_are_forgiven_only_at_near_ties_and_rarely():
+    from inference.compare.runtime_check import judge_flips
+    from inference.compare.stats import PRESETS
     from inference.contract import PolicyContract
-    from msrl_consistency.compare.runtime_check import judge_flips
-    from msrl_consistency.compare.stats import PRESETS
 
     contract = PolicyContract.from_dict({"input": {"obs": [2]}, "outputs": {"names": ["logits"]},
                                          "action": {"kind": "categorical", "logits": "logits"}})  # fmt: skip
@@ -128,8 +128,8 @@ def test_flips_are_forgiven_only_at_near_ties_and_rarely():
 
 
 def test_returns_rule_of_the_fp16_preset():
-    from msrl_consistency.compare.runtime_check import _returns_check
-    from msrl_consistency.compare.stats import PRESETS, ks_two_sample
+    from inference.compare.runtime_check import _returns_check
+    from inference.compare.stats import PRESETS, ks_two_sample
 
     fp16 = PRESETS["fp16"]
     ref = np.full(20, 500.0)
@@ -213,7 +213,7 @@ def test_golden_file_round_trip_without_mindspore(cartpole_bundle, cartpole_ckpt
 
 
 def test_baseline_regression_is_detected(cartpole_bundle, cartpole_ckpt, tmp_path):
-    from msrl_consistency.report.baseline import check_baseline, save_baseline
+    from inference.report.baseline import check_baseline, save_baseline
 
     result = verify_run(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=("onnxruntime",)))
     save_baseline(tmp_path / "baseline.json", result, margin_abs=0.0, margin_rel=0.0)
@@ -273,8 +273,8 @@ def test_a_device_mindspore_cannot_reach_is_unavailable(cartpole_bundle, cartpol
     """Whatever this machine has: a backend MindSpore reports missing makes the reference unavailable (exit 3)."""
     import mindspore as ms
 
+    from inference.errors import describe
     from msrl_consistency import verify
-    from msrl_consistency.errors import describe
 
     monkeypatch.setattr(ms.hal, "is_available", lambda target: target == "CPU")
     args = ["--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--device", "ascend", "--out",
@@ -288,8 +288,8 @@ def test_a_device_mindspore_cannot_reach_is_unavailable(cartpole_bundle, cartpol
 @pytest.mark.parametrize("env", ["cartpole", "pendulum"])
 def test_teacher_forcing_in_large_batches_equals_step_by_step(request, env):
     """Teacher-forced episodes run as a few large calls: same actions as one call per step (the old way)."""
-    from msrl_consistency.compare import episodes as E
-    from msrl_consistency.compare.acting import mode_policy
+    from inference.compare import episodes as E
+    from inference.compare.acting import mode_policy
 
     bundle, ckpt = request.getfixturevalue(f"{env}_bundle"), request.getfixturevalue(f"{env}_ckpt")
     ref = verify_run(bundle, ckpt, VerifyOptions(**FAST, runtimes=("onnxruntime",))).reference
@@ -313,7 +313,7 @@ def test_teacher_forcing_in_large_batches_equals_step_by_step(request, env):
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_free_running_that_follows_the_reference_gives_the_same_trace(env_id):
     """Skipping env steps while actions equal the reference's bit for bit changes nothing but the cost."""
-    from msrl_consistency.compare import episodes as E
+    from inference.compare import episodes as E
 
     made = []
     base = E.gym_env_source(env_id)

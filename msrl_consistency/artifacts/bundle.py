@@ -22,13 +22,13 @@ from mindspore import nn
 
 from inference.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION, Bundle, load_bundle
 from inference.contract import PolicyContract
+from inference.errors import INTERRUPTS, MsrlError, UsageError, first_line
+from inference.files import sha256_file, write_json_atomic
+from inference.mindir import mindir_version
 from msrl_consistency import __version__
 from msrl_consistency.agent import ActorCritic
 from msrl_consistency.artifacts import graphs as G
-from msrl_consistency.artifacts.files import sha256_file, write_json_atomic
-from msrl_consistency.artifacts.mindir import mindir_version
 from msrl_consistency.artifacts.provenance import git_commit, versions
-from msrl_consistency.errors import MsrlError, UsageError, first_line
 
 FORMATS = ("mindir", "onnx", "ms")
 PRECISIONS = ("fp32", "fp16")
@@ -108,6 +108,7 @@ def write_bundle(
         write_json_atomic(tmp / MANIFEST, full)
         if not result["passed"]:
             raise ExportCheckFailed(f"export self-check failed, bundle discarded: {result['failures'][0]}")
+        INTERRUPTS.check()  # the last moment an interrupt keeps the bundle from appearing
         _replace_dir(tmp, out)
     except OSError as exc:
         raise UsageError(f"cannot write the bundle to {out}: {exc.strerror or exc}") from None

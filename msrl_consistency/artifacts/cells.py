@@ -18,11 +18,11 @@ from typing import Any
 
 from mindspore import nn
 
+from inference.errors import UsageError, first_line
+from inference.plugins import import_factory
 from msrl_consistency.agent import PolicySpec
 from msrl_consistency.artifacts.checkpoint import load_policy, read_checkpoint
 from msrl_consistency.artifacts.graphs import export_heads
-from msrl_consistency.errors import UsageError, first_line
-from msrl_consistency.plugins import import_factory
 
 
 class TrainerCells:

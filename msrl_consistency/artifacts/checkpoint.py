@@ -6,10 +6,10 @@ from pathlib import Path
 
 import mindspore as ms
 
+from inference.errors import UsageError, first_line
+from inference.files import atomic_path
 from msrl_consistency.agent.policy import ActorCritic
 from msrl_consistency.agent.spec import PolicySpec
-from msrl_consistency.artifacts.files import atomic_path
-from msrl_consistency.errors import UsageError, first_line
 
 
 def save_policy(policy: ActorCritic, path: str | Path) -> None:

@@ -25,10 +25,10 @@ import onnx
 from mindspore import Tensor, nn
 
 from inference.contract import ContractError, PolicyContract
+from inference.errors import first_line
 from inference.tensors import TensorMeta
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
-from msrl_consistency.errors import first_line
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONVERTER = REPO_ROOT / ".lite" / "bin" / "msrl-lite-convert"

@@ -15,8 +15,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from msrl_consistency.artifacts.files import write_bytes_atomic
-from msrl_consistency.errors import UsageError
+from inference.errors import UsageError
+from inference.files import write_bytes_atomic
 
 RUN_JSON = "run.json"
 CHECKPOINT = "checkpoint.ckpt"

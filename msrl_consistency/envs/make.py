@@ -13,7 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from msrl_consistency.errors import UsageError
+from inference.errors import UsageError
 
 # Importing registers the tiny test environments with Gymnasium.
 from msrl_consistency.envs import toy  # noqa: F401  isort: skip

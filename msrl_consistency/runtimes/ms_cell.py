@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from msrl_consistency.runtimes.base import Runtime, RuntimeSource
+from inference.runtimes.base import Runtime, RuntimeSource
 
 # MindSpore is imported lazily so that runtimes that do not need it (lite, onnxruntime) work on a deploy box.
 

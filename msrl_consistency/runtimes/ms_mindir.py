@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from msrl_consistency.runtimes.base import Runtime, RuntimeSource
+from inference.runtimes.base import Runtime, RuntimeSource
 
 
 class MsMindirRuntime(Runtime):

@@ -16,17 +16,17 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
+from inference.errors import UsageError
+from inference.files import write_json_atomic
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, RolloutPolicy
 from msrl_consistency.agent.policy import unpack_rollout
 from msrl_consistency.agent.preprocess import RunningMeanStd
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.checkpoint import save_policy
-from msrl_consistency.artifacts.files import write_json_atomic
 from msrl_consistency.artifacts.provenance import git_commit, versions
 from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs import EnvInfo, describe_env, make_env, make_vector_env
-from msrl_consistency.errors import UsageError
 from msrl_consistency.training.gae import compute_gae
 from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep, updates_per_call
 

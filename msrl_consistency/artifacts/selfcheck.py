@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from inference.bundle import Bundle
-from msrl_consistency.compare.feeds import seeded_feeds
-from msrl_consistency.compare.stats import compare_arrays, tolerance_for
-from msrl_consistency.errors import first_line
-from msrl_consistency.runtimes.base import RuntimeSource
-from msrl_consistency.runtimes.registry import create
+from inference.compare.feeds import seeded_feeds
+from inference.compare.stats import compare_arrays, tolerance_for
+from inference.errors import first_line
+from inference.runtimes.base import RuntimeSource
+from inference.runtimes.registry import create
 
 SELF_CHECK_RUNTIMES = {"mindir": "ms-mindir", "onnx": "onnxruntime", "ms": "lite"}
 

@@ -6,7 +6,7 @@ import importlib.util
 
 import numpy as np
 
-from msrl_consistency.runtimes.base import Runtime, RuntimeSource
+from inference.runtimes.base import Runtime, RuntimeSource
 
 
 class OnnxRuntime(Runtime):

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from msrl_consistency.artifacts.files import write_json_atomic
-from msrl_consistency.compare.checks import Check, VerifyResult
-from msrl_consistency.errors import UsageError
+from inference.compare.checks import Check, VerifyResult
+from inference.errors import UsageError
+from inference.files import write_json_atomic
 
 BASELINE_SCHEMA = "msrl-consistency/baseline"
 TRACKED = ("max_abs", "p99_abs", "mismatches")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from inference import lite_client as lc
-from msrl_consistency.errors import MsrlError
-from msrl_consistency.runtimes.base import InferenceFailed, Runtime, RuntimeSource
+from inference.errors import MsrlError
+from inference.runtimes.base import InferenceFailed, Runtime, RuntimeSource
 
 
 class IncompatibleModel(MsrlError):

@@ -14,17 +14,17 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, BundleError
+from inference.compare import episodes as E
+from inference.compare.acting import is_discrete, mode_policy
+from inference.compare.checks import Check
+from inference.compare.diagnose import diagnose
+from inference.compare.feeds import Feeds
+from inference.compare.policy_level import policy_metrics
+from inference.compare.reference import Inputs, Reference, changed_on_rerun
+from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays, ks_two_sample
 from inference.contract import PolicyContract, top2_margin
-from msrl_consistency.compare import episodes as E
-from msrl_consistency.compare.acting import is_discrete, mode_policy
-from msrl_consistency.compare.checks import Check
-from msrl_consistency.compare.diagnose import diagnose
-from msrl_consistency.compare.feeds import Feeds
-from msrl_consistency.compare.policy_level import policy_metrics
-from msrl_consistency.compare.reference import Inputs, Reference, changed_on_rerun
-from msrl_consistency.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays, ks_two_sample
-from msrl_consistency.errors import MsrlError
-from msrl_consistency.runtimes.base import Runtime
+from inference.errors import MsrlError
+from inference.runtimes.base import Runtime
 
 
 @dataclass
@@ -54,7 +54,7 @@ def check_runtime(
     ``env_deterministic`` (the env passed its determinism check) lets free-running episodes skip the env steps
     where the runtime acts exactly like the reference (``episodes.run_episodes(follow=...)``): same results.
     """
-    from msrl_consistency.runtimes.lite import IncompatibleModel
+    from inference.runtimes.lite import IncompatibleModel
 
     checks: list[Check] = []
     try:

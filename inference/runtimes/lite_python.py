@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from msrl_consistency.runtimes.base import InferenceFailed, Runtime, RuntimeSource
+from inference.runtimes.base import InferenceFailed, Runtime, RuntimeSource
 
 WORKER = r"""
 import io, struct, sys

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, sha256_file
-from msrl_consistency.compare.episodes import EpisodeTrace
-from msrl_consistency.compare.feeds import Feeds
-from msrl_consistency.compare.reference import Reference
-from msrl_consistency.errors import UsageError
+from inference.compare.episodes import EpisodeTrace
+from inference.compare.feeds import Feeds
+from inference.compare.reference import Reference
+from inference.errors import UsageError
 
 GOLDEN_FORMAT = "msrl-consistency/golden"
 GOLDEN_VERSION = 2

@@ -7,6 +7,7 @@ check resolves its inputs here too.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.compare.episodes import EnvSource, gym_env_source
 from inference.contract import PolicyContract
-from msrl_consistency.compare.episodes import EnvSource, gym_env_source
-from msrl_consistency.errors import UsageError, first_line
-from msrl_consistency.plugins import import_factory
+from inference.errors import UsageError, first_line
+from inference.plugins import import_factory
 
 
 @dataclass
@@ -66,7 +67,8 @@ def resolve_inputs(
 def env_source(env_id: str) -> EnvSource:
     import gymnasium as gym
 
-    import msrl_consistency.envs  # noqa: F401 - registers the project's tiny test envs with gymnasium
+    with contextlib.suppress(ImportError):  # the training package, where installed, registers its tiny test envs
+        import msrl_consistency.envs  # noqa: F401
 
     try:
         return gym_env_source(env_id)

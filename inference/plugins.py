@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from msrl_consistency.errors import UsageError, first_line
+from inference.errors import UsageError, first_line
 
 
 def import_factory(spec: str, flag: str = "--cell") -> Callable[[], Any]:

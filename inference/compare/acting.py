@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from inference.bundle import MODES, Bundle
-from msrl_consistency.compare.episodes import Policy
-from msrl_consistency.runtimes.base import Runtime
+from inference.compare.episodes import Policy
+from inference.runtimes.base import Runtime
 
 
 def available_modes(bundle: Bundle) -> dict[str, str]:

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from msrl_consistency.artifacts.files import atomic_path  # noqa: E402
+from inference.files import atomic_path  # noqa: E402
 
 
 def plot_reward_curve(episodes_csv: Path, out: Path, title: str) -> bool:

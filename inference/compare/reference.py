@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.compare import episodes as E
+from inference.compare.acting import available_modes, is_discrete, mode_policy
+from inference.compare.feeds import Feeds, comparison_feeds, seeded_feeds
+from inference.compare.inputs import Inputs
 from inference.contract import top2_margin
-from msrl_consistency.compare import episodes as E
-from msrl_consistency.compare.acting import available_modes, is_discrete, mode_policy
-from msrl_consistency.compare.feeds import Feeds, comparison_feeds, seeded_feeds
-from msrl_consistency.compare.inputs import Inputs
-from msrl_consistency.runtimes.base import Runtime
-from msrl_consistency.runtimes.registry import REFERENCE
+from inference.runtimes.base import Runtime
+from inference.runtimes.registry import REFERENCE
 
 OBS_STREAM = 17
 

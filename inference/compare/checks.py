@@ -1,6 +1,6 @@
 """Result types of a consistency check: every comparison is a ``Check``; a run is a ``VerifyResult``.
 
-The report writers (``msrl_consistency.report``) read these and nothing else, so the same reports come out
+The report writers (``inference.report``) read these and nothing else, so the same reports come out
 whether the reference was the training path or a golden file.
 """
 
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inference.bundle import Bundle
-from msrl_consistency.errors import EXIT_INCONSISTENT, EXIT_OK
+from inference.errors import EXIT_INCONSISTENT, EXIT_OK
 
 if TYPE_CHECKING:
-    from msrl_consistency.compare.reference import Reference
-    from msrl_consistency.compare.verifier import VerifyOptions
+    from inference.compare.reference import Reference
+    from inference.compare.verifier import VerifyOptions
 
 REPORT_SCHEMA = "msrl-consistency/verify-report"
 REPORT_SCHEMA_VERSION = 2
@@ -59,12 +59,12 @@ class VerifyResult:
         return EXIT_OK if self.ok else EXIT_INCONSISTENT
 
     def console_table(self, only_failed: bool = False) -> str:
-        from msrl_consistency.report.writers import console_table
+        from inference.report.writers import console_table
 
         return console_table(self, only_failed=only_failed)
 
     def write_reports(self, out_dir: str | Path) -> dict[str, Path]:
         """report.json, report.md, junit.xml and action_diff.png in ``out_dir``."""
-        from msrl_consistency.report.writers import write_reports
+        from inference.report.writers import write_reports
 
         return write_reports(self, Path(out_dir))

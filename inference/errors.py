@@ -78,6 +78,12 @@ class Interrupts:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
 
+    def check(self) -> None:
+        """Raise the pending interrupt at a safe point: a ``KeyboardInterrupt`` raised while MindSpore's C++ was on
+        the stack can be swallowed or turned into a ``RuntimeError``, so long loops also look at the flag."""
+        if self.requested and not self._defer:
+            raise KeyboardInterrupt("interrupted")
+
     def _handle(self, signum: int, _frame: object) -> None:
         if self.requested:
             print("interrupted again: exiting now", file=sys.stderr, flush=True)
@@ -108,6 +114,7 @@ def run_cli(
     INTERRUPTS.install()
     try:
         code = main(argv)
+        INTERRUPTS.check()  # a signal swallowed on its way through C++ still ends the run as interrupted
     except verdicts as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = EXIT_INCONSISTENT
@@ -115,6 +122,9 @@ def run_cli(
         print("interrupted; temporary files removed, nothing half-written left behind", file=sys.stderr)
         code = EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the one place every exception becomes a line and a code
+        if INTERRUPTS.requested:  # the interrupt, turned into another exception by a C++ frame
+            print("interrupted; temporary files removed, nothing half-written left behind", file=sys.stderr)
+            sys.exit(EXIT_INTERRUPTED)
         if os.environ.get("MSRL_DEBUG"):
             traceback.print_exc()
         message, code = describe(exc)

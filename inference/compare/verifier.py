@@ -1,7 +1,7 @@
 """The consistency check, start to finish: validate → reference → every runtime → versions → result.
 
 After Polygraphy's split: *inputs* (``reference.Inputs``: an env or recorded observations), *runners*
-(``runtimes``), *comparison* (``runtime_check``) and *report* (``msrl_consistency.report``). Nothing here
+(``runtimes``), *comparison* (``runtime_check``) and *report* (``inference.report``). Nothing here
 knows whose policy it is: the bundle's contracts say how outputs become actions, and the caller provides
 the policy Cells (``RuntimeSource.cells``) that make up the training path.
 """
@@ -13,22 +13,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 
 from inference.bundle import MODES, Bundle, sha256_file
-from msrl_consistency.compare import episodes as E
-from msrl_consistency.compare.acting import available_modes
-from msrl_consistency.compare.checks import Check, VerifyResult
-from msrl_consistency.compare.feeds import seeded_feeds
-from msrl_consistency.compare.inputs import Inputs
-from msrl_consistency.compare.reference import REFERENCE, Reference, build_reference
-from msrl_consistency.compare.runtime_check import IN_GRAPH_RANDOMNESS, check_runtime
-from msrl_consistency.compare.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
-from msrl_consistency.compare.versions import version_checks
-from msrl_consistency.errors import RuntimeUnavailable, UsageError
-from msrl_consistency.runtimes.base import CellProvider, Runtime, RuntimeSource
-from msrl_consistency.runtimes.registry import RUNTIMES, create
+from inference.compare import episodes as E
+from inference.compare.acting import available_modes
+from inference.compare.checks import Check, VerifyResult
+from inference.compare.feeds import seeded_feeds
+from inference.compare.inputs import Inputs
+from inference.compare.reference import REFERENCE, Reference, build_reference
+from inference.compare.runtime_check import IN_GRAPH_RANDOMNESS, check_runtime
+from inference.compare.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
+from inference.compare.versions import version_checks
+from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError
+from inference.runtimes.base import CellProvider, Runtime, RuntimeSource
+from inference.runtimes.registry import RUNTIMES, create
 
 
 @dataclass(frozen=True)
@@ -119,6 +118,7 @@ def verify(
         selected[name] = reason or {g: create(name, source, g) for g in bundle.graphs}
     selected.update(extra_runtimes or {})
     for name, graph_runtimes in selected.items():
+        INTERRUPTS.check()
         started = time.perf_counter()
         if isinstance(graph_runtimes, str):
             runtimes[name] = {"status": "unavailable", "reason": graph_runtimes}
@@ -210,6 +210,8 @@ def _provenance(bundle: Bundle, checkpoint: Path | None, checks: list[Check]) ->
 def check_env_matches_contract(bundle: Bundle, env: E.EnvSource) -> None:
     """The env's spaces agree with what the bundle's contracts declare (shape, action count, bounds): UsageError
     naming the disagreement, before any episode runs."""
+    import gymnasium as gym
+
     made = env.make()
     try:
         obs_space, act_space = made.observation_space, made.action_space

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from inference.bundle import Bundle
-from msrl_consistency.compare.checks import Check
+from inference.compare.checks import Check
 
 
 def version_checks(bundle: Bundle, runtimes: dict[str, dict[str, Any]]) -> list[Check]:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import gymnasium as gym
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.errors import INTERRUPTS
+
+if TYPE_CHECKING:  # Gymnasium is imported when episodes are played, not to read a bundle
+    import gymnasium as gym
 
 EPISODE_NOISE_STREAM = 13
 DEFAULT_HORIZON = 1000
@@ -31,6 +35,8 @@ class EnvSource:
 
 
 def gym_env_source(env_id: str) -> EnvSource:
+    import gymnasium as gym
+
     spec = gym.spec(env_id)  # raises gym.error.Error for an unknown id (the CLI turns it into exit 2)
     return EnvSource(env_id, lambda: gym.make(env_id), int(spec.max_episode_steps or DEFAULT_HORIZON))
 
@@ -93,6 +99,7 @@ def run_episodes(
         for t in range(horizon):
             if not alive.any():
                 break
+            INTERRUPTS.check()
             actions = np.asarray(policy(obs, None if noise is None else noise[t]))
             obs_log.append(obs.copy())
             act_log.append(actions.copy())

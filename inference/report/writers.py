@@ -23,8 +23,8 @@ from xml.sax.saxutils import escape, quoteattr
 import numpy as np
 
 from inference.bundle import sha256_file
-from msrl_consistency.artifacts.files import write_atomic, write_json_atomic
-from msrl_consistency.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
+from inference.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
+from inference.files import write_atomic, write_json_atomic
 
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "warn", "skip": "skip"}
 
@@ -124,7 +124,10 @@ def plot_action_diffs(result: VerifyResult, out: Path) -> bool:
     """Per-step max action difference vs the reference, one line per runtime and episode mode."""
     if not result.episode_diffs:
         return False
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the deploy side installs without matplotlib: the other reports carry the same numbers
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
