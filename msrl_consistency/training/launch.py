@@ -33,7 +33,7 @@ from msrl_consistency.config import TrainConfig
 from msrl_consistency.training import distributed as dist
 
 POLL_S = 0.2
-SCHEDULER_GRACE_S = 5.0  # once every worker is gone, msrun's scheduler gets this long before it is stopped
+SCHEDULER_GRACE_S = 2.0  # once every worker is gone, msrun's scheduler gets this long before it is stopped
 CLUSTER_TIMEOUT_S = 120  # msrun --cluster_time_out: how long ranks wait for one another to join
 _MINDSPORE_LOG_PREFIXES = ("[WARNING]", "[INFO]", "[ERROR]", "[DEBUG]", "[CRITICAL]")
 
@@ -65,6 +65,8 @@ def worker_env(log_dir: Path) -> dict[str, str]:
     root = str(Path(msrl_consistency.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env[dist.STATUS_DIR_ENV] = str(log_dir)
+    for key, value in compat.FAST_JOIN_ENV.items():
+        env.setdefault(key, value)
     return env
 
 
