@@ -131,6 +131,10 @@ class PPOTrainStep(nn.Cell):
         self.adv_world_size = adv_world_size
         self.adv_all_reduce = ops.AllReduce() if adv_world_size > 1 else None
         self.loss_scale = loss_scale
+        if loss_scale is not None:
+            # Everything an Adam step writes, restored when the step is skipped (see ``scaled_update``).
+            written = {id(p): p for p in [*optimizer.parameters, *optimizer.get_parameters()]}
+            self.step_state = ms.ParameterTuple([p for p in written.values() if p is not optimizer.learning_rate])
         grad_net = loss_net if loss_scale is None else ScaledLoss(loss_net)
         self.grad_fn = ms.value_and_grad(grad_net, None, optimizer.parameters, has_aux=True)
 
@@ -186,7 +190,11 @@ class PPOTrainStep(nn.Cell):
     def scaled_update(self, batch: tuple[Tensor, ...]) -> Tensor:
         """fp16: backward on the scaled loss; average, unscale, and skip the step if any gradient overflowed.
 
-        Every rank sees the same reduced gradients, so every rank makes the same skip decision.
+        Every rank sees the same reduced gradients, so every rank makes the same skip decision. The skip is
+        branch-free: the optimizer always runs and everything it wrote (weights, moments, beta powers, step) is
+        put back when the gradients were not finite. A graph ``if`` around the optimizer was measured to break
+        on MindSpore 2.10: after a host ``set_data`` (resume, a new learning rate) the Parameters written
+        inside the branch no longer followed the host's values, so a resumed run drifted from an uninterrupted one.
         """
         scale = self.loss_scale.scale * 1.0
         (_, aux), grads = self.grad_fn(*batch, scale)
@@ -194,6 +202,12 @@ class PPOTrainStep(nn.Cell):
             grads = self.grad_reducer(grads)
         grads = tuple(g / scale for g in grads)
         finite = self.loss_scale.adjust(amp.all_finite(grads))
-        if finite:
-            aux = ops.depend(aux, self.optimizer(clip_by_global_norm(grads, self.max_grad_norm)))
-        return aux
+        before = ()
+        for p in self.step_state:
+            before += (p + 0,)  # a copy (ops.identity would alias the Parameter and see the update)
+        grads = ops.depend(clip_by_global_norm(grads, self.max_grad_norm), before)
+        applied = self.optimizer(grads)
+        kept = ()
+        for p, old in zip(self.step_state, before):  # noqa: B905 - graph mode: no strict= (equal lengths)
+            kept += (ops.assign(p, ops.select(finite, ops.depend(p, applied), old)),)
+        return ops.depend(aux, kept)
