@@ -117,6 +117,13 @@ def test_launcher_reports_a_rank_error_and_success(tmp_path):
     assert outcome.exit_code == 1
     assert outcome.report(tmp_path)[0] == "error: rank 0 exited with code 1: at iteration 4: ranks diverged"
 
+    # Bad input found by rank 0 stops every rank with the same error: reported once.
+    write_status(tmp_path, 0, pid=100, exit_code=2, error="unknown environment id 'X'")
+    write_status(tmp_path, 1, pid=101, exit_code=2, error="unknown environment id 'X'")
+    outcome = launch.collect_outcome(tmp_path, 2, msrun_code=1)
+    assert outcome.exit_code == 2
+    assert outcome.report(tmp_path)[0] == "error: ranks 0, 1 exited with code 2: unknown environment id 'X'"
+
     write_status(tmp_path, 0, pid=100, exit_code=0)
     write_status(tmp_path, 1, pid=101, exit_code=0)
     (tmp_path / "msrun.log").write_text("")

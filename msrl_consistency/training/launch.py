@@ -167,13 +167,17 @@ class Outcome:
         if self.exit_code == 0:
             return []
         lines = []
+        errors: dict[tuple[int, str], list[int]] = {}  # the same error on several ranks is reported once
         for r in self.ranks:
             if r.signal is not None:
                 name = signal.Signals(r.signal).name if r.signal in signal.valid_signals() else str(r.signal)
                 lines.append(f"error: rank {r.rank} (pid {r.pid}) was killed by signal {r.signal} ({name}); msrun "
                              "stopped the other ranks")  # fmt: skip
             elif r.exit_code:
-                lines.append(f"error: rank {r.rank} exited with code {r.exit_code}: {r.error or 'see its log'}")
+                errors.setdefault((r.exit_code, r.error or "see its log"), []).append(r.rank)
+        for (code, error), ranks in errors.items():
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+            lines.append(f"error: {who} exited with code {code}: {error}")
         if not lines:
             lines.append(f"error: the distributed job failed (msrun exit code {self.msrun_code}) before any rank "
                          "reported an error")  # fmt: skip
