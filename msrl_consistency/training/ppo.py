@@ -192,9 +192,9 @@ class PPOTrainStep(nn.Cell):
 
         Every rank sees the same reduced gradients, so every rank makes the same skip decision. The skip is
         branch-free: the optimizer always runs and everything it wrote (weights, moments, beta powers, step) is
-        put back when the gradients were not finite. A graph ``if`` around the optimizer was measured to break
-        on MindSpore 2.10: after a host ``set_data`` (resume, a new learning rate) the Parameters written
-        inside the branch no longer followed the host's values, so a resumed run drifted from an uninterrupted one.
+        put back when the gradients were not finite. With a graph ``if`` around the optimizer instead, the same
+        Parameter values gave different updates depending on whether the host had set them (as a resume does) or
+        earlier steps had written them, so a resumed run drifted from an uninterrupted one (MindSpore 2.10, CPU).
         """
         scale = self.loss_scale.scale * 1.0
         (_, aux), grads = self.grad_fn(*batch, scale)
