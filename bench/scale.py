@@ -155,7 +155,7 @@ def measure(layout: str, env_id: str, iterations: int, out: Path) -> list[dict[s
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("rank_*.json"):
         old.unlink()
-    worker = [str(Path(__file__).resolve()), "--worker", "--env", env_id, "--num-envs", str(envs),
+    worker = [str(Path(__file__).resolve()), "--rank-worker", "--env", env_id, "--num-envs", str(envs),
               "--iterations", str(iterations), "--out", str(out)]  # fmt: skip
     if workers == 1:
         subprocess.run([sys.executable, *worker], cwd=REPO, check=True)
@@ -256,11 +256,11 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--out", type=Path, default=REPO / "reports/bench/scale")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--num-envs", type=int, default=8, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("GLOG_v", "3")
-    if args.worker:
+    if args.rank_worker:  # not "--worker": msrun would take it for an abbreviation of its --worker_num
         run_worker(args.env, args.num_envs, args.iterations, args.out)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)

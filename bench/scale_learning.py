@@ -7,6 +7,7 @@ the moving mean of the last 10 training episodes stays >= 475 from some step <= 
 (``train_throughput.steps_to_threshold``, the column the README reports for one process).
 
     .venv/bin/python bench/scale_learning.py --seeds 1,2,3 --steps 50000
+    .venv/bin/python bench/scale_learning.py --seeds 4,5,6   # adds to the same table (reports/bench/scale_learning)
 """
 
 from __future__ import annotations
@@ -91,14 +92,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "reports/bench/scale_learning")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
+    store = args.out / "scale_learning.json"
+    # Earlier invocations' runs are kept (another seed range adds to the table); a re-run replaces its entry.
+    results = json.loads(store.read_text()) if store.exists() else []
     for layout in [s.strip() for s in args.layouts.split(",")]:
         for seed in (int(s) for s in args.seeds.split(",")):
-            results.append(run(layout, seed, args.steps, args.out))
-            r = results[-1]
+            r = run(layout, seed, args.steps, args.out)
+            results = [x for x in results if (x["layout"], x["seed"]) != (layout, seed)] + [r]
             print(f"{layout} seed {seed}: >=475 from {r['steps_to_threshold']}, eval {r['eval_mean']:.1f}, "
                   f"{r['sps']:.0f} SPS", flush=True)  # fmt: skip
-    (args.out / "scale_learning.json").write_text(json.dumps(results, indent=1))
+            store.write_text(json.dumps(results, indent=1))
+    results.sort(key=lambda x: (list(LAYOUTS).index(x["layout"]), x["seed"]))
     text = f"CartPole-v1, {args.steps} steps per run, preset hyperparameters\n\n{table(results)}\n"
     (args.out / "scale_learning.md").write_text(text)
     print("\n" + text)

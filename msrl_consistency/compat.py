@@ -71,7 +71,9 @@ def set_threads(num_threads: int) -> None:
 # DEVICE_ID = the local rank). The collective backend follows the device: mccl on CPU, nccl on GPU, hccl on
 # Ascend; the same code path runs on all three.
 ROLE_ENV, SCHEDULER_ROLE, WORKER_ROLE = "MS_ROLE", "MS_SCHED", "MS_WORKER"
-MSRUN_MODULE = "mindspore.parallel.cluster.run"  # what the `msrun` script runs
+# What the `msrun` script runs. It parses its own options anywhere on its command line, abbreviations included:
+# a rank's flag must not be a prefix of one of msrun's (e.g. "--worker" is taken for "--worker_num"; tested).
+MSRUN_MODULE = "mindspore.parallel.cluster.run"
 ALLREDUCE_FUSION_MB = 64  # one fused AllReduce for these small MLPs: 4.4 → 1.7-2.4 ms per update, 2 workers
 # msrun's log line when it sees a worker fail (it then SIGKILLs the others), e.g.
 # "Worker process 1234 exit with exception. Error code: -9."

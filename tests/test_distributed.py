@@ -12,7 +12,7 @@ import pytest
 from msrl_consistency import train
 from msrl_consistency.agent.preprocess import RunningMeanStd, batch_moments, merge_moments
 from msrl_consistency.artifacts import run_dir as rd
-from msrl_consistency.config import TrainConfig
+from msrl_consistency.config import TrainConfig, build_parser
 from msrl_consistency.errors import UsageError
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training import launch
@@ -91,6 +91,24 @@ def test_msrun_command_keeps_loopback_unless_told_otherwise(tmp_path):
     assert env["PATH"].split(":")[0] == str(Path(launch.sys.executable).parent)
     assert env["PYTHONPATH"].split(":")[0] == str(Path(__file__).resolve().parents[1])
     assert env[dist.STATUS_DIR_ENV] == str(tmp_path)
+
+
+def test_msrun_hands_every_train_flag_to_the_ranks_untouched(tmp_path, monkeypatch):
+    # msrun parses its own options anywhere on its command line, abbreviations included: a train flag that is a
+    # prefix of one of msrun's (e.g. "--worker" of "--worker_num") would be taken from the ranks.
+    import sys
+
+    from mindspore.parallel.cluster import run as msrun
+
+    argv = []
+    for action in build_parser()._actions:
+        if action.option_strings and action.dest != "help":
+            argv += [action.option_strings[0], "1"]
+    cmd = launch.msrun_command(2, "127.0.0.1", 4242, tmp_path, argv)
+    monkeypatch.setattr(sys, "argv", ["msrun", *cmd[3:]])
+    parsed = msrun.get_args()
+    assert (parsed.task_script, parsed.task_script_args) == ("python", ["-m", "msrl_consistency.train", *argv])
+    assert (parsed.worker_num, parsed.master_addr, parsed.master_port) == (2, "127.0.0.1", 4242)
 
 
 def write_status(log_dir: Path, rank: int, **fields) -> None:
