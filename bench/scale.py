@@ -38,7 +38,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-LAYOUTS = {"1x8": (1, 8), "2x4": (2, 4), "2x8": (2, 8)}
+# name: (workers, envs per rank, advantage normalisation scope)
+LAYOUTS = {"1x8": (1, 8, "global"), "2x4": (2, 4, "global"), "2x4 rank-adv": (2, 4, "rank"), "2x8": (2, 8, "global")}
 
 
 # -- worker (one rank, or the single process) ------------------------------------------------------------------
@@ -71,7 +72,25 @@ def per_call(fns: dict[str, Callable[[], Any]], calls: int, rounds: int = 5) -> 
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def run_worker(env_id: str, num_envs: int, iterations: int, out: Path) -> None:
+class AllReduceOnly:
+    """A graph that only AllReduces a float32 tensor: the collective's latency with the ranks in lockstep."""
+
+    def __new__(cls, shape: tuple[int, ...]) -> Any:
+        from mindspore import Tensor, nn, ops
+
+        class Cell(nn.Cell):
+            def __init__(self) -> None:
+                super().__init__()
+                self.op = ops.AllReduce()
+
+            def construct(self, x: Tensor) -> Tensor:
+                return self.op(x)
+
+        cell, x = Cell(), Tensor(np.zeros(shape, np.float32))
+        return lambda: cell(x).asnumpy()
+
+
+def run_worker(env_id: str, num_envs: int, adv_scope: str, iterations: int, out: Path) -> None:
     from mindspore import Tensor
 
     from msrl_consistency import compat
@@ -81,7 +100,10 @@ def run_worker(env_id: str, num_envs: int, iterations: int, out: Path) -> None:
     from msrl_consistency.training.loop import Trainer, build_learner
     from msrl_consistency.training.ppo import PPOTrainStep
 
-    cfg = parse_config(["--env-id", env_id, "--num-envs", str(num_envs), "--progress", "false"])
+    cfg = parse_config(["--env-id", env_id, "--num-envs", str(num_envs), "--adv-norm-scope", adv_scope])
+    if compat.cluster_role() == compat.SCHEDULER_ROLE:  # msrun runs this script as its scheduler too
+        dist.run_scheduler()
+        return
     if compat.cluster_role() == compat.WORKER_ROLE:
         comm: Any = dist.join_cluster(cfg.device)
     else:
@@ -126,12 +148,17 @@ def run_worker(env_id: str, num_envs: int, iterations: int, out: Path) -> None:
         if comm.world_size > 1:
             local = build_learner(cfg, trainer.spec, world_size=1).train_step
             adv = build_learner(cfg, trainer.spec, world_size=1).train_step
+            adv_world = comm.world_size if adv_scope == "global" else 1  # as the layout's own train step
             adv_only = PPOTrainStep(adv.loss_net, adv.optimizer, cfg.max_grad_norm, k, cfg.norm_adv,
-                                    adv_world_size=comm.world_size)  # fmt: skip
+                                    adv_world_size=adv_world)  # fmt: skip
             variants["no gradient AllReduce"] = compat.CompiledCall(adv_only)
             variants["local"] = compat.CompiledCall(local)
         calls = per_call({n: (lambda f=f: f(*flat, idx).asnumpy()) for n, f in variants.items()}, calls=10)
         grad_bytes = sum(int(np.prod(p.shape)) * 4 for p in trainer.policy.trainable_params())
+        lockstep = {}
+        if comm.world_size > 1:
+            lockstep = per_call({"gradient": AllReduceOnly((grad_bytes // 4,)), "advantage": AllReduceOnly((k, 1))},
+                                calls=50)  # fmt: skip
         result = {
             "rank": comm.rank,
             "world_size": comm.world_size,
@@ -141,6 +168,8 @@ def run_worker(env_id: str, num_envs: int, iterations: int, out: Path) -> None:
             "act_calls_per_iteration": cfg.num_steps + 1,
             "iterations": rows[1:],  # the first pays the compiles
             "per_update": {n: t / k for n, t in calls.items()},
+            "lockstep_allreduce": lockstep,
+            "adv_scope": adv_scope,
             "gradient_bytes": grad_bytes,
             "exchange_payload_bytes": payload,
         }
@@ -150,13 +179,13 @@ def run_worker(env_id: str, num_envs: int, iterations: int, out: Path) -> None:
 
 # -- driver ----------------------------------------------------------------------------------------------------
 def measure(layout: str, env_id: str, iterations: int, out: Path) -> list[dict[str, Any]]:
-    workers, envs = LAYOUTS[layout]
-    out = out / layout
+    workers, envs, adv_scope = LAYOUTS[layout]
+    out = out / layout.replace(" ", "-")
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("rank_*.json"):
         old.unlink()
     worker = [str(Path(__file__).resolve()), "--rank-worker", "--env", env_id, "--num-envs", str(envs),
-              "--iterations", str(iterations), "--out", str(out)]  # fmt: skip
+              "--adv-scope", adv_scope, "--iterations", str(iterations), "--out", str(out)]  # fmt: skip
     if workers == 1:
         subprocess.run([sys.executable, *worker], cwd=REPO, check=True)
     else:
@@ -181,11 +210,14 @@ def ms(seconds: float) -> str:
 
 def report(results: dict[str, list[dict[str, Any]]]) -> str:
     lines = [
-        "Per iteration, milliseconds (median over iterations; rank 0; the slowest rank's iteration in brackets):",
+        "Per iteration, milliseconds: the real loop's median over iterations (rank 0; the slowest rank's in "
+        "brackets), its update split by timing one train-step call three ways (data parallel, without the gradient "
+        "AllReduce, local). A collective's time includes waiting for the slower rank; the first one of each call "
+        "absorbs the ranks' drift since the last call.",
         "",
-        "| layout | iteration | collect (act + env + rest) | update: compute | update: gradient AllReduce "
+        "| layout | iteration | collect (act + env + rest) | update | update: compute | update: gradient AllReduce "
         "| update: advantage AllReduce | exchange (host AllGather) | env steps/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     split: dict[str, dict[str, float]] = {}
     for layout, ranks in results.items():
@@ -194,59 +226,75 @@ def report(results: dict[str, list[dict[str, Any]]]) -> str:
         it = median(rows, "iteration")
         slowest = max(median(r["iterations"], "iteration") for r in ranks)
         local = upd.get("local", upd["data parallel"])
-        grad_ar = upd["data parallel"] - upd.get("no gradient AllReduce", upd["data parallel"])
-        adv_ar = upd.get("no gradient AllReduce", local) - local
+        no_grad = upd.get("no gradient AllReduce", upd["data parallel"])
+        grad_ar, adv_ar = upd["data parallel"] - no_grad, no_grad - local
         act, env, collect = median(rows, "act"), median(rows, "env"), median(rows, "collect")
         steps = r0["world_size"] * r0["num_envs"] * 32
         split[layout] = {"act": act, "env": env, "rest": collect - act - env, "update": n_upd * local,
-                         "grad_ar": n_upd * grad_ar, "adv_ar": n_upd * adv_ar, "exchange": median(rows, "exchange"),
-                         "iteration": it}  # fmt: skip
+                         "exchange": median(rows, "exchange"), "iteration": it}  # fmt: skip
         lines.append(
             f"| {layout} | {ms(it)} [{ms(slowest)}] | {ms(collect)} ({ms(act)} + {ms(env)} + {ms(collect - act - env)})"
-            f" | {ms(n_upd * local)} | {ms(n_upd * grad_ar)} | {ms(n_upd * adv_ar)} | {ms(median(rows, 'exchange'))}"
-            f" | {steps / it:.0f} |"
+            f" | {ms(median(rows, 'update'))} | {ms(n_upd * local)} | {ms(n_upd * grad_ar)} | {ms(n_upd * adv_ar)}"
+            f" | {ms(median(rows, 'exchange'))} | {steps / it:.0f} |"
         )
-    lines += ["", "Bytes sent per rank:", "", "| layout | gradient AllReduce per update | advantage AllReduce per call "
-              "| exchange per iteration |", "|---|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "",
+        "One AllReduce alone, ranks in lockstep (a loop of nothing else), and bytes each rank sends:",
+        "",
+        "| layout | gradient AllReduce | its bytes per update | advantage AllReduce | its bytes per call "
+        "| exchange bytes per iteration |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lockstep: dict[str, float] = {}
     for layout, ranks in results.items():
         r0 = ranks[0]
         w, g = r0["world_size"], r0["gradient_bytes"]
+        if w == 1:
+            continue
         ring = 2 * (w - 1) / w * g  # ring AllReduce: reduce-scatter + all-gather, each (w-1)/w of the payload
-        adv = 2 * 2 * (w - 1) / w * r0["updates_per_call"] * 4 if w > 1 else 0  # two AllReduces of [k, 1] float32
+        adv = 2 * 2 * (w - 1) / w * r0["updates_per_call"] * 4 if r0["adv_scope"] == "global" else 0
         exchange = (w - 1) * r0["exchange_payload_bytes"]  # AllGather: each rank's payload goes to w-1 others
-        lines.append(f"| {layout} | {ring:,.0f} B (payload {g:,} B fp32) | {adv:,.0f} B | {exchange:,.0f} B |")
-    lines += ["", projection(split)]
+        ls = r0["lockstep_allreduce"]
+        lockstep = lockstep or ls
+        lines.append(
+            f"| {layout} | {ms(ls['gradient'])} ms | {ring:,.0f} B (payload {g:,} B) | {ms(ls['advantage'])} ms "
+            f"| {adv:,.0f} B | {exchange:,.0f} B |"
+        )
+    lines += ["", projection(split, lockstep, results)]
     return "\n".join(lines)
 
 
-def projection(split: dict[str, dict[str, float]]) -> str:
-    """N workers on N cores, from the 1-worker components and the measured 2-worker collective costs."""
-    if "1x8" not in split or "2x4" not in split:
+def projection(split: dict[str, dict[str, float]], lockstep: dict[str, float], results: dict[str, Any]) -> str:
+    """N workers on N cores, from the 1-worker components and the 2-worker collective latencies."""
+    if "1x8" not in split or "2x4" not in split or not lockstep:
         return ""
-    one, two = split["1x8"], split["2x4"]
-    collective = two["grad_ar"] + two["adv_ar"] + two["exchange"]  # per iteration, 2 ranks: one ring hop each way
-    base = one["iteration"]
+    one, r0 = split["1x8"], results["2x4"][0]
+    n_upd, calls = r0["updates_per_iteration"], r0["updates_per_iteration"] // r0["updates_per_call"]
+    hop = n_upd * lockstep["gradient"] + 2 * calls * lockstep["advantage"] + split["2x4"]["exchange"]
+    contended = split["2x4"]["iteration"] - one["iteration"]  # what 2 ranks on 2 shared cores cost here
+    fixed = one["act"] + one["rest"] + one["update"]
     out = [
-        "Projection for N workers on N cores (no contention), in iteration time for the 1x8 global batch (strong) "
-        "and in throughput with 8 envs per rank (weak):",
+        "Projection for N workers on N cores, one rank per core: strong scaling (the 1x8 global batch split over N "
+        "ranks) and weak scaling (8 envs per rank):",
         "",
-        "    T(N)      = act + env/N + rest + update + (N-1) x C      (strong: 8/N envs per rank)",
-        "    T_weak(N) = act + env   + rest + update + (N-1) x C      (weak: 8 envs per rank, N x the steps)",
-        f"    act {ms(one['act'])} ms, env {ms(one['env'])} ms, rest {ms(one['rest'])} ms, update "
-        f"{ms(one['update'])} ms from 1x8; C = {ms(collective)} ms = the 2x4 run's gradient + advantage AllReduce",
-        "    and exchange per iteration (measured on 2 shared cores, so an upper bound). Act and update cost the same",
-        "    whatever the batch (MindSpore's CPU kernels are launch-bound at these sizes); the collectives are",
-        "    latency-bound (36 KB), and a ring takes N-1 hops.",
+        "    T(N)      = act + env/N + rest + update + (N-1) x C",
+        "    T_weak(N) = act + env   + rest + update + (N-1) x C,   throughput N x 256 steps / T_weak(N)",
+        f"    act {ms(one['act'])}, env {ms(one['env'])}, rest {ms(one['rest'])}, update {ms(one['update'])} ms "
+        f"(the 1x8 run: act calls and updates cost the same whatever their batch here, MindSpore's CPU kernels "
+        f"being launch-bound); C = {ms(hop)} ms per iteration = {n_upd} gradient AllReduces + {2 * calls} "
+        f"advantage AllReduces at their lockstep latency + the exchange, for one ring hop (a ring of N takes N-1).",
+        f"    Measured instead on these 2 shared cores: 2x4 costs {ms(contended)} ms more per iteration than 1x8 "
+        "(ranks and MindSpore's spinning runtime threads contend for the cores; every collective waits for the "
+        "slower rank).",
         "",
         "| N | strong: iteration ms | strong speed-up | weak: env steps/s | weak speed-up |",
         "|---:|---:|---:|---:|---:|",
     ]
-    fixed = one["act"] + one["rest"] + one["update"]
+    base = fixed + one["env"]
     for n in (1, 2, 4, 8):
-        strong = fixed + one["env"] / n + (n - 1) * collective
-        weak = fixed + one["env"] + (n - 1) * collective
-        steps = 8 * 32
-        out.append(f"| {n} | {ms(strong)} | {base / strong:.2f}x | {n * steps / weak:.0f} | {n * base / weak:.2f}x |")
+        strong = fixed + one["env"] / n + (n - 1) * hop
+        weak = fixed + one["env"] + (n - 1) * hop
+        out.append(f"| {n} | {ms(strong)} | {base / strong:.2f}x | {n * 256 / weak:.0f} | {n * base / weak:.2f}x |")
     return "\n".join(out)
 
 
@@ -258,13 +306,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "reports/bench/scale")
     parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--num-envs", type=int, default=8, help=argparse.SUPPRESS)
+    parser.add_argument("--adv-scope", default="global", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("GLOG_v", "3")
     if args.rank_worker:  # not "--worker": msrun would take it for an abbreviation of its --worker_num
-        run_worker(args.env, args.num_envs, args.iterations, args.out)
+        run_worker(args.env, args.num_envs, args.adv_scope, args.iterations, args.out)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {layout: measure(layout, args.env, args.iterations, args.out) for layout in args.layouts.split(",")}
+    layouts = [name.strip() for name in args.layouts.split(",")]
+    results = {layout: measure(layout, args.env, args.iterations, args.out) for layout in layouts}
     (args.out / "scale.json").write_text(json.dumps(results, indent=1))
     text = f"{args.env}, {args.iterations} iterations per layout\n\n{report(results)}\n"
     (args.out / "scale.md").write_text(text)
