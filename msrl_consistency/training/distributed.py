@@ -14,6 +14,7 @@ gathers the digests and stops the run on the first disagreement, naming the rank
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 from dataclasses import dataclass
@@ -148,8 +149,6 @@ def write_rank_status(rank: int, **fields: Any) -> None:
     directory = os.environ.get(STATUS_DIR_ENV)
     if not directory:
         return
-    import json
-
     path = os.path.join(directory, f"rank_{rank}.json")
     data = {}
     if os.path.exists(path):
