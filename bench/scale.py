@@ -4,16 +4,16 @@ Layouts (CartPole preset: 32 steps per env, 4 minibatches x 10 epochs = 40 updat
 
 * ``1x8``  one process, 8 envs: today's single-process run;
 * ``2x4``  2 ranks x 4 envs: the same global batch (what ``scale_learning.py`` compares for learning);
+* ``2x4 rank-adv``  the same with per-rank advantage normalisation (no advantage AllReduce);
 * ``2x8``  2 ranks x 8 envs: the same work per rank (what adding a machine with its own envs does).
 
 Every rank runs the Trainer's own pieces (``collect``, ``update``, ``merge_ranks``) for ``--iterations``
-iterations under msrun (``--workers 2``) or alone, timing each; then, on the last rollout, it times one train-step
-call three ways: the real data-parallel step, the same step without the gradient AllReduce (advantage
-AllReduce kept), and a purely local step. The differences are the in-graph collectives, including the time a rank
-waits for the slower one. This machine has 2 cores shared with other tenants: two ranks plus MindSpore's runtime
-threads contend for them, so the 2-worker rows show synchronisation overhead, not a speed-up. The projection for
-N workers on N cores is computed from the 1-worker components and the measured 2-worker collective costs (printed
-with its formula).
+iterations, under msrun for 2 ranks, timing each. Then it times the same train-step call without any collective
+(a local learner) and one AllReduce alone with the ranks in lockstep (gradient-sized and advantage-sized): the
+update splits into compute, AllReduces at that latency, and the rest, which is waiting for the other rank. This
+machine has 2 cores shared with other tenants: two ranks plus MindSpore's runtime threads contend for them, so
+the 2-worker rows show synchronisation overhead, not a speed-up. The projection for N workers on N cores uses
+the 1-worker loop's components and the lockstep latencies (printed with its formula).
 
     .venv/bin/python bench/scale.py --iterations 30
 """
@@ -55,10 +55,8 @@ def timed(fn: Callable[..., Any], bucket: list[float]) -> Callable[..., Any]:
 
 
 def per_call(fns: dict[str, Callable[[], Any]], calls: int, rounds: int = 5) -> dict[str, float]:
-    """Median over interleaved rounds of the mean seconds per call (after warm-up).
-
-    Every rank runs the same sequence, so collectives inside the calls pair up across ranks.
-    """
+    """Best over interleaved rounds of the mean seconds per call (after warm-up): a load spike from another
+    tenant inflates a round, never deflates one. Every rank runs the same sequence, so collectives pair up."""
     for fn in fns.values():
         for _ in range(3):
             fn()
@@ -69,7 +67,7 @@ def per_call(fns: dict[str, Callable[[], Any]], calls: int, rounds: int = 5) -> 
             for _ in range(calls):
                 fn()
             samples[name].append((time.perf_counter() - start) / calls)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return {name: min(v) for name, v in samples.items()}
 
 
 class AllReduceOnly:
@@ -98,7 +96,6 @@ def run_worker(env_id: str, num_envs: int, adv_scope: str, iterations: int, out:
     from msrl_consistency.config import parse_config
     from msrl_consistency.training import distributed as dist
     from msrl_consistency.training.loop import Trainer, build_learner
-    from msrl_consistency.training.ppo import PPOTrainStep
 
     cfg = parse_config(["--env-id", env_id, "--num-envs", str(num_envs), "--adv-norm-scope", adv_scope])
     if compat.cluster_role() == compat.SCHEDULER_ROLE:  # msrun runs this script as its scheduler too
@@ -139,21 +136,13 @@ def run_worker(env_id: str, num_envs: int, adv_scope: str, iterations: int, out:
             rows.append({"collect": t1 - t0, "act": sum(act_t), "env": sum(env_t), "update": t2 - t1,
                          "exchange": t3 - t2, "iteration": t3 - t0})  # fmt: skip
 
-        # One train-step call three ways, on the last rollout.
+        # The same train-step call without any collective (a local learner), and AllReduce alone, ranks in lockstep.
         flat = [Tensor(buf[k].reshape(cfg.batch_size, *buf[k].shape[2:]))
                 for k in ("obs", "actions", "logp", "advantages", "returns", "values")]  # fmt: skip
         k = trainer.train_step.updates_per_call
         idx = Tensor(np.stack([np.arange(cfg.minibatch_size) for _ in range(k)]).astype(np.int32))
-        variants = {"data parallel": trainer._train_call}
-        if comm.world_size > 1:
-            local = build_learner(cfg, trainer.spec, world_size=1).train_step
-            adv = build_learner(cfg, trainer.spec, world_size=1).train_step
-            adv_world = comm.world_size if adv_scope == "global" else 1  # as the layout's own train step
-            adv_only = PPOTrainStep(adv.loss_net, adv.optimizer, cfg.max_grad_norm, k, cfg.norm_adv,
-                                    adv_world_size=adv_world)  # fmt: skip
-            variants["no gradient AllReduce"] = compat.CompiledCall(adv_only)
-            variants["local"] = compat.CompiledCall(local)
-        calls = per_call({n: (lambda f=f: f(*flat, idx).asnumpy()) for n, f in variants.items()}, calls=10)
+        local = compat.CompiledCall(build_learner(cfg, trainer.spec, world_size=1).train_step)
+        calls = per_call({"local": lambda: local(*flat, idx).asnumpy()}, calls=10)
         grad_bytes = sum(int(np.prod(p.shape)) * 4 for p in trainer.policy.trainable_params())
         lockstep = {}
         if comm.world_size > 1:
@@ -165,6 +154,7 @@ def run_worker(env_id: str, num_envs: int, adv_scope: str, iterations: int, out:
             "num_envs": num_envs,
             "updates_per_iteration": cfg.num_minibatches * cfg.update_epochs,
             "updates_per_call": k,
+            "num_steps": cfg.num_steps,
             "act_calls_per_iteration": cfg.num_steps + 1,
             "iterations": rows[1:],  # the first pays the compiles
             "per_update": {n: t / k for n, t in calls.items()},
@@ -210,91 +200,90 @@ def ms(seconds: float) -> str:
 
 def report(results: dict[str, list[dict[str, Any]]]) -> str:
     lines = [
-        "Per iteration, milliseconds: the real loop's median over iterations (rank 0; the slowest rank's in "
-        "brackets), its update split by timing one train-step call three ways (data parallel, without the gradient "
-        "AllReduce, local). A collective's time includes waiting for the slower rank; the first one of each call "
-        "absorbs the ranks' drift since the last call.",
+        "Per iteration, milliseconds (medians over the real loop's iterations, rank 0; the slowest rank's iteration "
+        "in brackets). The update is split into its compute (the same train-step call without collectives, timed "
+        "alone, best of 5 rounds), the gradient and advantage AllReduces at their lockstep latency (one AllReduce "
+        "timed alone, times how many an iteration makes), and what remains: waiting for the other rank, i.e. "
+        "contention.",
         "",
-        "| layout | iteration | collect (act + env + rest) | update | update: compute | update: gradient AllReduce "
-        "| update: advantage AllReduce | exchange (host AllGather) | env steps/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| layout | iteration | collect (act + env + rest) | update | compute | gradient AllReduce "
+        "| advantage AllReduce | waiting | exchange (host AllGather) | env steps/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     split: dict[str, dict[str, float]] = {}
     for layout, ranks in results.items():
         r0 = ranks[0]
-        rows, upd, n_upd = r0["iterations"], r0["per_update"], r0["updates_per_iteration"]
-        it = median(rows, "iteration")
+        rows, n_upd = r0["iterations"], r0["updates_per_iteration"]
+        calls = n_upd // r0["updates_per_call"]
+        it, update = median(rows, "iteration"), median(rows, "update")
         slowest = max(median(r["iterations"], "iteration") for r in ranks)
-        local = upd.get("local", upd["data parallel"])
-        no_grad = upd.get("no gradient AllReduce", upd["data parallel"])
-        grad_ar, adv_ar = upd["data parallel"] - no_grad, no_grad - local
+        ls = r0["lockstep_allreduce"]
+        compute = n_upd * r0["per_update"]["local"] if ls else update
+        grad = n_upd * ls["gradient"] if ls else 0.0
+        adv = 2 * calls * ls["advantage"] if ls and r0["adv_scope"] == "global" else 0.0
         act, env, collect = median(rows, "act"), median(rows, "env"), median(rows, "collect")
-        steps = r0["world_size"] * r0["num_envs"] * 32
-        split[layout] = {"act": act, "env": env, "rest": collect - act - env, "update": n_upd * local,
-                         "exchange": median(rows, "exchange"), "iteration": it}  # fmt: skip
+        steps = r0["world_size"] * r0["num_envs"] * r0["num_steps"]
+        split[layout] = {"act": act, "env": env, "rest": collect - act - env, "update": update, "grad": grad,
+                         "adv": adv, "exchange": median(rows, "exchange"), "iteration": it, "steps": steps}  # fmt: skip
         lines.append(
             f"| {layout} | {ms(it)} [{ms(slowest)}] | {ms(collect)} ({ms(act)} + {ms(env)} + {ms(collect - act - env)})"
-            f" | {ms(median(rows, 'update'))} | {ms(n_upd * local)} | {ms(n_upd * grad_ar)} | {ms(n_upd * adv_ar)}"
+            f" | {ms(update)} | {ms(compute)} | {ms(grad)} | {ms(adv)} | {ms(update - compute - grad - adv)}"
             f" | {ms(median(rows, 'exchange'))} | {steps / it:.0f} |"
         )
     lines += [
         "",
-        "One AllReduce alone, ranks in lockstep (a loop of nothing else), and bytes each rank sends:",
+        "One AllReduce alone (ranks in lockstep, nothing else running in them) and the bytes each rank sends:",
         "",
-        "| layout | gradient AllReduce | its bytes per update | advantage AllReduce | its bytes per call "
+        "| layout | gradient AllReduce | its bytes per update | advantage AllReduce | its bytes per train-step call "
         "| exchange bytes per iteration |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    lockstep: dict[str, float] = {}
     for layout, ranks in results.items():
         r0 = ranks[0]
-        w, g = r0["world_size"], r0["gradient_bytes"]
+        w, g, ls = r0["world_size"], r0["gradient_bytes"], r0["lockstep_allreduce"]
         if w == 1:
             continue
         ring = 2 * (w - 1) / w * g  # ring AllReduce: reduce-scatter + all-gather, each (w-1)/w of the payload
         adv = 2 * 2 * (w - 1) / w * r0["updates_per_call"] * 4 if r0["adv_scope"] == "global" else 0
         exchange = (w - 1) * r0["exchange_payload_bytes"]  # AllGather: each rank's payload goes to w-1 others
-        ls = r0["lockstep_allreduce"]
-        lockstep = lockstep or ls
         lines.append(
             f"| {layout} | {ms(ls['gradient'])} ms | {ring:,.0f} B (payload {g:,} B) | {ms(ls['advantage'])} ms "
             f"| {adv:,.0f} B | {exchange:,.0f} B |"
         )
-    lines += ["", projection(split, lockstep, results)]
+    lines += ["", projection(split)]
     return "\n".join(lines)
 
 
-def projection(split: dict[str, dict[str, float]], lockstep: dict[str, float], results: dict[str, Any]) -> str:
-    """N workers on N cores, from the 1-worker components and the 2-worker collective latencies."""
-    if "1x8" not in split or "2x4" not in split or not lockstep:
+def projection(split: dict[str, dict[str, float]]) -> str:
+    """N workers on N cores, from the 1-worker loop and the 2-worker lockstep collective latencies."""
+    if "1x8" not in split or "2x4" not in split:
         return ""
-    one, r0 = split["1x8"], results["2x4"][0]
-    n_upd, calls = r0["updates_per_iteration"], r0["updates_per_iteration"] // r0["updates_per_call"]
-    hop = n_upd * lockstep["gradient"] + 2 * calls * lockstep["advantage"] + split["2x4"]["exchange"]
-    contended = split["2x4"]["iteration"] - one["iteration"]  # what 2 ranks on 2 shared cores cost here
+    one, two = split["1x8"], split["2x4"]
+    hop = two["grad"] + two["adv"] + two["exchange"]
     fixed = one["act"] + one["rest"] + one["update"]
+    base = fixed + one["env"]
     out = [
-        "Projection for N workers on N cores, one rank per core: strong scaling (the 1x8 global batch split over N "
-        "ranks) and weak scaling (8 envs per rank):",
+        "Projection for N workers on N cores (one rank per core, no contention): strong scaling (the 1x8 global "
+        "batch split over N ranks) and weak scaling (8 envs per rank):",
         "",
         "    T(N)      = act + env/N + rest + update + (N-1) x C",
-        "    T_weak(N) = act + env   + rest + update + (N-1) x C,   throughput N x 256 steps / T_weak(N)",
-        f"    act {ms(one['act'])}, env {ms(one['env'])}, rest {ms(one['rest'])}, update {ms(one['update'])} ms "
-        f"(the 1x8 run: act calls and updates cost the same whatever their batch here, MindSpore's CPU kernels "
-        f"being launch-bound); C = {ms(hop)} ms per iteration = {n_upd} gradient AllReduces + {2 * calls} "
-        f"advantage AllReduces at their lockstep latency + the exchange, for one ring hop (a ring of N takes N-1).",
-        f"    Measured instead on these 2 shared cores: 2x4 costs {ms(contended)} ms more per iteration than 1x8 "
-        "(ranks and MindSpore's spinning runtime threads contend for the cores; every collective waits for the "
-        "slower rank).",
+        f"    T_weak(N) = act + env   + rest + update + (N-1) x C,   throughput N x {one['steps']} steps / T_weak(N)",
+        f"    act {ms(one['act'])}, env {ms(one['env'])}, rest {ms(one['rest'])}, update {ms(one['update'])} ms from "
+        "the 1x8 loop (act calls and updates cost the same whatever their batch: MindSpore's CPU kernels are",
+        f"    launch-bound at these sizes); C = {ms(hop)} ms = the 2x4 run's gradient and advantage AllReduces at "
+        "their lockstep latency plus its exchange, one ring hop, times N-1 hops for N ranks:",
+        "    an upper bound: latency-bound messages take N-1 hops, while a bandwidth-bound ring sends at most twice",
+        "    the payload per rank whatever N.",
         "",
         "| N | strong: iteration ms | strong speed-up | weak: env steps/s | weak speed-up |",
         "|---:|---:|---:|---:|---:|",
     ]
-    base = fixed + one["env"]
     for n in (1, 2, 4, 8):
         strong = fixed + one["env"] / n + (n - 1) * hop
         weak = fixed + one["env"] + (n - 1) * hop
-        out.append(f"| {n} | {ms(strong)} | {base / strong:.2f}x | {n * 256 / weak:.0f} | {n * base / weak:.2f}x |")
+        out.append(
+            f"| {n} | {ms(strong)} | {base / strong:.2f}x | {n * one['steps'] / weak:.0f} | {n * base / weak:.2f}x |"
+        )
     return "\n".join(out)
 
 
@@ -313,10 +302,11 @@ def main() -> int:
         run_worker(args.env, args.num_envs, args.adv_scope, args.iterations, args.out)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     layouts = [name.strip() for name in args.layouts.split(",")]
     results = {layout: measure(layout, args.env, args.iterations, args.out) for layout in layouts}
     (args.out / "scale.json").write_text(json.dumps(results, indent=1))
-    text = f"{args.env}, {args.iterations} iterations per layout\n\n{report(results)}\n"
+    text = f"{args.env}, {args.iterations} iterations per layout; load average before: {load}\n\n{report(results)}\n"
     (args.out / "scale.md").write_text(text)
     print(text)
     return 0

@@ -67,8 +67,8 @@ def run(layout: str, seed: int, steps: int, out: Path) -> dict[str, Any]:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| layout | seeds | reached >= 475 by 30k | steps to >= 475 (per seed) | eval means | SPS (mean) |",
-        "|---|---:|---:|---|---|---:|",
+        "| layout | seeds | reached >= 475 by 30k | median steps to >= 475 | per seed | eval means | SPS (mean) |",
+        "|---|---:|---:|---:|---|---|---:|",
     ]
     for layout in LAYOUTS:
         rs = [r for r in results if r["layout"] == layout]
@@ -77,9 +77,11 @@ def table(results: list[dict[str, Any]]) -> str:
         steps = [r["steps_to_threshold"] for r in rs]
         met = sum(s is not None and s <= TARGET_STEPS for s in steps)
         per_seed = ", ".join("-" if s is None else f"{s / 1000:.1f}k" for s in steps)
+        med = np.median([np.inf if s is None else s for s in steps])
         evals = ", ".join(f"{r['eval_mean']:.0f}" for r in rs)
         lines.append(
-            f"| {layout} | {len(rs)} | {met}/{len(rs)} | {per_seed} | {evals} | {np.mean([r['sps'] for r in rs]):.0f} |"
+            f"| {layout} | {len(rs)} | {met}/{len(rs)} | {med / 1000:.1f}k | {per_seed} | {evals} "
+            f"| {np.mean([r['sps'] for r in rs]):.0f} |"
         )
     return "\n".join(lines)
 
@@ -96,7 +98,7 @@ def main() -> int:
     # Earlier invocations' runs are kept (another seed range adds to the table); a re-run replaces its entry.
     results = json.loads(store.read_text()) if store.exists() else []
     for layout in [s.strip() for s in args.layouts.split(",")]:
-        for seed in (int(s) for s in args.seeds.split(",")):
+        for seed in (int(s) for s in args.seeds.split(",") if s.strip()):  # --seeds "": only print the table
             r = run(layout, seed, args.steps, args.out)
             results = [x for x in results if (x["layout"], x["seed"]) != (layout, seed)] + [r]
             print(f"{layout} seed {seed}: >=475 from {r['steps_to_threshold']}, eval {r['eval_mean']:.1f}, "
