@@ -1,7 +1,8 @@
 """Data parallel end to end: 2 ranks under msrun on CPU (mccl), as ``train --workers 2`` runs them.
 
-Each launch costs ~20 s on 2 cores (three MindSpore processes start, the cluster forms, then finalises), so
-there are three: an uninterrupted run, a run whose rank 1 is killed with SIGKILL, and its resume.
+Each launch costs 10-20 s on 2 cores (three MindSpore processes start, the cluster forms, then finalises), so
+there are four: an uninterrupted run, a run whose rank 1 is killed with SIGKILL, its resume, and a run whose
+ranks diverge.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def test_two_workers_agree_and_rank0_checkpoint_exports_and_verifies(full_run, t
 
 def test_killed_worker_is_named_and_the_run_resumes_bitwise(full_run, tmp_path):
     run_dir = tmp_path / "cut"
-    proc = launch(run_dir, env={FAULT_ENV: "kill:1:3"})  # rank 1 SIGKILLs itself as iteration 3 starts
+    proc = launch(run_dir, env={FAULT_ENV: "kill:1:3"})  # rank 1 SIGKILLs itself once 3 iterations are done
     listening = listeners_while_running(proc)
     code, _, err = finish(proc)
     assert code == 128 + 9, err[-3000:]
@@ -147,3 +148,18 @@ def test_resume_with_another_world_size_is_refused(full_run, workers):
         train.main(["--resume", str(full_run), "--workers", workers])
     assert (full_run / rd.RUN_JSON).read_text() == before
     assert sorted(p.name for p in (full_run / rd.LOG_DIR).iterdir()) == ["launch-1"]
+
+
+def test_diverged_ranks_stop_the_run_naming_the_ranks_and_the_parameter(tmp_path):
+    run_dir = tmp_path / "diverged"
+    # Rank 1 nudges one weight as the first iteration starts; the check after that iteration must catch it.
+    proc = launch(run_dir, "--total-steps", "192", "--check-every", "1", env={FAULT_ENV: "perturb:1:0"})
+    code, _, err = finish(proc)
+    assert code == 1, err[-3000:]
+    assert (
+        "exited with code 1: at iteration 1: ranks diverged (rank 1 vs rank 0): rank 1 differs from rank 0, "
+        "first in 'policy.actor.layers.0.weight'" in err
+    )
+    # The checkpoint written before the divergence (iteration 0, both ranks agreeing) is what stays.
+    info = rd.read_run_json(run_dir)
+    assert info["iteration"] == 0 and info["rank_checksums"][0] == info["rank_checksums"][1]

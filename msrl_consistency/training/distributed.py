@@ -169,9 +169,9 @@ class Fault:
 
 
 def injected_fault() -> Fault | None:
-    """Test hook: ``MSRL_TRAIN_FAULT=kill:RANK:ITERATION`` makes that rank kill itself with SIGKILL when the
-    iteration starts (a real ``kill -9``, at a reproducible point); ``perturb:RANK:ITERATION`` nudges one weight
-    on that rank, as silent corruption would. Like ``MSRL_LITE_RUNNER_FAULT`` for the Lite runner."""
+    """Test hook: ``MSRL_TRAIN_FAULT=kill:RANK:DONE`` makes that rank kill itself with SIGKILL once DONE iterations
+    are done, as the next one starts (a real ``kill -9``, at a reproducible point); ``perturb:RANK:DONE`` nudges
+    one weight on that rank there, as silent corruption would. Like ``MSRL_LITE_RUNNER_FAULT`` for the Lite runner."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return None
