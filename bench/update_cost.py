@@ -7,6 +7,7 @@ values. Each framework runs in its own subprocess. Ours is timed through ``Cell.
 rows estimate one PPO iteration (``num_steps`` act calls + all minibatch updates, env time excluded).
 
     .venv/bin/python bench/update_cost.py --env CartPole-v1 --repeats 200
+    .venv/bin/python bench/update_cost.py --precisions fp32,fp16 --ours-only   # ours' update per --update-precision
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ def synthetic_rollout(rng: np.random.Generator, batch: int, obs_dim: int, act_sh
     return obs, actions, logp, adv, returns, values
 
 
-def run_ours(env_id: str, repeats: int) -> dict[str, float]:
+def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, float]:
     from mindspore import Tensor
 
     from msrl_consistency import compat
     from msrl_consistency.envs import describe_env
     from msrl_consistency.training.loop import build_learner, build_spec
 
-    cfg = parse_config(["--env-id", env_id])
+    cfg = parse_config(["--env-id", env_id, "--update-precision", precision])
     compat.set_device("cpu")
     compat.set_threads(1)
     compat.use_graph_mode()
@@ -129,33 +130,53 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--repeats", type=int, default=200, help="calls per timing round (best of 5 rounds)")
+    parser.add_argument("--precisions", default="fp32", help="ours' --update-precision values to time, e.g. fp32,fp16")
+    parser.add_argument("--ours-only", action="store_true", help="skip the PyTorch twin (no bench extra needed)")
     parser.add_argument("--worker", choices=["ours", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        run = run_ours if args.worker == "ours" else run_torch
-        print(json.dumps(run(args.env, args.repeats)))
+        result = (
+            run_ours(args.env, args.repeats, args.precision)
+            if args.worker == "ours"
+            else run_torch(args.env, args.repeats)
+        )
+        print(json.dumps(result))
         return
 
-    def worker(name: str) -> dict[str, float]:
-        cmd = [sys.executable, __file__, "--worker", name, "--env", args.env, "--repeats", str(args.repeats)]
+    def worker(name: str, precision: str = "fp32") -> dict[str, float]:
+        cmd = [sys.executable, __file__, "--worker", name, "--env", args.env, "--repeats", str(args.repeats),
+               "--precision", precision]  # fmt: skip
         out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
-    torch_t, ours = worker("torch"), worker("ours")
+    ours = worker("ours")
     cfg = parse_config(["--env-id", args.env])
-    updates = cfg.num_minibatches * cfg.update_epochs
-    print(
-        f"{args.env}: seconds per call, best of 5 rounds x {args.repeats}; ratio = PyTorch / ours (>1: ours faster)\n"
-    )
-    print("| call | PyTorch | ours, Cell.__call__ | ours, CompiledCall | ratio |")
-    print("|---|---:|---:|---:|---:|")
-    for label, key in ((f"act ({cfg.num_envs} obs)", "act"), (f"update ({cfg.minibatch_size} rows)", "update")):
-        slow, fast = ours[f"{key} (Cell.__call__)"], ours[f"{key} (CompiledCall)"]
-        print(f"| {label} | {ms(torch_t[key])} | {ms(slow)} | {ms(fast)} | {torch_t[key] / fast:.2f}x |")
-    theirs = cfg.num_steps * torch_t["act"] + updates * torch_t["update"]
-    mine = cfg.num_steps * ours["act (CompiledCall)"] + updates * ours["update (CompiledCall)"]
-    label = f"iteration without env ({cfg.num_steps} acts + {updates} updates)"
-    print(f"| {label} | {ms(theirs)} | | {ms(mine)} | {theirs / mine:.2f}x |")
+    if not args.ours_only:
+        torch_t = worker("torch")
+        updates = cfg.num_minibatches * cfg.update_epochs
+        print(f"{args.env}: seconds per call, best of 5 rounds x {args.repeats}; ratio = PyTorch / ours "
+              "(>1: ours faster)\n")  # fmt: skip
+        print("| call | PyTorch | ours, Cell.__call__ | ours, CompiledCall | ratio |")
+        print("|---|---:|---:|---:|---:|")
+        for label, key in ((f"act ({cfg.num_envs} obs)", "act"), (f"update ({cfg.minibatch_size} rows)", "update")):
+            slow, fast = ours[f"{key} (Cell.__call__)"], ours[f"{key} (CompiledCall)"]
+            print(f"| {label} | {ms(torch_t[key])} | {ms(slow)} | {ms(fast)} | {torch_t[key] / fast:.2f}x |")
+        theirs = cfg.num_steps * torch_t["act"] + updates * torch_t["update"]
+        mine = cfg.num_steps * ours["act (CompiledCall)"] + updates * ours["update (CompiledCall)"]
+        label = f"iteration without env ({cfg.num_steps} acts + {updates} updates)"
+        print(f"| {label} | {ms(theirs)} | | {ms(mine)} | {theirs / mine:.2f}x |")
+    others = [p.strip() for p in args.precisions.split(",") if p.strip() and p.strip() != "fp32"]
+    if others:
+        print(
+            f"\n{args.env}, ours, one minibatch update ({cfg.minibatch_size} rows), best of 5 rounds x {args.repeats}\n"
+        )
+        print("| --update-precision | update per minibatch (CompiledCall) | vs fp32 |\n|---|---:|---:|")
+        base = ours["update (CompiledCall)"]
+        print(f"| fp32 | {ms(base)} | 1.00x |")
+        for precision in others:
+            t = worker("ours", precision)["update (CompiledCall)"]
+            print(f"| {precision} | {ms(t)} | {t / base:.2f}x |")
 
 
 def ms(seconds: float) -> str:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 # Silence WARNING-level glog lines (e.g. nn.Adam's FusedSparseAdam deprecation) before the import.
 os.environ.setdefault("GLOG_v", "3")
@@ -31,6 +34,17 @@ def set_device(device: str = "cpu", device_id: int = 0) -> None:
 
     Raises ``ValueError`` with a readable reason when the device is not available here.
     """
+    target = check_device(device)
+    if _configured.get("device") == (target, device_id):
+        return
+    if "device" in _configured:
+        raise ValueError(f"device already set to {_configured['device']}; one device per process")
+    ms.set_device(target, device_id)
+    _configured["device"] = (target, device_id)
+
+
+def check_device(device: str) -> str:
+    """MindSpore's name for ``device`` if this build can use it, else ``ValueError`` (nothing is initialised)."""
     key = device.lower()
     if key not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
@@ -40,12 +54,7 @@ def set_device(device: str = "cpu", device_id: int = 0) -> None:
             f"device {device!r} is not available in this MindSpore build ({mindspore_version()}); "
             "install the matching MindSpore package or use --device cpu"
         )
-    if _configured.get("device") == (target, device_id):
-        return
-    if "device" in _configured:
-        raise ValueError(f"device already set to {_configured['device']}; one device per process")
-    ms.set_device(target, device_id)
-    _configured["device"] = (target, device_id)
+    return target
 
 
 def select_device(device: str = "cpu", device_id: int = 0) -> str | None:
@@ -64,6 +73,120 @@ def set_threads(num_threads: int) -> None:
         return
     ms.device_context.cpu.op_tuning.threads_num(num_threads)
     _configured["threads"] = num_threads
+
+
+# -- data parallel across processes (msrun, MindSpore's collectives) ----------------------------------------
+# msrun starts one scheduler and N workers, all running the same command, and tells each its role through
+# the environment (measured on 2.10: MS_ROLE, MS_WORKER_NUM, MS_SCHED_HOST/PORT, MS_NODE_ID, RANK_ID,
+# DEVICE_ID = the local rank). The collective backend follows the device: mccl on CPU, nccl on GPU, hccl on
+# Ascend; the same code path runs on all three.
+ROLE_ENV, SCHEDULER_ROLE, WORKER_ROLE = "MS_ROLE", "MS_SCHED", "MS_WORKER"
+# What the `msrun` script runs. It parses its own options anywhere on its command line, abbreviations included:
+# a rank's flag must not be a prefix of one of msrun's (e.g. "--worker" is taken for "--worker_num"; tested).
+MSRUN_MODULE = "mindspore.parallel.cluster.run"
+ALLREDUCE_FUSION_MB = 64  # one fused AllReduce for these small MLPs: 4.4 → 1.7-2.4 ms per update, 2 workers
+# msrun's log line when it sees a worker fail (it then SIGKILLs the others), e.g.
+# "Worker process 1234 exit with exception. Error code: -9."
+_MSRUN_FAILED = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
+
+
+# Ranks retry joining the scheduler every 3-5 s by default (measured: a 2-rank join took 5-8 s); on one machine
+# a 1-2 s retry interval forms the cluster 2-4 s sooner.
+FAST_JOIN_ENV = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "2"}
+
+
+def cluster_role() -> str | None:
+    """``MS_SCHED`` or ``MS_WORKER`` when this process was started by msrun, else ``None``."""
+    return os.environ.get(ROLE_ENV) or None
+
+
+def cluster_env() -> dict[str, str]:
+    """What msrun told this process: scheduler address and port, world size, node id, local rank."""
+    keys = {"MS_SCHED_HOST": "master_addr", "MS_SCHED_PORT": "master_port", "MS_WORKER_NUM": "world_size",
+            "MS_NODE_ID": "node_id", "DEVICE_ID": "local_rank", "RANK_ID": "rank_id"}  # fmt: skip
+    return {name: os.environ[key] for key, name in keys.items() if key in os.environ}
+
+
+def collective_backend(device: str) -> str:
+    """The collective library MindSpore uses for ``device``."""
+    return {"cpu": "mccl", "gpu": "nccl", "ascend": "hccl"}[device.lower()]
+
+
+def init_collective() -> tuple[int, int]:
+    """Join the msrun cluster; returns ``(rank, world_size)``.
+
+    Call ``set_device`` first (the backend follows the device). In the scheduler role this call runs the
+    scheduler until every worker has finished and then ends the process; when a worker vanishes it raises
+    ``RuntimeError`` naming the node that timed out.
+    """
+    from mindspore.communication import get_group_size, get_rank, init
+
+    init()
+    return get_rank(), get_group_size()
+
+
+def configure_data_parallel() -> None:
+    """Data parallel with mean gradients and fused AllReduce (one collective per update, not one per tensor)."""
+    ms.set_auto_parallel_context(
+        parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+        gradients_mean=True,
+        comm_fusion={"allreduce": {"mode": "size", "config": ALLREDUCE_FUSION_MB}},
+    )
+
+
+def grad_reducer(parameters: list[ms.Parameter], world_size: int) -> nn.Cell:
+    """Averages gradients over all ranks inside the compiled train step (AllReduce, fused)."""
+    return nn.DistributedGradReducer(parameters, mean=True, degree=world_size)
+
+
+def all_reduce_sum() -> Any:
+    """An in-graph AllReduce(sum) primitive over all ranks."""
+    from mindspore import ops
+
+    return ops.AllReduce()
+
+
+def all_gather_int32(values: np.ndarray) -> np.ndarray:
+    """AllGather a 1-D int32 array of the same length on every rank: ``[world_size, len]`` in rank order.
+
+    Runs eagerly (a new length is not a new graph compile). On the CPU backend AllGather takes int32 and
+    float, not uint8, and AllReduce takes float only: byte payloads travel as int32 words.
+    """
+    from mindspore import ops
+
+    out = ops.AllGather()(ms.Tensor(np.ascontiguousarray(values, np.int32))).asnumpy()
+    return out.reshape(-1, len(values))
+
+
+def msrun_first_failure(log_text: str) -> tuple[int, int] | None:
+    """``(pid, exit code)`` of the first worker msrun saw fail, from msrun's own log (negative: a signal)."""
+    match = _MSRUN_FAILED.search(log_text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def check_compute_dtype(dtype_name: str) -> None:
+    """Compile and run a tiny dense layer forward and backward in ``dtype_name`` on the current device.
+
+    Raises ``ValueError`` with MindSpore's reason when the backend has no kernel for it (CPU: no bfloat16
+    Dense/MatMul in 2.10), so a run fails before training instead of at its first update.
+    """
+    from mindspore import ops
+
+    dtype = {"fp16": ms.float16, "bf16": ms.bfloat16}[dtype_name]
+
+    def loss(w: ms.Tensor, x: ms.Tensor) -> ms.Tensor:
+        return ops.tanh(ops.dense(x.astype(dtype), w.astype(dtype))).astype(ms.float32).sum()
+
+    w, x = ms.Tensor(np.ones((2, 2), np.float32)), ms.Tensor(np.ones((2, 2), np.float32))
+    try:
+        with execution_mode(graph=False):
+            ms.grad(loss)(w, x).asnumpy()
+    except (RuntimeError, TypeError, ValueError) as exc:
+        reason = next((line.strip() for line in str(exc).splitlines() if "nsupported" in line), "no kernel")
+        device = ms.get_context("device_target")
+        raise ValueError(
+            f"--update-precision {dtype_name} is not supported by MindSpore {mindspore_version()} on {device}: {reason}"
+        ) from None
 
 
 def use_graph_mode() -> None:

@@ -38,6 +38,20 @@ class TrainConfig:
     """MindSpore device: cpu, gpu or ascend."""
     threads: int = 1
     """CPU op threads for MindSpore (1 is fastest for small MLPs and keeps results bitwise reproducible)."""
+    workers: int = 1
+    """Data-parallel worker processes: N > 1 launches N ranks on this machine with msrun (each with num_envs envs;
+    gradients averaged by AllReduce). Under your own msrun the world size comes from msrun."""
+    master_addr: str = "127.0.0.1"
+    """Address msrun's scheduler listens on (--workers > 1); the default keeps every listener on loopback."""
+    master_port: int = 0
+    """Port of msrun's scheduler (--workers > 1); 0 picks a free one."""
+    check_every: int = 10
+    """Data parallel: compare every rank's weights and normaliser checksums every N iterations (and at the end)."""
+    adv_norm_scope: str = "global"
+    """Data parallel: normalise minibatch advantages over all ranks' minibatches (global) or each rank's (rank)."""
+    update_precision: str = "fp32"
+    """Precision of the PPO update's forward/backward: fp32, fp16 (loss-scaled) or bf16; weights, rollouts and
+    exported graphs stay fp32."""
     num_envs: int = 8
     """Number of parallel environments."""
     async_envs: bool = False
@@ -100,12 +114,18 @@ class TrainConfig:
         return self.batch_size // self.num_minibatches
 
     @property
+    def global_batch_size(self) -> int:
+        """Env steps per iteration over all data-parallel ranks."""
+        return self.batch_size * self.workers
+
+    @property
     def num_iterations(self) -> int:
-        return max(1, self.total_steps // self.batch_size)
+        return max(1, self.total_steps // self.global_batch_size)
 
     def validate(self) -> None:
         """Reject inconsistent settings before anything is written."""
-        positive = ("total_steps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "checkpoint_every")
+        positive = ("total_steps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "checkpoint_every",
+                    "workers", "check_every")  # fmt: skip
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
@@ -126,6 +146,14 @@ class TrainConfig:
             raise UsageError(f"--hidden-sizes must be positive widths, got {self.hidden_sizes}")
         if self.device.lower() not in ("cpu", "gpu", "ascend"):
             raise UsageError(f"--device must be cpu, gpu or ascend, got {self.device!r}")
+        if self.adv_norm_scope not in ("global", "rank"):
+            raise UsageError(f"--adv-norm-scope must be global or rank, got {self.adv_norm_scope!r}")
+        if self.update_precision not in ("fp32", "fp16", "bf16"):
+            raise UsageError(f"--update-precision must be fp32, fp16 or bf16, got {self.update_precision!r}")
+        if not 0 <= self.master_port <= 65535:
+            raise UsageError(f"--master-port must be 0 (a free port) or a port number, got {self.master_port}")
+        if not self.master_addr.strip():
+            raise UsageError("--master-addr must not be empty")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,19 +1,29 @@
 """``python -m msrl_consistency.train``: train PPO and write a run directory that ``export`` consumes.
 
-Exit codes: 0 success, 2 bad input (nothing half-written), 130 interrupted (last checkpoint kept).
+One process by default. ``--workers N`` launches N data-parallel ranks on this machine under msrun and waits
+for them (``training/launch.py``). When msrun starts this module (ours, or a user's own msrun across machines)
+it runs as msrun's scheduler or as one rank, whichever msrun says (``MS_ROLE``).
+
+Exit codes: 0 success, 1 the ranks diverged or lost one another, 2 bad input (nothing half-written),
+130 interrupted (last checkpoint kept). With ``--workers N``: the worst rank's code (128 + the signal for a rank
+killed by one).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from pathlib import Path
+from typing import Any
 
-from inference.errors import UsageError, run_cli
+from inference.errors import MsrlError, UsageError, first_line, run_cli
 from msrl_consistency.config import TrainConfig, explicit_flags, from_dict, parse_config
 
 
-def _resume_config(cfg_cli: TrainConfig, argv: list[str]) -> tuple[TrainConfig, Path, dict]:
-    """The resumed run keeps its stored config; only --total-steps, --progress and --resume may change."""
+def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None) -> tuple[TrainConfig, Path, dict]:
+    """The resumed run keeps its stored config and world size; only --total-steps, --progress and the master
+    address and port may change."""
     from msrl_consistency.artifacts import run_dir as rd
 
     run_dir = Path(cfg_cli.resume)
@@ -26,47 +36,122 @@ def _resume_config(cfg_cli: TrainConfig, argv: list[str]) -> tuple[TrainConfig, 
     state = rd.load_resume_state(run_dir / rd.RESUME_STATE)
     if state.get("env_id") != stored.env_id:
         raise UsageError(f"{run_dir}: resume state is for {state.get('env_id')}, run.json for {stored.env_id}")
+    requested = world_size if world_size is not None else flags.get("workers", state["world_size"])
+    rd.check_world_size(run_dir, state["world_size"], requested)
     stored.total_steps = flags.get("total_steps", stored.total_steps)
-    stored.progress = cfg_cli.progress
+    stored.progress, stored.master_addr, stored.master_port = cfg_cli.progress, cfg_cli.master_addr, cfg_cli.master_port
+    stored.workers = state["world_size"]
     stored.resume, stored.run_dir = str(run_dir), str(run_dir)
     stored.validate()
     return stored, run_dir, state
+
+
+def prepare_run(cfg: TrainConfig, argv: list[str], world_size: int | None = None) -> tuple[TrainConfig, Path, Any]:
+    """Every check that can fail on bad input, then the run dir: ``(config, run dir, resume state or None)``.
+
+    ``world_size`` is msrun's when running as a rank (``None``: this process decides, from ``--workers``).
+    """
+    from msrl_consistency.artifacts import run_dir as rd
+    from msrl_consistency.envs import describe_env
+
+    if cfg.resume:
+        cfg, run_dir, state = _resume_config(cfg, argv, world_size)
+    else:
+        run_dir, state = Path(cfg.run_dir), None
+        if world_size is not None:
+            given = explicit_flags(argv).get("workers")
+            if given is not None and given != world_size:
+                raise UsageError(f"--workers {given} disagrees with msrun's world size {world_size}")
+            cfg.workers = world_size
+        describe_env(cfg.env_id)  # unknown ids and unsupported spaces fail before anything is written
+    from msrl_consistency import compat
+
+    launcher = world_size is None and cfg.workers > 1  # starts the ranks but does not train itself
+    try:
+        compat.check_device(cfg.device)
+        if world_size is None and not launcher:
+            compat.set_device(cfg.device)  # a rank's device is already set (device_id = local rank)
+        if cfg.update_precision != "fp32" and not (launcher and cfg.device.lower() != "cpu"):
+            compat.check_compute_dtype(cfg.update_precision)  # on the training device (the launcher: CPU only)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if state is None:
+        rd.prepare_new_run_dir(run_dir)
+    else:
+        rd.remove_stale_temp_files(run_dir)  # an interrupted atomic write's leftovers, never a checkpoint
+    return cfg, run_dir, state
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_config(argv)
 
-    from msrl_consistency.artifacts import run_dir as rd
-    from msrl_consistency.envs import describe_env
+    from msrl_consistency import compat
+    from msrl_consistency.training import distributed as dist
 
-    if cfg.resume:
-        cfg, run_dir, state = _resume_config(cfg, argv)
-    else:
-        run_dir, state = Path(cfg.run_dir), None
-        describe_env(cfg.env_id)  # unknown ids and unsupported spaces fail before anything is written
-    if cfg.device.lower() != "cpu":
-        from msrl_consistency import compat
+    role = compat.cluster_role()
+    if role == compat.SCHEDULER_ROLE:
+        return dist.run_scheduler()
+    if role == compat.WORKER_ROLE:
+        return _run_rank(cfg, argv)
+    cfg, run_dir, state = prepare_run(cfg, argv)
+    if cfg.workers > 1:
+        from msrl_consistency.training.launch import run_workers
 
-        try:
-            compat.set_device(cfg.device)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    if state is None:
-        rd.prepare_new_run_dir(run_dir)
+        return run_workers(cfg, run_dir, argv)
+    return _train(cfg, run_dir, state, dist.SingleProcess())
 
+
+def _run_rank(cfg: TrainConfig, argv: list[str]) -> int:
+    """One rank under msrun: join the cluster, agree on the run with rank 0, train, report the exit code."""
+    from msrl_consistency.training import distributed as dist
+
+    try:
+        comm = dist.join_cluster(cfg.device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    dist.write_rank_status(comm.rank, pid=os.getpid(), host=socket.gethostname())
+    try:
+        # Rank 0 alone reads and writes the run dir: it checks and prepares, then every rank gets its verdict, so
+        # a bad input stops all ranks with the same error instead of leaving them waiting in a collective.
+        verdict: tuple[str | None, Any] = (None, None)
+        if comm.rank == 0:
+            try:
+                verdict = (None, prepare_run(cfg, argv, comm.world_size))
+            except UsageError as exc:
+                verdict = (str(exc), None)
+        error, prepared = comm.broadcast(verdict)
+        if error is not None:
+            raise UsageError(error)
+        code = _train(*prepared, comm)
+    except MsrlError as exc:
+        dist.write_rank_status(comm.rank, exit_code=exc.exit_code, error=str(exc))
+        raise
+    except KeyboardInterrupt:
+        dist.write_rank_status(comm.rank, exit_code=130, error="interrupted")
+        raise
+    except BaseException as exc:
+        dist.write_rank_status(comm.rank, exit_code=1, error=f"{type(exc).__name__}: {first_line(exc)}")
+        raise
+    dist.write_rank_status(comm.rank, exit_code=code)
+    return code
+
+
+def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
     from tqdm import tqdm
 
+    from msrl_consistency.artifacts import run_dir as rd
     from msrl_consistency.artifacts.plots import plot_reward_curve
     from msrl_consistency.training.loop import Trainer
 
-    trainer = Trainer(cfg, run_dir, state)
-    total = cfg.num_iterations * cfg.batch_size
+    trainer = Trainer(cfg, run_dir, state, comm)
+    lead = comm.rank == 0  # rank 0 alone shows progress and writes the run dir
+    total = cfg.num_iterations * cfg.global_batch_size
     bar = tqdm(
         total=total,
         initial=trainer.global_step,
         unit="step",
-        disable=not cfg.progress,
+        disable=not (cfg.progress and lead),
         desc=cfg.env_id,
         mininterval=0.5 if sys.stderr.isatty() else 30.0,  # CI logs get a line every 30 s, not every iteration
     )
@@ -76,20 +161,25 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run(bar)
         bar.close()
         eval_returns = trainer.evaluate(cfg.eval_episodes) if cfg.eval_episodes > 0 else []
-        trainer.checkpoint(eval_returns)
+        trainer.checkpoint(eval_returns)  # checks the ranks agree a last time
     except KeyboardInterrupt:
         bar.close()
-        print(f"interrupted; resume with: --resume {run_dir} (from step {_stored_step(run_dir)})", file=sys.stderr)
+        if lead:
+            print(f"interrupted; resume with: --resume {run_dir} (from step {_stored_step(run_dir)})", file=sys.stderr)
         return 130
     finally:
         trainer.close()
-        plot_reward_curve(run_dir / rd.EPISODES_CSV, run_dir / rd.REWARD_PLOT, f"PPO on {cfg.env_id}")
-    summary = f"trained {cfg.env_id} for {trainer.global_step} steps → {run_dir}"
+        if lead:
+            plot_reward_curve(run_dir / rd.EPISODES_CSV, run_dir / rd.REWARD_PLOT, f"PPO on {cfg.env_id}")
+    workers = f" with {comm.world_size} workers" if comm.world_size > 1 else ""
+    summary = f"trained {cfg.env_id} for {trainer.global_step} steps{workers} → {run_dir}"
     if eval_returns:
         summary += (
             f"; deterministic eval return {sum(eval_returns) / len(eval_returns):.1f} over {len(eval_returns)} ep"
         )
-    print(summary)
+    if comm.world_size > 1:
+        summary += f"; rank checksums equal ({trainer.rank_checksums[0]})"
+    print(summary if lead else f"rank {comm.rank}: done, checksum {trainer.rank_checksums[comm.rank]}")
     return 0
 
 

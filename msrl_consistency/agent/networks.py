@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 
 def orthogonal(rng: np.random.Generator, rows: int, cols: int, gain: float) -> np.ndarray:
@@ -35,6 +36,8 @@ class MLP(nn.Cell):
     ) -> None:
         super().__init__()
         layers: list[nn.Cell] = []
+        self.tanh = activation == "tanh"
+        self.dense_index = tuple(range(0, 2 * len(hidden_sizes) + 1, 2))  # positions of the Dense layers
         width = in_dim
         for h in hidden_sizes:
             layers += [dense(rng, width, h, float(np.sqrt(2.0))), nn.Tanh() if activation == "tanh" else nn.ReLU()]
@@ -44,3 +47,15 @@ class MLP(nn.Cell):
 
     def construct(self, x: Tensor) -> Tensor:
         return self.layers(x)
+
+    def forward_as(self, x: Tensor, dtype: ms.dtype) -> Tensor:
+        """The same MLP computed in ``dtype`` (mixed-precision updates): the float32 weights are cast on the fly,
+        so they stay the master copy and their gradients come back in float32."""
+        h = x.astype(dtype)
+        last = len(self.dense_index) - 1
+        for k, i in enumerate(self.dense_index):
+            layer = self.layers[i]
+            h = ops.dense(h, layer.weight.astype(dtype), layer.bias.astype(dtype))
+            if k < last:
+                h = ops.tanh(h) if self.tanh else ops.relu(h)
+        return h

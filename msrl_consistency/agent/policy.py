@@ -10,6 +10,7 @@ One policy, several heads, all sharing the same pre/post-processing:
 
 from __future__ import annotations
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -57,6 +58,19 @@ class ActorCritic(nn.Cell):
         """
         param = self.actor(x)
         value = self.critic(x).squeeze(-1)
+        if self.discrete:
+            return D.categorical_log_prob(param, actions), D.categorical_entropy(param), value
+        log_std = self.log_std + 0.0 * param
+        return D.gaussian_log_prob(param, log_std, actions), D.gaussian_entropy(log_std), value
+
+    def evaluate_actions_as(self, x: Tensor, actions: Tensor, dtype: ms.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """``evaluate_actions`` with both trunks computed in ``dtype`` (mixed-precision update).
+
+        Only the MLPs run in ``dtype``; their outputs return to float32 before the log-probabilities, entropy
+        and losses, which need the range. Rollouts and the exported graphs never take this path.
+        """
+        param = self.actor.forward_as(x, dtype).astype(ms.float32)
+        value = self.critic.forward_as(x, dtype).astype(ms.float32).squeeze(-1)
         if self.discrete:
             return D.categorical_log_prob(param, actions), D.categorical_entropy(param), value
         log_std = self.log_std + 0.0 * param

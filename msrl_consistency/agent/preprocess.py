@@ -62,8 +62,10 @@ class RunningMeanStd:
         return cls(np.zeros(dim, np.float64), np.ones(dim, np.float64))
 
     def update(self, batch: np.ndarray) -> None:
-        batch = np.asarray(batch, np.float64).reshape(-1, self.mean.shape[0])
-        b_mean, b_var, b_count = batch.mean(0), batch.var(0), batch.shape[0]
+        self.update_from_moments(*batch_moments(batch, self.mean.shape[0]))
+
+    def update_from_moments(self, b_mean: np.ndarray, b_var: np.ndarray, b_count: float) -> None:
+        """Merge a batch given by its mean, variance and count (one rank's, or all ranks' merged)."""
         delta = b_mean - self.mean
         total = self.count + b_count
         self.mean = self.mean + delta * b_count / total
@@ -75,6 +77,32 @@ class RunningMeanStd:
         """Write the statistics into the graph Parameters (float32) used for the next rollout."""
         normalizer.mean.set_data(Tensor(self.mean.astype(np.float32)))
         normalizer.var.set_data(Tensor(self.var.astype(np.float32)))
+
+
+def batch_moments(batch: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(mean, variance, count) of a batch of observations, in float64."""
+    batch = np.asarray(batch, np.float64).reshape(-1, dim)
+    return batch.mean(0), batch.var(0), batch.shape[0]
+
+
+def merge_moments(parts: list[tuple[np.ndarray, np.ndarray, float]]) -> tuple[np.ndarray, np.ndarray, float]:
+    """Chan et al.'s parallel merge of (mean, variance, count) triples, in the order given.
+
+    Data-parallel ranks each measure their own rollout; every rank merges all ranks' triples in rank order, so
+    every rank computes the same float64 result. M2 (= variance x count) is what adds up. One part is
+    returned unchanged (a single process merges nothing).
+    """
+    if len(parts) == 1:
+        return parts[0]
+    mean, var, count = parts[0]
+    m2 = var * count
+    for b_mean, b_var, b_count in parts[1:]:
+        delta = b_mean - mean
+        total = count + b_count
+        mean = mean + delta * b_count / total
+        m2 = m2 + b_var * b_count + delta**2 * count * b_count / total
+        count = total
+    return mean, m2 / count, count
 
 
 def numpy_normalize(obs: np.ndarray, mean: np.ndarray, var: np.ndarray, clip: float) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import mindspore as ms
 
@@ -21,6 +22,16 @@ def save_policy(policy: ActorCritic, path: str | Path) -> None:
         target = tmp.with_suffix(".ckpt")
         ms.save_checkpoint(entries, str(target), crc_check=True)
         target.replace(tmp)
+
+
+def restore_parameters(params: dict[str, ms.Parameter], saved: dict[str, Any], source: str) -> None:
+    """Set ``params`` from saved arrays, strictly: the same names and shapes, or a ``UsageError``."""
+    if set(params) != set(saved):
+        raise UsageError(f"{source} does not match this configuration's networks (changed --hidden-sizes?)")
+    for name, value in saved.items():
+        if tuple(params[name].shape) != value.shape:
+            raise UsageError(f"{source}: {name} has shape {value.shape}, expected {params[name].shape}")
+        params[name].set_data(ms.Tensor(value))
 
 
 def policy_parameters(policy: ActorCritic) -> dict[str, ms.Parameter]:

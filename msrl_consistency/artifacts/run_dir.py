@@ -3,6 +3,11 @@
 ``checkpoint.ckpt`` is the deployable policy. ``resume.state`` is a self-contained snapshot of
 everything else a bitwise-exact ``--resume`` needs (optimizer moments, RNG states, env states,
 running statistics), with a SHA-256 so that a truncated or corrupt file is detected, not loaded.
+It holds the state every rank shares (Parameters, statistics, counters) once and, under ``ranks``, what
+each data-parallel rank owns (its RNG streams, envs and episode counters).
+
+``RunRecorder`` is the one writer of a run directory. In a data-parallel run only rank 0 has one (the
+other ranks get a ``NullRecorder``), so "rank 0 alone writes the run dir" holds by construction.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from inference.errors import UsageError
-from inference.files import write_bytes_atomic
+from inference.files import write_bytes_atomic, write_json_atomic
 
 RUN_JSON = "run.json"
 CHECKPOINT = "checkpoint.ckpt"
@@ -25,8 +32,11 @@ METRICS_CSV = "metrics.csv"
 EPISODES_CSV = "episodes.csv"
 EVALS_CSV = "evals.csv"
 REWARD_PLOT = "reward_curve.png"
+LOG_DIR = "logs"
 RUN_SCHEMA = 1
 _STATE_MAGIC = b"MSRL-RESUME-1\n"
+# What each data-parallel rank owns in resume.state (states written before data parallel hold one set flat).
+PER_RANK_KEYS = ("noise_rng", "shuffle_rng", "obs", "env_blobs", "ep_return", "ep_length")
 
 
 def prepare_new_run_dir(run_dir: Path) -> None:
@@ -71,7 +81,113 @@ def load_resume_state(path: Path) -> dict[str, Any]:
     digest, payload = blob[len(_STATE_MAGIC) : header], blob[header:]
     if hashlib.sha256(payload).digest() != digest:
         raise UsageError(f"{path} is corrupt or truncated (checksum mismatch)")
-    return pickle.loads(payload)
+    state = pickle.loads(payload)
+    if "ranks" not in state:  # written by one process before data parallel existed
+        state["ranks"] = [{key: state.pop(key) for key in PER_RANK_KEYS}]
+    state.setdefault("world_size", len(state["ranks"]))
+    return state
+
+
+def check_world_size(run_dir: Path, stored: int, requested: int) -> None:
+    """A run resumes only with the world size it was trained with: each rank owns envs and RNG streams."""
+    if stored != requested:
+        raise UsageError(
+            f"{run_dir} was trained with {stored} worker{'s' if stored != 1 else ''}; resume it with the same "
+            f"world size (--workers {stored}), not {requested}"
+        )
+
+
+def remove_stale_temp_files(run_dir: Path) -> list[str]:
+    """Delete temp files an interrupted atomic write left behind (``.NAME.XXXX.tmp``); returns their names."""
+    removed = []
+    for name in (RUN_JSON, CHECKPOINT, RESUME_STATE):
+        for tmp in run_dir.glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp.name)
+    return removed
+
+
+def run_info(
+    cfg: dict[str, Any],
+    env: dict[str, Any],
+    policy_spec: dict[str, Any],
+    normalization: dict[str, Any],
+    seeds: dict[str, Any],
+    progress: dict[str, Any],
+    distributed: dict[str, Any],
+    precision: dict[str, Any],
+    versions: dict[str, str],
+    git_commit: str | None,
+    eval_returns: list[float] | None = None,
+) -> dict[str, Any]:
+    """The content of run.json (what ``export`` and ``--resume`` read, and what a person reads)."""
+    return {
+        "schema": RUN_SCHEMA,
+        "env_id": cfg["env_id"],
+        "config": cfg,
+        "env": env,
+        "policy_spec": policy_spec,
+        "normalization": normalization,
+        "seeds": seeds,
+        **progress,
+        **distributed,
+        "precision": precision,
+        "eval": {"returns": eval_returns, "mean": float(np.mean(eval_returns))} if eval_returns else None,
+        "versions": versions,
+        "git_commit": git_commit,
+    }
+
+
+class RunRecorder:
+    """Writes one run directory: metrics.csv, episodes.csv, evals.csv and the checkpoint triple.
+
+    On resume, log rows past the checkpoint's ``global_step`` are dropped (they will be produced again).
+    """
+
+    def __init__(self, run_dir: Path, fields: dict[str, list[str]], keep_until_step: int | None, evals: bool) -> None:
+        self.run_dir = run_dir
+        self.metrics = CsvLog(run_dir / METRICS_CSV, fields["metrics"], keep_until_step)
+        self.episodes = CsvLog(run_dir / EPISODES_CSV, fields["episodes"], keep_until_step)
+        self.evals = CsvLog(run_dir / EVALS_CSV, fields["evals"], keep_until_step) if evals else None
+
+    def iteration(self, row: dict[str, Any], episodes: list[dict[str, Any]]) -> None:
+        for episode in episodes:
+            self.episodes.write(episode)
+        self.metrics.write(row)
+
+    def evaluation(self, row: dict[str, Any]) -> None:
+        if self.evals is not None:
+            self.evals.write(row)
+
+    def checkpoint(self, policy: Any, state: dict[str, Any], info: dict[str, Any]) -> None:
+        """Resume state first, then the policy, then run.json: each file is replaced atomically."""
+        from msrl_consistency.artifacts.checkpoint import save_policy
+
+        save_resume_state(self.run_dir / RESUME_STATE, state)
+        save_policy(policy, self.run_dir / CHECKPOINT)
+        write_json_atomic(self.run_dir / RUN_JSON, info)
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.episodes.close()
+        if self.evals is not None:
+            self.evals.close()
+
+
+class NullRecorder:
+    """What ranks other than 0 hold: they train and exchange, but never write the run directory."""
+
+    def iteration(self, row: dict[str, Any], episodes: list[dict[str, Any]]) -> None:
+        pass
+
+    def evaluation(self, row: dict[str, Any]) -> None:
+        pass
+
+    def checkpoint(self, policy: Any, state: dict[str, Any], info: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class CsvLog:

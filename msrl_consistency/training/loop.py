@@ -1,12 +1,21 @@
-"""The PPO training loop, top to bottom: set-up → (rollout → GAE → update → stats → checkpoint)*.
+"""The PPO training loop, top to bottom: set-up → (rollout → GAE → update → merge ranks → log → check → checkpoint)*.
 
-All randomness is explicit and recorded: env resets use ``seed + i``, weights come from ``seed``,
-sampling noise and minibatch shuffles come from NumPy generators seeded from ``seed``. Together with
+A ``Trainer`` is one process, or one rank of a data-parallel run (``training/distributed.py``). Each rank
+collects its own rollouts with its own envs and noise; the compiled train step averages the gradients of all
+ranks (AllReduce), so every rank applies the same update to the same weights. Once per iteration the ranks
+exchange what must agree (observation statistics) or what rank 0 logs (episodes, metrics). With one process
+there is no exchange and no collective at all.
+
+All randomness is explicit and recorded: rank r's env i resets with ``seed + r * num_envs + i``, weights come
+from ``seed`` (identical on every rank), sampling noise and minibatch shuffles come from NumPy generators
+seeded from ``[seed, stream]`` (rank 0, and a single process) or ``[seed, stream, rank]``. Together with
 ``resume.state`` this makes a resumed run bitwise-equal to an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,16 +26,17 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from inference.errors import UsageError
-from inference.files import write_json_atomic
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, RolloutPolicy
 from msrl_consistency.agent.policy import unpack_rollout
-from msrl_consistency.agent.preprocess import RunningMeanStd
+from msrl_consistency.agent.preprocess import RunningMeanStd, batch_moments, merge_moments
 from msrl_consistency.artifacts import run_dir as rd
-from msrl_consistency.artifacts.checkpoint import save_policy
+from msrl_consistency.artifacts.checkpoint import restore_parameters
 from msrl_consistency.artifacts.provenance import git_commit, versions
 from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs import EnvInfo, describe_env, make_env, make_vector_env
+from msrl_consistency.training import distributed as dist
+from msrl_consistency.training import precision as mp
 from msrl_consistency.training.gae import compute_gae
 from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep, updates_per_call
 
@@ -36,12 +46,41 @@ METRIC_FIELDS = [
 ]  # fmt: skip
 EPISODE_FIELDS = ["global_step", "env", "return", "length"]
 EVAL_FIELDS = ["iteration", "global_step", "return_mean", "return_min", "episodes", "seconds"]
+LOG_FIELDS = {"metrics": METRIC_FIELDS, "episodes": EPISODE_FIELDS, "evals": EVAL_FIELDS}
 NOISE_STREAM, SHUFFLE_STREAM, RESUME_RESET_STREAM = 1, 2, 3
 
 
-def seed_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
-    """Independent generators for sampling noise and minibatch shuffling, both derived from ``seed``."""
-    return np.random.default_rng([seed, NOISE_STREAM]), np.random.default_rng([seed, SHUFFLE_STREAM])
+def stream_entropy(seed: int, stream: int, rank: int = 0) -> list[int]:
+    """Seed material of one NumPy stream; rank 0's is the single-process one, so one worker changes nothing."""
+    return [seed, stream] if rank == 0 else [seed, stream, rank]
+
+
+def seed_streams(seed: int, rank: int = 0) -> tuple[np.random.Generator, np.random.Generator]:
+    """Independent generators for sampling noise and minibatch shuffling, both derived from ``seed`` (and rank)."""
+    return (
+        np.random.default_rng(stream_entropy(seed, NOISE_STREAM, rank)),
+        np.random.default_rng(stream_entropy(seed, SHUFFLE_STREAM, rank)),
+    )
+
+
+def seed_plan(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+    """Every seed a run uses, per rank (recorded in run.json)."""
+    n, s = cfg.num_envs, cfg.seed
+    plan: dict[str, Any] = {
+        "seed": s,
+        "env_reset": f"seed + rank * num_envs + env_index ({s}..{s + world_size * n - 1})",
+        "weights": s,
+        "noise": stream_entropy(s, NOISE_STREAM),
+        "shuffle": stream_entropy(s, SHUFFLE_STREAM),
+        "eval": f"seed + 10000 + k ({s + 10_000}..)",
+    }
+    if world_size > 1:
+        plan["ranks"] = [
+            {"rank": r, "env_reset": [s + r * n, s + r * n + n - 1], "noise": stream_entropy(s, NOISE_STREAM, r),
+             "shuffle": stream_entropy(s, SHUFFLE_STREAM, r)}
+            for r in range(world_size)
+        ]  # fmt: skip
+    return plan
 
 
 def build_spec(cfg: TrainConfig, info: EnvInfo) -> PolicySpec:
@@ -66,12 +105,23 @@ class Learner:
     train_step: PPOTrainStep
 
 
-def build_learner(cfg: TrainConfig, spec: PolicySpec) -> Learner:
+def build_learner(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Learner:
+    """``world_size > 1`` adds the gradient AllReduce (and, with ``adv_norm_scope=global``, the advantage one)."""
     policy = ActorCritic(spec, seed=cfg.seed)
     optimizer = nn.Adam(policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
-    loss = PPOLoss(policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss)
+    dtype = mp.compute_dtype(cfg.update_precision)
+    loss = PPOLoss(policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss, dtype)
     per_call = updates_per_call(cfg.num_minibatches)
-    train_step = PPOTrainStep(loss, optimizer, cfg.max_grad_norm, per_call, cfg.norm_adv)
+    train_step = PPOTrainStep(
+        loss,
+        optimizer,
+        cfg.max_grad_norm,
+        per_call,
+        cfg.norm_adv,
+        grad_reducer=compat.grad_reducer(optimizer.parameters, world_size) if world_size > 1 else None,
+        adv_world_size=world_size if cfg.adv_norm_scope == "global" else 1,
+        loss_scale=mp.LossScale() if mp.needs_loss_scale(cfg.update_precision) else None,
+    )
     return Learner(policy, RolloutPolicy(policy), optimizer, train_step)
 
 
@@ -83,45 +133,59 @@ class TrainResult:
 
 
 class Trainer:
-    """Owns the envs, the compiled Cells and the logs of one run."""
+    """Owns the envs, the compiled Cells and the logs of one run (or of one rank of it)."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, resume_state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        resume_state: dict[str, Any] | None = None,
+        comm: dist.Comm | None = None,
+    ) -> None:
         self.cfg, self.run_dir = cfg, run_dir
+        self.comm = comm or dist.SingleProcess()
+        self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.info = describe_env(cfg.env_id)
         self.spec = build_spec(cfg, self.info)
-        compat.set_device(cfg.device)
+        compat.set_device(cfg.device, dist.device_id_for(cfg.device, self.comm.local_rank))
         compat.set_threads(cfg.threads)
         compat.use_graph_mode()
 
-        learner = build_learner(cfg, self.spec)
+        learner = build_learner(cfg, self.spec, self.world_size)
         self.policy, self.rollout_net = learner.policy, learner.rollout_net
         self.optimizer, self.train_step = learner.optimizer, learner.train_step
         # Hot-path calls skip Cell.__call__'s per-call bookkeeping (see compat.CompiledCall).
         self._train_call = compat.CompiledCall(self.train_step)
         self._rollout_call = compat.CompiledCall(self.rollout_net)
         self.rms = RunningMeanStd.zeros(self.spec.obs_dim)
-        self.noise_rng, self.shuffle_rng = seed_streams(cfg.seed)
+        self.noise_rng, self.shuffle_rng = seed_streams(cfg.seed, self.rank)
+        self.env_seed = cfg.seed + self.rank * cfg.num_envs  # env i resets with env_seed + i
 
         self.envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.async_envs)
         self.iteration, self.global_step, self.episodes = 0, 0, 0
         self.ep_return = np.zeros(cfg.num_envs)
         self.ep_length = np.zeros(cfg.num_envs, dtype=np.int64)
         self.resume_exact = True
-        self.git_commit = git_commit()  # once: it spawns git subprocesses
+        self.rank_checksums: list[str] = []
+        self.git_commit = git_commit() if self.rank == 0 else None  # once: it spawns git subprocesses
+        self.fault = dist.injected_fault()
         if resume_state is None:
-            self.obs, _ = self.envs.reset(seed=cfg.seed)
+            self.obs, _ = self.envs.reset(seed=self.env_seed)
             keep = None
         else:
-            self._restore(resume_state)
+            self.restore(resume_state)
             keep = self.global_step
-        self.metrics = rd.CsvLog(run_dir / rd.METRICS_CSV, METRIC_FIELDS, keep)
-        self.episode_log = rd.CsvLog(run_dir / rd.EPISODES_CSV, EPISODE_FIELDS, keep)
-        self.eval_log = rd.CsvLog(run_dir / rd.EVALS_CSV, EVAL_FIELDS, keep) if cfg.eval_every else None
+        self.recorder: rd.RunRecorder | rd.NullRecorder = (
+            rd.RunRecorder(run_dir, LOG_FIELDS, keep, evals=cfg.eval_every > 0) if self.rank == 0 else rd.NullRecorder()
+        )
         self._deterministic: compat.CompiledCall | None = None  # compiled once, on the first evaluation
 
     # -- one iteration ------------------------------------------------------------------------------
     def collect(self) -> dict[str, np.ndarray]:
-        """Run ``num_steps`` vector steps with frozen normalisation; bootstrap truncated episodes."""
+        """Run ``num_steps`` vector steps with frozen normalisation; bootstrap truncated episodes.
+
+        ``finished`` rows are ``(step, env, return, length)`` of the episodes that ended.
+        """
         cfg, spec = self.cfg, self.spec
         n, t_max = cfg.num_envs, cfg.num_steps
         act_shape = () if spec.discrete else (spec.action_dim,)
@@ -133,7 +197,7 @@ class Trainer:
             "rewards": np.zeros((t_max, n), np.float32),
             "dones": np.zeros((t_max, n), np.bool_),
         }
-        finished: list[tuple[float, int]] = []
+        finished: list[tuple[int, int, float, int]] = []
         for t in range(t_max):
             noise = spec.sample_noise(self.noise_rng, n)
             raw, env_action, logp, value = unpack_rollout(self._act(self.obs, noise), spec)
@@ -148,24 +212,20 @@ class Trainer:
             buf["rewards"][t], buf["dones"][t] = scaled, terminated | truncated
             self.ep_return += reward
             self.ep_length += 1
-            self.global_step += n
+            self.global_step += n * self.world_size
             for i in np.flatnonzero(terminated | truncated):
-                finished.append((float(self.ep_return[i]), int(self.ep_length[i])))
-                self.episode_log.write(
-                    {"global_step": self.global_step, "env": int(i), "return": float(self.ep_return[i]),
-                     "length": int(self.ep_length[i])}
-                )  # fmt: skip
+                finished.append((t, int(i), float(self.ep_return[i]), int(self.ep_length[i])))
                 self.ep_return[i], self.ep_length[i] = 0.0, 0
             self.obs = next_obs
         adv, ret = compute_gae(
             buf["rewards"], buf["values"], buf["dones"], self._values(self.obs), cfg.gamma, cfg.gae_lambda
         )
         buf["advantages"], buf["returns"] = adv, ret
-        buf["finished"] = np.array(finished, np.float64).reshape(-1, 2)
+        buf["finished"] = np.array(finished, np.float64).reshape(-1, 4)
         return buf
 
     def update(self, buf: dict[str, np.ndarray]) -> dict[str, float]:
-        """``update_epochs`` passes of shuffled minibatches through the compiled train step."""
+        """``update_epochs`` passes of shuffled minibatches through the compiled train step (means of its rows)."""
         cfg = self.cfg
         batch = cfg.batch_size
         flat = [
@@ -181,11 +241,33 @@ class Trainer:
             for idx in chunks:
                 sums += self._train_call(*flat, Tensor(idx)).asnumpy().sum(axis=0)
                 count += per_call
-        stats = dict(zip(STEP_METRICS, (sums / count).tolist(), strict=True))
-        values, returns = buf["values"].ravel(), buf["returns"].ravel()
-        var_ret = float(np.var(returns))
-        stats["explained_variance"] = float("nan") if var_ret == 0 else 1.0 - float(np.var(returns - values)) / var_ret
-        return stats
+        return dict(zip(STEP_METRICS, (sums / count).tolist(), strict=True))
+
+    def merge_ranks(self, buf: dict[str, np.ndarray], stats: dict[str, float]) -> dict[str, Any]:
+        """The one per-iteration exchange: every rank gets every rank's statistics, episodes and metrics.
+
+        Merged in rank order with the same arithmetic on every rank; for one process it is the identity (same
+        floats as before data parallel existed).
+        """
+        report = {
+            "moments": batch_moments(buf["obs"], self.spec.obs_dim) if self.cfg.normalize_obs else None,
+            "finished": buf["finished"],
+            "stats": stats,
+            "values": buf["values"].ravel(),
+            "returns": buf["returns"].ravel(),
+        }
+        reports = self.comm.gather(report)
+        finished = np.concatenate(
+            [np.column_stack([r["finished"], np.full(len(r["finished"]), rank)]) for rank, r in enumerate(reports)]
+        )
+        finished = finished[np.lexsort((finished[:, 1], finished[:, 4], finished[:, 0]))]  # by step, rank, env
+        return {
+            "moments": merge_moments([r["moments"] for r in reports]) if self.cfg.normalize_obs else None,
+            "finished": finished,  # step, env, return, length, rank
+            "stats": {k: sum(r["stats"][k] for r in reports) / len(reports) for k in STEP_METRICS},
+            "values": np.concatenate([r["values"] for r in reports]),
+            "returns": np.concatenate([r["returns"] for r in reports]),
+        }
 
     def run(self, progress: Any = None, stop_at: int | None = None) -> None:
         """Train to the end of the run, or only up to iteration ``stop_at`` (to resume later)."""
@@ -194,151 +276,211 @@ class Trainer:
         eval_time = 0.0  # periodic evaluations are not training time: excluded from SPS and wall_time
         last = cfg.num_iterations if stop_at is None else min(stop_at, cfg.num_iterations)
         while self.iteration < last:
+            self._inject_fault()
             lr = cfg.learning_rate * (1.0 - self.iteration / cfg.num_iterations if cfg.anneal_lr else 1.0)
             self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
+            first_step = self.global_step
             buf = self.collect()
-            stats = self.update(buf)
+            try:
+                stats = self.update(buf)
+            except RuntimeError as exc:
+                if self.world_size == 1:
+                    raise
+                raise dist.lost_rank(exc, f"updating at iteration {self.iteration + 1}") from None
+            merged = self.merge_ranks(buf, stats)
             if cfg.normalize_obs:
                 # Statistics change only between iterations, so a rollout and its update see the same graph.
-                self.rms.update(buf["obs"].reshape(-1, self.spec.obs_dim))
+                self.rms.update_from_moments(*merged["moments"])
                 self.rms.copy_to(self.policy.normalizer)
             self.iteration += 1
-            self.episodes += len(buf["finished"])
+            finished = merged["finished"]
+            self.episodes += len(finished)
             elapsed = time.perf_counter() - start_time - eval_time
             sps = (self.global_step - start_step) / max(elapsed, 1e-9)
-            finished = buf["finished"]
             row = {
                 "iteration": self.iteration,
                 "global_step": self.global_step,
                 "episodes": self.episodes,
-                "return_mean": float(finished[:, 0].mean()) if len(finished) else "",
-                "length_mean": float(finished[:, 1].mean()) if len(finished) else "",
+                "return_mean": float(finished[:, 2].mean()) if len(finished) else "",
+                "length_mean": float(finished[:, 3].mean()) if len(finished) else "",
                 "learning_rate": lr,
-                **stats,
+                **merged["stats"],
+                "explained_variance": explained_variance(merged["values"], merged["returns"]),
                 "sps": round(sps, 1),
                 "wall_time": round(elapsed, 3),
             }
-            self.metrics.write(row)
+            n = cfg.num_envs
+            episodes = [
+                {"global_step": first_step + (int(t) + 1) * n * self.world_size, "env": int(rank) * n + int(i),
+                 "return": float(ret), "length": int(length)}
+                for t, i, ret, length, rank in finished
+            ]  # fmt: skip
+            self.recorder.iteration(row, episodes)
             if progress is not None:
-                progress.update(cfg.batch_size)
+                progress.update(cfg.global_batch_size)
                 if len(finished):
                     progress.set_postfix(ret=f"{row['return_mean']:.1f}", sps=f"{sps:.0f}")
-            if self.eval_log is not None and self.iteration % cfg.eval_every == 0:
+            if cfg.eval_every and self.iteration % cfg.eval_every == 0:
                 eval_time += self._periodic_eval()
             if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.num_iterations:
-                self.checkpoint()
+                self.checkpoint()  # checks consistency first
+            elif self.iteration % cfg.check_every == 0:
+                self.check_consistency()
+
+    # -- agreement between ranks ------------------------------------------------------------------------
+    def named_state(self) -> dict[str, np.ndarray]:
+        """What every rank must hold bit for bit: all train-step Parameters and the host statistics."""
+        state = {p.name: p.asnumpy() for p in self.train_step.get_parameters()}
+        state["host.obs_mean"], state["host.obs_var"] = self.rms.mean, self.rms.var
+        state["host.obs_count"] = np.float64(self.rms.count)
+        return state
+
+    def check_consistency(self) -> list[str]:
+        """Compare every rank's state checksum; stop the run on any difference, naming ranks and parameter."""
+        per_rank = self.comm.gather(dist.state_digests(self.named_state()))
+        problem = dist.find_divergence(per_rank)
+        if problem:
+            raise dist.RankDivergence(f"at iteration {self.iteration}: {problem}")
+        self.rank_checksums = [dist.checksum(d) for d in per_rank]
+        return self.rank_checksums
 
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, episodes: int) -> list[float]:
-        """Deterministic episodes (argmax / mean action) on seeds ``seed + 10_000 + k``.
+        """Deterministic episodes (argmax / mean action) on seeds ``seed + 10_000 + k``, shared out over ranks.
 
         Touches no training RNG stream or env, so evaluating during a run leaves its training bitwise unchanged.
+        Rank r plays episodes k = r, r + W, ...; every rank returns all returns in episode order.
         """
         if self._deterministic is None:
             self._deterministic = compat.CompiledCall(DeterministicPolicy(self.policy))
+        mine = {k: self._eval_episode(k) for k in range(self.rank, episodes, self.world_size)}
+        merged: dict[int, float] = {}
+        for part in self.comm.gather(mine):
+            merged.update(part)
+        return [merged[k] for k in range(episodes)]
+
+    def _eval_episode(self, k: int) -> float:
         det = self._deterministic
-        returns = []
-        for k in range(episodes):
-            env = make_env(self.cfg.env_id)
-            obs, _ = env.reset(seed=self.cfg.seed + 10_000 + k)
-            total, done = 0.0, False
-            while not done:
-                action, _ = det(Tensor(obs[None].astype(np.float32)))
-                a = action.asnumpy()[0]
-                obs, reward, terminated, truncated, _ = env.step(int(a) if self.spec.discrete else a)
-                total += float(reward)
-                done = terminated or truncated
-            env.close()
-            returns.append(total)
-        return returns
+        env = make_env(self.cfg.env_id)
+        obs, _ = env.reset(seed=self.cfg.seed + 10_000 + k)
+        total, done = 0.0, False
+        while not done:
+            action, _ = det(Tensor(obs[None].astype(np.float32)))
+            a = action.asnumpy()[0]
+            obs, reward, terminated, truncated, _ = env.step(int(a) if self.spec.discrete else a)
+            total += float(reward)
+            done = terminated or truncated
+        env.close()
+        return total
 
     def _periodic_eval(self) -> float:
         """``evaluate`` during training, logged to evals.csv; returns the seconds it took."""
         start = time.perf_counter()
         returns = self.evaluate(self.cfg.eval_episodes)
         seconds = time.perf_counter() - start
-        self.eval_log.write(
+        self.recorder.evaluation(
             {"iteration": self.iteration, "global_step": self.global_step, "return_mean": float(np.mean(returns)),
              "return_min": float(np.min(returns)), "episodes": len(returns), "seconds": round(seconds, 3)}
         )  # fmt: skip
         return seconds
 
-    # -- persistence ----------------------------------------------------------------------------------
-    def run_info(self, eval_returns: list[float] | None = None) -> dict[str, Any]:
+    # -- persistence (the files themselves: artifacts/run_dir.py) ------------------------------------------
+    def shared_state(self) -> dict[str, Any]:
+        """What every rank holds identically (checked by ``check_consistency``)."""
         return {
-            "schema": rd.RUN_SCHEMA,
             "env_id": self.cfg.env_id,
-            "config": self.cfg.to_dict(),
-            "env": self.info.to_dict(),
-            "policy_spec": self.spec.to_dict(),
-            "normalization": {
-                "mean": self.rms.mean.tolist(),
-                "var": self.rms.var.tolist(),
-                "count": self.rms.count,
-                "clip": self.cfg.clip_obs,
-                "enabled": self.cfg.normalize_obs,
-            },
-            "seeds": {
-                "seed": self.cfg.seed,
-                "env_reset": f"seed + env_index ({self.cfg.seed}..{self.cfg.seed + self.cfg.num_envs - 1})",
-                "weights": self.cfg.seed,
-                "noise": [self.cfg.seed, NOISE_STREAM],
-                "shuffle": [self.cfg.seed, SHUFFLE_STREAM],
-                "eval": f"seed + 10000 + k ({self.cfg.seed + 10_000}..)",
-            },
-            "iteration": self.iteration,
-            "global_step": self.global_step,
-            "episodes": self.episodes,
-            "resume_exact": self.resume_exact,
-            "eval": {"returns": eval_returns, "mean": float(np.mean(eval_returns))} if eval_returns else None,
-            "versions": versions("mindspore", "gymnasium", "numpy"),
-            "git_commit": self.git_commit,
-        }
-
-    def checkpoint(self, eval_returns: list[float] | None = None) -> None:
-        """Resume state first, then the policy, then run.json: each file is replaced atomically."""
-        blobs = self.envs.get_attr("state_blob")
-        env_blobs = None if any(b is None for b in blobs) else list(blobs)
-        state = {
-            "env_id": self.cfg.env_id,
+            "world_size": self.world_size,
             "iteration": self.iteration,
             "global_step": self.global_step,
             "episodes": self.episodes,
             "params": {p.name: p.asnumpy() for p in self.train_step.get_parameters()},
             "rms": (self.rms.mean, self.rms.var, self.rms.count),
+        }
+
+    def local_state(self) -> dict[str, Any]:
+        """What this rank alone owns: its RNG streams, envs and unfinished episodes."""
+        blobs = self.envs.get_attr("state_blob")
+        return {
             "noise_rng": self.noise_rng.bit_generator.state,
             "shuffle_rng": self.shuffle_rng.bit_generator.state,
             "obs": self.obs,
-            "env_blobs": env_blobs,
+            "env_blobs": None if any(b is None for b in blobs) else list(blobs),
             "ep_return": self.ep_return,
             "ep_length": self.ep_length,
         }
-        rd.save_resume_state(self.run_dir / rd.RESUME_STATE, state)
-        save_policy(self.policy, self.run_dir / rd.CHECKPOINT)
-        write_json_atomic(self.run_dir / rd.RUN_JSON, self.run_info(eval_returns))
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        params = {p.name: p for p in self.train_step.get_parameters()}
-        if set(params) != set(state["params"]):
-            raise UsageError("resume state does not match this configuration's networks (changed --hidden-sizes?)")
-        for name, value in state["params"].items():
-            if tuple(params[name].shape) != value.shape:
-                raise UsageError(f"resume state: {name} has shape {value.shape}, expected {params[name].shape}")
-            params[name].set_data(Tensor(value))
+    def checkpoint(self, eval_returns: list[float] | None = None) -> None:
+        """Check the ranks agree, gather every rank's own state, and let rank 0 write the checkpoint."""
+        self.check_consistency()
+        ranks = self.comm.gather(self.local_state())
+        if self.rank == 0:
+            self.recorder.checkpoint(self.policy, {**self.shared_state(), "ranks": ranks}, self.run_info(eval_returns))
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a ``resume.state`` (see ``rd.load_resume_state``) with the same world size."""
+        rd.check_world_size(self.run_dir, state["world_size"], self.world_size)
+        restore_parameters({p.name: p for p in self.train_step.get_parameters()}, state["params"], "resume state")
         self.rms = RunningMeanStd(*state["rms"])
         self.rms.copy_to(self.policy.normalizer)
-        self.noise_rng.bit_generator.state = state["noise_rng"]
-        self.shuffle_rng.bit_generator.state = state["shuffle_rng"]
         self.iteration, self.global_step, self.episodes = state["iteration"], state["global_step"], state["episodes"]
-        self.ep_return, self.ep_length = state["ep_return"], state["ep_length"]
-        if state["env_blobs"] is not None:
-            self.envs.set_attr("state_blob", state["env_blobs"])
-            self.obs = state["obs"]
+        mine = state["ranks"][self.rank]
+        self.noise_rng.bit_generator.state = mine["noise_rng"]
+        self.shuffle_rng.bit_generator.state = mine["shuffle_rng"]
+        self.ep_return, self.ep_length = mine["ep_return"], mine["ep_length"]
+        if mine["env_blobs"] is not None:
+            self.envs.set_attr("state_blob", mine["env_blobs"])
+            self.obs = mine["obs"]
         else:
             # Envs holding C handles cannot be snapshotted: restart their episodes from a derived seed.
             self.resume_exact = False
-            self.obs, _ = self.envs.reset(seed=self.cfg.seed + RESUME_RESET_STREAM * 1_000_003 + self.iteration)
+            self.obs, _ = self.envs.reset(seed=self.env_seed + RESUME_RESET_STREAM * 1_000_003 + self.iteration)
             self.ep_return[:], self.ep_length[:] = 0.0, 0
+
+    def run_info(self, eval_returns: list[float] | None = None) -> dict[str, Any]:
+        cfg = self.cfg
+        scale = self.train_step.loss_scale
+        return rd.run_info(
+            cfg=cfg.to_dict(),
+            env=self.info.to_dict(),
+            policy_spec=self.spec.to_dict(),
+            normalization={
+                "mean": self.rms.mean.tolist(),
+                "var": self.rms.var.tolist(),
+                "count": self.rms.count,
+                "clip": cfg.clip_obs,
+                "enabled": cfg.normalize_obs,
+            },
+            seeds=seed_plan(cfg, self.world_size),
+            progress={
+                "iteration": self.iteration,
+                "global_step": self.global_step,
+                "episodes": self.episodes,
+                "resume_exact": self.resume_exact,
+            },
+            distributed={
+                "world_size": self.world_size,
+                "rank_checksums": list(self.rank_checksums),
+                "data_parallel": None
+                if self.world_size == 1
+                else {
+                    "backend": compat.collective_backend(cfg.device),
+                    "gradients": f"AllReduce mean in the train step, fused ({compat.ALLREDUCE_FUSION_MB} MB buckets)",
+                    "advantage_normalisation": cfg.adv_norm_scope,
+                    "observation_statistics": "merged over ranks every iteration (count, mean, M2)",
+                    "envs_per_rank": cfg.num_envs,
+                },
+            },  # fmt: skip
+            precision={
+                "update": cfg.update_precision,
+                "master_weights": "fp32",
+                "rollouts": "fp32",
+                "loss_scale": None if scale is None else float(scale.scale.asnumpy()),
+                "skipped_updates": None if scale is None else int(scale.skipped.asnumpy()),
+            },
+            versions=versions("mindspore", "gymnasium", "numpy"),
+            git_commit=self.git_commit,
+            eval_returns=eval_returns,
+        )
 
     # -- hot-path helpers -----------------------------------------------------------------------------
     def _act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
@@ -349,9 +491,24 @@ class Trainer:
         noise = np.full((len(obs), self.spec.noise_dim), 0.5, np.float32)
         return unpack_rollout(self._act(obs, noise), self.spec)[3]
 
+    def _inject_fault(self) -> None:
+        """``MSRL_TRAIN_FAULT`` (tests only, see ``distributed.injected_fault``)."""
+        fault = self.fault
+        if fault is None or fault.rank != self.rank or fault.iteration != self.iteration:
+            return
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "perturb":
+            weight = self.policy.actor.layers[0].weight
+            weight.set_data(Tensor(weight.asnumpy() + np.float32(1e-3)))
+        else:
+            raise UsageError(f"{dist.FAULT_ENV}: unknown fault kind {fault.kind!r}")
+
     def close(self) -> None:
-        self.metrics.close()
-        self.episode_log.close()
-        if self.eval_log is not None:
-            self.eval_log.close()
+        self.recorder.close()
         self.envs.close()
+
+
+def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
+    var_ret = float(np.var(returns))
+    return float("nan") if var_ret == 0 else 1.0 - float(np.var(returns - values)) / var_ret
