@@ -114,7 +114,8 @@ def run_cli(
     INTERRUPTS.install()
     try:
         code = main(argv)
-        INTERRUPTS.check()  # a signal swallowed on its way through C++ still ends the run as interrupted
+        if code == EXIT_OK:
+            INTERRUPTS.check()  # a signal swallowed on its way through C++ still ends the run as interrupted
     except verdicts as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = EXIT_INCONSISTENT

@@ -10,6 +10,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import math
 import textwrap
 import tomllib
 import typing
@@ -129,6 +130,22 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        for f in dataclasses.fields(self):  # NaN and infinities pass every comparison below: refuse them first
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UsageError(f"--{_flag(f.name)} must be a finite number, got {value}")
+        ranges = {  # name: (low, high, low inclusive), for the numbers whose meaning breaks outside a range
+            "seed": (0, 2**32 - 1, True), "threads": (1, 1024, True), "learning_rate": (0.0, 1.0, False),
+            "gamma": (0.0, 1.0, False), "gae_lambda": (0.0, 1.0, True), "clip_coef": (0.0, 10.0, False),
+            "vf_coef": (0.0, 1e6, True), "ent_coef": (0.0, 1e6, True), "max_grad_norm": (0.0, 1e9, False),
+            "clip_obs": (0.0, 1e9, False), "reward_scale": (0.0, 1e9, False), "init_log_std": (-20.0, 20.0, True),
+            "eval_episodes": (0, 10**6, True),
+        }  # fmt: skip
+        for name, (low, high, inclusive) in ranges.items():
+            value = getattr(self, name)
+            if not ((low <= value) if inclusive else (low < value)) or value > high:
+                interval = f"{'[' if inclusive else '('}{low}, {high}]"
+                raise UsageError(f"--{_flag(name)} must be in {interval}, got {value}")
         if self.batch_size % self.num_minibatches:
             raise UsageError(
                 f"--num-minibatches {self.num_minibatches} does not divide the batch "
@@ -226,6 +243,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise UsageError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file {path} is a directory; pass a TOML file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
     data = {k.replace("-", "_"): v for k, v in data.items()}

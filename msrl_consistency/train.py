@@ -20,6 +20,8 @@ from typing import Any
 from inference.errors import MsrlError, UsageError, first_line, run_cli
 from msrl_consistency.config import TrainConfig, explicit_flags, from_dict, parse_config
 
+RESUME_MAY_CHANGE = {"resume", "total_steps", "progress", "master_addr", "master_port", "workers"}
+
 
 def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None) -> tuple[TrainConfig, Path, dict]:
     """The resumed run keeps its stored config and world size; only --total-steps, --progress and the master
@@ -33,6 +35,13 @@ def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None
     given_env = flags.get("env_id")
     if given_env and given_env != stored.env_id:
         raise UsageError(f"{run_dir} is a run of {stored.env_id}, not {given_env}")
+    if flags.pop("config", ""):
+        raise UsageError("--config cannot be given with --resume: the run keeps its stored config")
+    fixed = sorted(k for k in flags if k not in RESUME_MAY_CHANGE and k != "env_id" and flags[k] != getattr(stored, k))
+    if fixed:
+        names = ", ".join(f"--{k.replace('_', '-')}" for k in fixed)
+        raise UsageError(f"{names} cannot change on --resume (the run keeps its stored config); only "
+                         f"{', '.join('--' + k.replace('_', '-') for k in sorted(RESUME_MAY_CHANGE))} may")  # fmt: skip
     state = rd.load_resume_state(run_dir / rd.RESUME_STATE)
     if state.get("env_id") != stored.env_id:
         raise UsageError(f"{run_dir}: resume state is for {state.get('env_id')}, run.json for {stored.env_id}")
@@ -53,6 +62,7 @@ def prepare_run(cfg: TrainConfig, argv: list[str], world_size: int | None = None
     """
     from msrl_consistency.artifacts import run_dir as rd
     from msrl_consistency.envs import describe_env
+    from msrl_consistency.training import distributed as dist
 
     if cfg.resume:
         cfg, run_dir, state = _resume_config(cfg, argv, world_size)
@@ -75,6 +85,8 @@ def prepare_run(cfg: TrainConfig, argv: list[str], world_size: int | None = None
             compat.check_compute_dtype(cfg.update_precision)  # on the training device (the launcher: CPU only)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if os.environ.get(dist.STATUS_DIR_ENV) is None:  # our own launcher already holds the lock for its ranks
+        rd.lock_run_dir(run_dir)  # before anything is read or written: two trainings never share a run dir
     if state is None:
         rd.prepare_new_run_dir(run_dir)
     else:

@@ -33,6 +33,11 @@ def run_main(*argv: str) -> int:
         (["--hidden-sizes", "64,-1"], "hidden-sizes"),
         (["--device", "tpu"], "--device"),
         (["--eval-every", "2", "--eval-episodes", "0"], "needs --eval-episodes"),
+        (["--seed", "-1"], "--seed must be in"),
+        (["--learning-rate", "-1"], "--learning-rate must be in"),
+        (["--learning-rate", "nan"], "--learning-rate must be a finite number"),
+        (["--threads", "0"], "--threads must be in"),
+        (["--gamma", "2"], "--gamma must be in"),
     ],
 )
 def test_bad_arguments_fail_before_writing(tmp_path, argv, message):
@@ -42,9 +47,18 @@ def test_bad_arguments_fail_before_writing(tmp_path, argv, message):
     assert not run_dir.exists()
 
 
-def test_unavailable_device_is_a_clear_error(tmp_path):
+def test_unavailable_device_is_a_clear_error(tmp_path, monkeypatch):
+    import mindspore as ms
+
+    monkeypatch.setattr(ms.hal, "is_available", lambda target: target == "CPU")  # whatever this machine has
     with pytest.raises(UsageError, match="not available"):
         run_main("--device", "ascend", "--run-dir", str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_config_pointing_at_a_directory(tmp_path):
+    with pytest.raises(UsageError, match="is a directory"):
+        run_main("--config", str(tmp_path), "--run-dir", str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
 
@@ -127,3 +141,106 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["error: unknown environment id 'NoSuchEnv-v9'"]
     assert not (tmp_path / "r").exists()
+
+
+def start_training(run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    args = [sys.executable, "-m", "msrl_consistency.train", "--env-id", "CartPole-v1", "--run-dir", str(run_dir),
+            *TINY, *extra]  # fmt: skip
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def iterations_logged(run_dir: Path) -> int:
+    metrics = run_dir / rd.METRICS_CSV
+    return max(0, len(metrics.read_text().splitlines()) - 1) if metrics.exists() else 0
+
+
+def wait_until(condition, proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_run_dir_in_use_is_refused_with_the_holders_pid(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start_training(run_dir, "--total-steps", "1000000", "--checkpoint-every", "1")
+    try:
+        wait_until(lambda: iterations_logged(run_dir) >= 1, first)
+        second = subprocess.run([sys.executable, "-m", "msrl_consistency.train", "--run-dir", str(run_dir), *TINY],
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert second.returncode == 2 and f"in use by another training (pid {first.pid})" in second.stderr
+        resumed = subprocess.run([sys.executable, "-m", "msrl_consistency.train", "--resume", str(run_dir)],
+                                 capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert resumed.returncode == 2 and f"pid {first.pid}" in resumed.stderr
+    finally:
+        first.kill()
+        first.wait()
+    assert rd.read_run_json(run_dir)["env_id"] == "CartPole-v1"  # the first run's files, untouched
+
+
+def test_ctrl_c_finishes_the_iteration_checkpoints_and_says_how_to_resume(tmp_path):
+    import signal
+
+    run_dir = tmp_path / "run"
+    proc = start_training(run_dir, "--total-steps", "1000000", "--checkpoint-every", "1000")
+    wait_until(lambda: iterations_logged(run_dir) >= 2, proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert f"interrupted; resume with: --resume {run_dir}" in stderr and "Traceback" not in stderr
+    saved = rd.read_run_json(run_dir)
+    assert saved["iteration"] == iterations_logged(run_dir) >= 2  # the iterations done are in the checkpoint
+    resumed = subprocess.run([sys.executable, "-m", "msrl_consistency.train", "--resume", str(run_dir),
+                              "--total-steps", str(saved["global_step"] + 32)], capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert rd.read_run_json(run_dir)["iteration"] == saved["iteration"] + 1
+
+
+def test_second_ctrl_c_exits_at_once(tmp_path):
+    import signal
+
+    import time
+
+    run_dir = tmp_path / "run"
+    # Long iterations (~1 s), so the second signal lands while the first waits for the iteration to end.
+    proc = start_training(run_dir, "--total-steps", "1000000", "--checkpoint-every", "1000", "--num-steps", "1024",
+                          "--update-epochs", "8")  # fmt: skip
+    wait_until(lambda: iterations_logged(run_dir) >= 1, proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)  # two signals sent back to back can arrive as one
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted again: exiting now" in stderr, stderr[-2000:]
+    assert rd.read_run_json(run_dir)["iteration"] == 0  # nothing half-written: the last complete checkpoint
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--hidden-sizes", "32"), ("--run-dir", "elsewhere"),
+                                             ("--learning-rate", "0.1")])  # fmt: skip
+def test_resume_refuses_flags_that_cannot_change(tmp_path, flag, value):
+    run_dir = tmp_path / "run"
+    assert run_main("--env-id", "CartPole-v1", "--run-dir", str(run_dir), "--total-steps", "64", *TINY) == 0
+    with pytest.raises(UsageError, match=f"{flag} cannot change on --resume"):
+        run_main("--resume", str(run_dir), flag, value)
+
+
+def test_a_full_disk_is_a_one_line_error_and_leaves_no_temp_file(tmp_path):
+    """Files may not grow past 20 kB (RLIMIT_FSIZE: writes fail like on a full disk): the checkpoint cannot be
+    written, the run stops with exit 2 and one line, and no half-written file is left."""
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"
+        "from inference.errors import run_cli\n"
+        "from msrl_consistency.train import main\n"
+        "run_cli(main)\n"
+    )
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", code, "--run-dir", str(run_dir), "--total-steps", "64", *TINY],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "File too large" in errors[0], proc.stderr[-2000:]
+    assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]

@@ -13,6 +13,7 @@ other ranks get a ``NullRecorder``), so "rank 0 alone writes the run dir" holds 
 from __future__ import annotations
 
 import csv
+import fcntl
 import hashlib
 import json
 import os
@@ -37,6 +38,34 @@ RUN_SCHEMA = 1
 _STATE_MAGIC = b"MSRL-RESUME-1\n"
 # What each data-parallel rank owns in resume.state (states written before data parallel hold one set flat).
 PER_RANK_KEYS = ("noise_rng", "shuffle_rng", "obs", "env_blobs", "ep_return", "ep_length")
+
+
+LOCK_FILE = ".lock"
+_held_locks: dict[Path, int] = {}  # run dir -> file descriptor: the lock lives as long as this process
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Hold an exclusive OS lock on ``run_dir`` for the rest of this process's life (``flock``: released by the
+    kernel when the process ends, however it ends). A second training or resume of the same run dir is refused
+    with the holder's pid instead of silently overwriting it."""
+    run_dir = run_dir.resolve()
+    if run_dir in _held_locks:
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise UsageError(f"cannot write to run dir {run_dir}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UsageError(f"{run_dir} is in use by another training (pid {holder}); wait for it or choose another "
+                         "--run-dir") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held_locks[run_dir] = fd
 
 
 def prepare_new_run_dir(run_dir: Path) -> None:

@@ -25,7 +25,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
-from inference.errors import UsageError
+from inference.errors import INTERRUPTS, UsageError
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, RolloutPolicy
 from msrl_consistency.agent.policy import unpack_rollout
@@ -255,6 +255,7 @@ class Trainer:
             "stats": stats,
             "values": buf["values"].ravel(),
             "returns": buf["returns"].ravel(),
+            "stop": INTERRUPTS.requested,  # Ctrl-C on any rank stops every rank after this same iteration
         }
         reports = self.comm.gather(report)
         finished = np.concatenate(
@@ -267,10 +268,20 @@ class Trainer:
             "stats": {k: sum(r["stats"][k] for r in reports) / len(reports) for k in STEP_METRICS},
             "values": np.concatenate([r["values"] for r in reports]),
             "returns": np.concatenate([r["returns"] for r in reports]),
+            "stop": any(r["stop"] for r in reports),
         }
 
     def run(self, progress: Any = None, stop_at: int | None = None) -> None:
-        """Train to the end of the run, or only up to iteration ``stop_at`` (to resume later)."""
+        """Train to the end of the run, or only up to iteration ``stop_at`` (to resume later).
+
+        A first Ctrl-C (or SIGTERM) lets the current iteration finish, checkpoints it and then raises
+        ``KeyboardInterrupt``; a second one exits at once (``inference.errors.Interrupts``), keeping the last
+        complete checkpoint.
+        """
+        with INTERRUPTS.deferred():
+            self._run(progress, stop_at)
+
+    def _run(self, progress: Any, stop_at: int | None) -> None:
         cfg = self.cfg
         start_time, start_step = time.perf_counter(), self.global_step
         eval_time = 0.0  # periodic evaluations are not training time: excluded from SPS and wall_time
@@ -322,10 +333,12 @@ class Trainer:
                     progress.set_postfix(ret=f"{row['return_mean']:.1f}", sps=f"{sps:.0f}")
             if cfg.eval_every and self.iteration % cfg.eval_every == 0:
                 eval_time += self._periodic_eval()
-            if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.num_iterations:
+            if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.num_iterations or merged["stop"]:
                 self.checkpoint()  # checks consistency first
             elif self.iteration % cfg.check_every == 0:
                 self.check_consistency()
+            if merged["stop"]:
+                raise KeyboardInterrupt(f"interrupted after iteration {self.iteration}")
 
     # -- agreement between ranks ------------------------------------------------------------------------
     def named_state(self) -> dict[str, np.ndarray]:
