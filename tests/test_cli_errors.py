@@ -80,3 +80,20 @@ def test_export_to_an_unwritable_place_is_a_usage_error(cartpole_ckpt, tmp_path)
     blocker.write_text("")
     assert_usage_error(cli("export", "--ckpt", str(cartpole_ckpt), "--out", str(blocker / "b")), "cannot write")
     assert blocker.read_text() == ""
+
+
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(cartpole_ckpt, tmp_path):
+    """Files may not grow past 20 kB (RLIMIT_FSIZE: writes fail as on a full disk)."""
+    code = (
+        "import resource, signal\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"
+        "from inference.errors import run_cli\n"
+        "from msrl_consistency.export import main\n"
+        "run_cli(main)\n"
+    )
+    out = tmp_path / "bundles" / "b"
+    proc = subprocess.run([sys.executable, "-c", code, "--ckpt", str(cartpole_ckpt), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert_usage_error(proc, "cannot write the bundle")
+    assert list(out.parent.iterdir()) == []  # no bundle, no temp dir

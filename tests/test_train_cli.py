@@ -202,7 +202,6 @@ def test_ctrl_c_finishes_the_iteration_checkpoints_and_says_how_to_resume(tmp_pa
 
 def test_second_ctrl_c_exits_at_once(tmp_path):
     import signal
-
     import time
 
     run_dir = tmp_path / "run"
