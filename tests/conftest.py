@@ -26,6 +26,25 @@ TINY_RUN = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=2, ch
                 progress=False, eval_episodes=0)  # fmt: skip
 
 
+def run_trainer(cfg: TrainConfig, run_dir: Path, stop_at: int | None = None, state=None):
+    """Train in-process like ``python -m msrl_consistency.train`` does; ``stop_at`` stops after that iteration
+    (a "crash": the last checkpoint is the periodic one), ``state`` resumes from a loaded resume state."""
+    from msrl_consistency.training.loop import Trainer
+
+    if state is None:
+        rd.prepare_new_run_dir(run_dir)
+    trainer = Trainer(cfg, run_dir, state)
+    try:
+        if state is None:
+            trainer.checkpoint()
+        trainer.run(stop_at=stop_at)
+        if stop_at is None:
+            trainer.checkpoint()
+    finally:
+        trainer.close()
+    return trainer
+
+
 def train_tiny(run_dir: Path, env_id: str, seed: int = 1, total_steps: int = 256) -> Path:
     """A few PPO iterations: enough for non-trivial normalisation statistics and weights."""
     from msrl_consistency.training.loop import Trainer

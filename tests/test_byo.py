@@ -24,25 +24,25 @@ def report(path: Path) -> dict:
     return json.loads((path / "report.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def pendulum(tmp_path_factory) -> Path:
-    """The guide-style PolicyNet, trained briefly by its own plain MindSpore script and exported by it."""
-    work = tmp_path_factory.mktemp("byo") / "pendulum"
-    shutil.copytree(EXAMPLES / "pendulum", work)
-    proc = subprocess.run([sys.executable, "train.py", "--iterations", "2"], cwd=work, capture_output=True, text=True,
+def trained_example(tmp_path_factory, name: str, *train_args: str) -> Path:
+    """A copy of ``examples/bring-your-own/NAME`` after its own plain MindSpore training script ran there."""
+    work = tmp_path_factory.mktemp("byo") / name
+    shutil.copytree(EXAMPLES / name, work)
+    proc = subprocess.run([sys.executable, "train.py", *train_args], cwd=work, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     return work
+
+
+@pytest.fixture(scope="module")
+def pendulum(tmp_path_factory) -> Path:
+    """The guide-style PolicyNet, trained briefly by its own script, exported by it with plain mindspore.export."""
+    return trained_example(tmp_path_factory, "pendulum", "--iterations", "2")
 
 
 @pytest.fixture(scope="module")
 def dqn(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("byo") / "dqn"
-    shutil.copytree(EXAMPLES / "cartpole-dqn", work)
-    proc = subprocess.run([sys.executable, "train.py", "--steps", "600"], cwd=work, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return work
+    return trained_example(tmp_path_factory, "cartpole-dqn", "--steps", "600")
 
 
 USER_MINDIR = ["--mindir", "policy_model.mindir", "--cell", "policy:make_policy", "--ckpt", "policy.ckpt"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_trainer as train
 from mindspore import Tensor
 
 from msrl_consistency.artifacts import run_dir as rd
@@ -22,21 +23,6 @@ TIMING_COLUMNS = {"sps", "wall_time"}
 def tiny_config(**overrides) -> TrainConfig:
     values = {"env_id": "CartPole-v1", "total_steps": 128, "eval_episodes": 0, **TINY, **overrides}
     return TrainConfig(**values)
-
-
-def train(cfg: TrainConfig, run_dir: Path, stop_at: int | None = None, state=None) -> Trainer:
-    if state is None:
-        rd.prepare_new_run_dir(run_dir)
-    trainer = Trainer(cfg, run_dir, state)
-    try:
-        if state is None:
-            trainer.checkpoint()
-        trainer.run(stop_at=stop_at)
-        if stop_at is None:
-            trainer.checkpoint()
-    finally:
-        trainer.close()
-    return trainer
 
 
 def metrics_without_timing(run_dir: Path) -> list[dict[str, str]]:

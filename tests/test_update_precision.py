@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_trainer
 from mindspore import Tensor
 
 from inference.compare.verifier import VerifyOptions
@@ -28,19 +29,7 @@ TINY = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, u
 
 
 def train_run(run_dir: Path, precision: str, stop_at: int | None = None, state=None) -> Trainer:
-    cfg = TrainConfig(**TINY, update_precision=precision)
-    if state is None:
-        rd.prepare_new_run_dir(run_dir)
-    trainer = Trainer(cfg, run_dir, state)
-    try:
-        if state is None:
-            trainer.checkpoint()
-        trainer.run(stop_at=stop_at)
-        if stop_at is None:
-            trainer.checkpoint()
-    finally:
-        trainer.close()
-    return trainer
+    return run_trainer(TrainConfig(**TINY, update_precision=precision), run_dir, stop_at, state)
 
 
 def weights(run_dir: Path) -> dict[str, np.ndarray]:
