@@ -1,1 +1,2 @@
-"""Seeded feeds, comparison statistics, episode replay and the result types verify reports."""
+"""The comparison, with no MindSpore: inputs, feeds, the reference, per-runtime checks, policy-level metrics,
+episode replay, diagnosis, golden files and the verifier that runs them. Both sides run this same code."""

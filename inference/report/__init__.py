@@ -1,1 +1,1 @@
-"""Human- and machine-readable results: console tables, JSON/Markdown/JUnit reports, plots."""
+"""What a check reports: console table, report.json, report.md, junit.xml, the action-difference plot, baselines."""
