@@ -1,7 +1,7 @@
 """Train the Pendulum ``PolicyNet`` for a short while with plain MindSpore, then export it with plain
 ``mindspore.export``: the way a team works without this toolkit.
 
-    python train.py --iterations 30
+    python train.py --iterations 10
 
 Writes ``policy.ckpt`` (the bare net), ``obs_stats.npz`` (host-side normalisation statistics),
 ``policy_model.mindir`` (exported export-safe: normalisation in the graph) and ``policy_model_bare.mindir``
@@ -29,7 +29,7 @@ def normalize(obs: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iterations", type=int, default=30, help="policy-gradient updates (one batch of episodes each)")
+    p.add_argument("--iterations", type=int, default=10, help="policy-gradient updates (one batch of episodes each)")
     p.add_argument("--episodes", type=int, default=4, help="episodes per update")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=HERE)
