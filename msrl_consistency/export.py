@@ -19,7 +19,8 @@ from inference.errors import UsageError, run_cli
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m msrl_consistency.export",
-        description=__doc__.splitlines()[0],
+        description=__doc__.split("\n", 1)[1].strip().replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="exit codes: 0 ok, 1 self-check failed (nothing written), 2 usage/input error",
     )
     p.add_argument("--ckpt", type=Path, help="checkpoint.ckpt inside a training run directory, or your Cell's")

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m msrl_consistency.verify",
-        description="Prove that every inference runtime acts exactly like the training path.",
+        description=__doc__.split("\n", 1)[1].strip().replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="exit codes: 0 consistent, 1 inconsistent, 2 usage/input error, 3 required runtime unavailable",
     )
     model = p.add_argument_group("what to verify")
