@@ -50,8 +50,8 @@ def _trace(obs, actions):
 
 
 def test_free_running_divergence_after_observation_drift_is_amplification_not_a_fault():
+    from inference.compare.episode_checks import free_running_check
     from inference.compare.episodes import action_differences
-    from inference.compare.runtime_check import _free_running_check
     from inference.compare.stats import PRESETS
 
     fp32 = PRESETS["fp32"]
@@ -61,12 +61,12 @@ def test_free_running_divergence_after_observation_drift_is_amplification_not_a_
     chaotic = _trace([0, 1, 2.000001, 3.01, 4.5, 7], [1e-6, 1e-6, 1e-5, 5e-5, 1e-2, 0.3])
     diff = action_differences(ref, chaotic, discrete=False, atol=1e-4)
     assert diff["first_divergent_step"] == [4] and diff["first_observation_drift"] == [2]
-    assert _free_running_check("rt", "deterministic", diff, ref, chaotic, True, fp32).status == "warn"
-    assert _free_running_check("rt", "deterministic", diff, ref, chaotic, False, fp32).status == "fail"
+    assert free_running_check("rt", "deterministic", diff, ref, chaotic, True, fp32).status == "warn"
+    assert free_running_check("rt", "deterministic", diff, ref, chaotic, False, fp32).status == "fail"
     # Same observations, different action: the policy itself disagrees.
     wrong = _trace([0, 1, 2, 3, 4, 5], [0.0, 0.0, 0.0, 0.0, 0.5, 0.5])
     diff = action_differences(ref, wrong, discrete=False, atol=1e-4)
-    assert _free_running_check("rt", "deterministic", diff, ref, wrong, True, fp32).status == "fail"
+    assert free_running_check("rt", "deterministic", diff, ref, wrong, True, fp32).status == "fail"
 
 
 def test_scale_term_widens_atol_with_the_outputs_magnitude():

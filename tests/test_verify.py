@@ -128,15 +128,15 @@ def test_flips_are_forgiven_only_at_near_ties_and_rarely():
 
 
 def test_returns_rule_of_the_fp16_preset():
-    from inference.compare.runtime_check import _returns_check
+    from inference.compare.episode_checks import returns_check
     from inference.compare.stats import PRESETS, ks_two_sample
 
     fp16 = PRESETS["fp16"]
     ref = np.full(20, 500.0)
     same = np.r_[np.full(19, 500.0), 480.0]  # one episode fell a bit earlier: the task is solved as well
     worse = np.r_[np.full(10, 500.0), np.full(10, 200.0)]
-    assert _returns_check("rt", "x", "", {}, ref, same, fp16).status == "pass"
-    assert _returns_check("rt", "x", "", {}, ref, worse, fp16).status == "fail"
+    assert returns_check("rt", "x", "", {}, ref, same, fp16).status == "pass"
+    assert returns_check("rt", "x", "", {}, ref, worse, fp16).status == "fail"
     from scipy import stats as scipy_stats  # a dev dependency
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=30), rng.normal(0.8, size=30)

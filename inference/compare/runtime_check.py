@@ -1,8 +1,8 @@
 """Check one runtime (one ``Runtime`` per bundle graph) against the reference.
 
-Per graph: every output on the same feeds (Polygraphy-style statistics), the contract's policy-level metrics,
-NaN handling and repeatability. Per mode: teacher-forced episodes (the runtime acts on the reference's
-observations) and free-running episodes (it drives its own env). A failure gets a diagnosis.
+Per graph: every output on the same feeds (Polygraphy-style statistics), the discrete action as the preset
+judges flips, the contract's policy-level metrics, NaN handling and repeatability; a failure gets a diagnosis.
+Per mode: teacher-forced and free-running episodes, judged in ``episode_checks``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from inference.compare import episodes as E
 from inference.compare.acting import is_discrete, mode_policy
 from inference.compare.checks import Check
 from inference.compare.diagnose import diagnose
+from inference.compare.episode_checks import free_running_check, near_ties, teacher_forced_check
 from inference.compare.feeds import Feeds
 from inference.compare.policy_level import policy_metrics
 from inference.compare.reference import Inputs, Reference, changed_on_rerun
-from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays, ks_two_sample
+from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays
 from inference.contract import PolicyContract, top2_margin
 from inference.errors import MsrlError
 from inference.runtimes.base import Runtime
@@ -89,8 +90,8 @@ def check_runtime(
             policy = mode_policy(bundle, runtimes, mode)
             noise = ref.episode_noise.get(mode)
             atol = _action_atol(bundle, mode, tolerance, trace.actions[trace.alive])
-            margins = _margin_verdict(preset, ref.top2.get(mode), tolerance, bundle, mode)
-            teacher = _teacher_forced(
+            margins = near_ties(preset, ref.top2.get(mode), tolerance, bundle, mode)
+            teacher = teacher_forced_check(
                 name, mode, trace, policy, noise, is_discrete(bundle), atol, margins, preset.max_flip_rate
             )
             checks.append(teacher)
@@ -99,7 +100,7 @@ def check_runtime(
             own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, is_discrete(bundle), follow)
             diff = E.action_differences(trace, own, is_discrete(bundle), atol)
             diffs[mode] = diff["per_step_max"]
-            checks.append(_free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset))
+            checks.append(free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset))
     except MsrlError as exc:
         checks.append(Check(name, "inference", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
         info = {"status": "error", "reason": str(exc)}
@@ -278,99 +279,3 @@ def _diagnose(
         atol=tolerance[decision].atol,
         rtol=tolerance[decision].rtol,
     )
-
-
-def _margin_verdict(
-    preset: Preset, top2: np.ndarray | None, tolerance: Mapping[str, Tolerance], bundle: Bundle, mode: str
-) -> np.ndarray | None:
-    """Per step, whether a differing discrete action is a near-tie the preset forgives (None: none forgiven)."""
-    if not preset.allow_flips or top2 is None:
-        return None
-    action = bundle.contract(bundle.mode_graph(mode)).action  # type: ignore[arg-type]
-    return top2[..., 0] <= preset.flip_bound(top2[..., 1], tolerance[action.distribution_output])
-
-
-def _teacher_forced(
-    runtime: str, mode: str, trace: E.EpisodeTrace, policy: E.Policy, noise: np.ndarray | None, discrete: bool,
-    atol: float, near_tie: np.ndarray | None = None, max_rate: float = 0.0,
-) -> Check:  # fmt: skip
-    """The runtime acts on the reference's observation stream; compare the chosen actions step by step.
-
-    ``near_tie`` (reduced-precision presets, discrete actions): steps where a differing action is forgiven, in
-    at most ``max_rate`` of the steps.
-    """
-    got = E.teacher_forced_actions(trace, policy, noise)
-    diff = E.step_differences(trace.actions, got, discrete)
-    diff = (diff > (0.5 if discrete else atol)) & trace.alive
-    forgiven = diff & near_tie if near_tie is not None else np.zeros_like(diff)
-    unexplained = diff & ~forgiven
-    steps = np.flatnonzero(diff.any(1))
-    first = int(steps[0]) if len(steps) else None
-    alive = int(trace.alive.sum())
-    metrics = {"differing_actions": int(diff.sum()), "near_ties_forgiven": int(forgiven.sum()),
-               "first_divergent_step": first, "steps": alive}  # fmt: skip
-    if not diff.any():
-        return Check(runtime, f"episodes.teacher_forced.{mode}", "pass",
-                     f"all {alive} actions agree on the reference's observations", metrics)  # fmt: skip
-    summary = f"{int(diff.sum())} of {alive} actions differ, first at step {first}"
-    if not unexplained.any() and forgiven.sum() <= max_rate * alive:
-        summary += "; every one at a near-tie of the reference's scores (allowed by the preset)"
-        return Check(runtime, f"episodes.teacher_forced.{mode}", "pass", summary, metrics)
-    return Check(runtime, f"episodes.teacher_forced.{mode}", "fail", summary, metrics)
-
-
-def _free_running_check(
-    runtime: str, mode: str, diff: dict, trace: E.EpisodeTrace, own: E.EpisodeTrace, teacher_ok: bool, preset: Preset
-) -> Check:
-    """Each path drives its own env.
-
-    ``exact`` presets: divergence is a failure unless it is the env amplifying differences below tolerance
-    (observations drifted first and the policy agrees step by step when teacher-forced). ``returns`` presets
-    judge the distribution of episode returns instead.
-    """
-    first = [f for f in diff["first_divergent_step"] if f is not None]
-    drift = [d for d in diff["first_observation_drift"] if d is not None]
-    delta = diff["return_delta"]
-    metrics = {
-        "episodes_diverged": diff["episodes_diverged"],
-        "first_divergent_step": min(first) if first else None,
-        "first_divergent_step_per_episode": diff["first_divergent_step"],
-        "first_observation_drift": min(drift) if drift else None,
-        "differing_steps": diff["differing_steps"],
-        "max_abs_return_delta": float(np.abs(delta).max()) if len(delta) else 0.0,
-        "mean_return_delta": float(delta.mean()) if len(delta) else 0.0,
-        "reference_returns": trace.returns.tolist(),
-    }
-    name = f"episodes.free_running.{mode}"
-    if not diff["episodes_diverged"]:
-        return Check(runtime, name, "pass", f"{len(delta)} episodes match the reference step by step", metrics)
-    summary = (
-        f"{diff['episodes_diverged']} of {len(delta)} episodes diverge (first at step {min(first) if first else '?'}), "
-        f"max |return delta| {metrics['max_abs_return_delta']:.3g}, mean {metrics['mean_return_delta']:+.3g}"
-    )
-    if preset.free_running == "returns":
-        return _returns_check(runtime, name, summary, metrics, trace.returns, own.returns, preset)
-    diverged = [k for k, f in enumerate(diff["first_divergent_step"]) if f is not None]
-    if teacher_ok and all(diff["amplified"][k] for k in diverged):
-        summary += (
-            f"; observations drifted first (step {min(drift)}) from action differences below tolerance and the "
-            "teacher-forced check agrees: the env amplifies them (chaotic dynamics), not a policy mismatch"
-        )
-        return Check(runtime, name, "warn", summary, metrics)
-    return Check(runtime, name, "fail", summary, metrics)
-
-
-def _returns_check(
-    runtime: str, name: str, summary: str, metrics: dict, ref: np.ndarray, got: np.ndarray, preset: Preset
-) -> Check:
-    """Reduced precision: episodes may part ways, the task may not be solved worse (mean and distribution)."""
-    ref_mean, got_mean = float(np.mean(ref)), float(np.mean(got))
-    bound = preset.return_tolerance * max(abs(ref_mean), float(np.std(ref)), 1.0)
-    ks, p_value = ks_two_sample(ref, got)
-    metrics.update({"mean_return": got_mean, "reference_mean_return": ref_mean, "mean_return_bound": bound,
-                    "ks_statistic": ks, "ks_p_value": p_value})  # fmt: skip
-    verdict = f"; mean return {got_mean:.4g} vs {ref_mean:.4g} (bound ±{bound:.3g}), KS p = {p_value:.2f}"
-    if abs(got_mean - ref_mean) <= bound and p_value >= preset.ks_alpha:
-        return Check(runtime, name, "pass", summary + verdict + f": the same returns, as the {preset.name} preset "
-                     "judges episodes", metrics)  # fmt: skip
-    return Check(runtime, name, "fail", summary + verdict, metrics)
