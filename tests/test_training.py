@@ -54,14 +54,16 @@ def assert_same_weights(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> N
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_same_seed_gives_bitwise_identical_metrics_and_weights(tmp_path, env_id):
-    cfg = tiny_config(env_id=env_id)
+# auto: EnvPool for CartPole, gymnasium for Pendulum (EnvPool's differs); gymnasium's CartPole stays covered.
+@pytest.mark.parametrize(("env_id", "backend"), [("CartPole-v1", "auto"), ("Pendulum-v1", "auto"),
+                                                 ("CartPole-v1", "gymnasium")])  # fmt: skip
+def test_same_seed_gives_bitwise_identical_metrics_and_weights(tmp_path, env_id, backend):
+    cfg = tiny_config(env_id=env_id, env_backend=backend)
     train(cfg, tmp_path / "a")
     train(cfg, tmp_path / "b")
     assert metrics_without_timing(tmp_path / "a") == metrics_without_timing(tmp_path / "b")
     assert_same_weights(weights(tmp_path / "a"), weights(tmp_path / "b"))
-    other = tiny_config(env_id=env_id, seed=2)
+    other = tiny_config(env_id=env_id, env_backend=backend, seed=2)
     train(other, tmp_path / "c")
     assert metrics_without_timing(tmp_path / "a") != metrics_without_timing(tmp_path / "c")
 
@@ -80,14 +82,18 @@ def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
     assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "evals"))
 
 
-def test_resume_equals_uninterrupted_run(tmp_path):
-    cfg = tiny_config(total_steps=192)  # 6 iterations, checkpoints every 2
+# EnvPool's state is restored by replaying each env's resets and current episode (Box2D included); gymnasium's
+# classic-control envs are pickled.
+@pytest.mark.parametrize(("env_id", "backend"), [("CartPole-v1", "envpool"), ("BipedalWalker-v3", "envpool"),
+                                                 ("CartPole-v1", "gymnasium")])  # fmt: skip
+def test_resume_equals_uninterrupted_run(tmp_path, env_id, backend):
+    cfg = tiny_config(env_id=env_id, env_backend=backend, total_steps=192)  # 6 iterations, checkpoints every 2
     train(cfg, tmp_path / "full")
     train(cfg, tmp_path / "cut", stop_at=3)  # "crashes" after iteration 3; last checkpoint at 2
     state = rd.load_resume_state(tmp_path / "cut" / rd.RESUME_STATE)
     assert state["iteration"] == 2
     resumed = train(cfg, tmp_path / "cut", state=state)
-    assert resumed.resume_exact
+    assert resumed.resume_exact and resumed.backend.name == backend
     assert metrics_without_timing(tmp_path / "full") == metrics_without_timing(tmp_path / "cut")
     assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
 
@@ -97,6 +103,8 @@ def test_run_dir_contents_and_strict_reload(tmp_path):
     trainer = train(cfg, tmp_path / "run")
     info = json.loads((tmp_path / "run" / rd.RUN_JSON).read_text())
     assert info["env_id"] == "Pendulum-v1" and info["global_step"] == 128
+    assert info["env_backend"]["name"] == "gymnasium" and info["config"]["env_backend"] == "gymnasium"
+    assert 100 < info["peak_rss_mb"] < 10_000
     assert info["policy_spec"]["action_kind"] == "box" and info["policy_spec"]["action_high"] == [2.0]
     assert set(info["versions"]) >= {"python", "mindspore", "gymnasium", "numpy"}
     assert info["normalization"]["count"] > 128
@@ -130,6 +138,6 @@ def test_truncated_steps_bootstrap_the_final_value(tmp_path):
 
 def test_async_vector_envs_match_sync(tmp_path):
     # Subprocess envs step the same seeded envs: identical metrics to the in-process vector env.
-    train(tiny_config(total_steps=64), tmp_path / "sync")
+    train(tiny_config(total_steps=64, env_backend="gymnasium"), tmp_path / "sync")
     train(tiny_config(total_steps=64, async_envs=True), tmp_path / "async")
     assert metrics_without_timing(tmp_path / "sync") == metrics_without_timing(tmp_path / "async")
