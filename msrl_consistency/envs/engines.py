@@ -192,7 +192,11 @@ class EnvPoolVectorEnv:
         actions = np.asarray(actions, self._act_dtype)
         self._episode_actions[self._episode_len, self._all] = actions
         self._episode_len += 1
-        obs, reward, terminated, truncated, info = self._pool.step(actions)
+        return self._finish(self._pool.step(actions))
+
+    def _finish(self, result: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """EnvPool's step result as gymnasium's SAME_STEP one: envs that ended are reset now."""
+        obs, reward, terminated, truncated, info = result
         order = self._order(info)
         if order is not None:
             obs, reward, terminated, truncated = obs[order], reward[order], terminated[order], truncated[order]
