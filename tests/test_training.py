@@ -141,3 +141,15 @@ def test_async_vector_envs_match_sync(tmp_path):
     train(tiny_config(total_steps=64, env_backend="gymnasium"), tmp_path / "sync")
     train(tiny_config(total_steps=64, async_envs=True), tmp_path / "async")
     assert metrics_without_timing(tmp_path / "sync") == metrics_without_timing(tmp_path / "async")
+
+
+def test_gymnasium_box2d_resume_restarts_episodes_and_says_so(tmp_path):
+    # gymnasium's Box2D envs hold C handles that cannot be pickled: resume restarts their episodes (EnvPool's
+    # BipedalWalker replays instead, see test_resume_equals_uninterrupted_run).
+    cfg = tiny_config(env_id="BipedalWalker-v3", env_backend="gymnasium", total_steps=128)
+    train(cfg, tmp_path / "cut", stop_at=3)
+    state = rd.load_resume_state(tmp_path / "cut" / rd.RESUME_STATE)
+    assert state["ranks"][0]["env_blobs"] is None
+    resumed = train(cfg, tmp_path / "cut", state=state)
+    assert not resumed.resume_exact
+    assert json.loads((tmp_path / "cut" / rd.RUN_JSON).read_text())["resume_exact"] is False
