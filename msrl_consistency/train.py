@@ -187,6 +187,10 @@ def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
                 print(table)
     except KeyboardInterrupt:
         bar.close()
+        if cfg.profile:  # an interrupted run's profile covers the iterations it did
+            table = trainer.write_profile()
+            if lead:
+                print(table)
         if lead:
             print(f"interrupted; resume with: --resume {run_dir} (from step {_stored_step(run_dir)})", file=sys.stderr)
         return 130
