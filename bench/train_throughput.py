@@ -35,6 +35,8 @@ TRAINING_MEAN_TARGET = {"CartPole-v1"}
 TORCH_BEST: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(num_envs=8, num_steps=32, num_minibatches=4, update_epochs=10, learning_rate=1e-3,
                         gamma=0.99, gae_lambda=0.8, ent_coef=0.0, clip_vloss=False),
+    "Pendulum-v1": dict(num_envs=4, num_steps=512, num_minibatches=32, update_epochs=10, learning_rate=1e-3,
+                        gamma=0.9, gae_lambda=0.95, ent_coef=0.0, reward_scale=0.1, init_log_std=-0.5),
 }  # fmt: skip
 WINDOW = 10
 FRAMEWORKS = ("ours", "ours-gym", "torch", "torch-best", "sb3")
