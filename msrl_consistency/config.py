@@ -77,6 +77,10 @@ class TrainConfig:
     """Minibatches per epoch; must divide num_envs * num_steps."""
     update_epochs: int = 4
     """PPO epochs per iteration."""
+    updates_per_call: int = 0
+    """Minibatch updates per compiled train-step call (0: the largest divisor of num_minibatches up to 8). Each one
+    is unrolled in the graph: fewer cost less compile memory (BipedalWalker preset: 784 MB peak RSS with 8, 692 MB
+    with 2, at the same speed) and change results only in the last bits."""
     norm_adv: bool = True
     """Normalise advantages per minibatch."""
     clip_coef: float = 0.2
@@ -154,6 +158,10 @@ class TrainConfig:
             if not ((low <= value) if inclusive else (low < value)) or value > high:
                 interval = f"{'[' if inclusive else '('}{low}, {high}]"
                 raise UsageError(f"--{_flag(name)} must be in {interval}, got {value}")
+        per_call = self.updates_per_call
+        if not 0 <= per_call <= 8 or (per_call and self.num_minibatches % per_call):
+            raise UsageError(f"--updates-per-call must be 0 (auto) or a divisor of --num-minibatches "
+                             f"({self.num_minibatches}) up to 8, got {self.updates_per_call}")  # fmt: skip
         if self.batch_size % self.num_minibatches:
             raise UsageError(
                 f"--num-minibatches {self.num_minibatches} does not divide the batch "

@@ -43,6 +43,7 @@ def run_main(*argv: str) -> int:
         (["--env-id", "msrl/Chain-v0", "--env-backend", "envpool"], "EnvPool has no msrl/Chain-v0"),
         (["--env-backend", "envpool", "--async-envs", "true"], "cannot be used with --env-backend envpool"),
         (["--env-threads", "-1"], "--env-threads must be in"),
+        (["--num-minibatches", "4", "--updates-per-call", "3"], "--updates-per-call must be 0"),
     ],
 )
 def test_bad_arguments_fail_before_writing(tmp_path, argv, message):

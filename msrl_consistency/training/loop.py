@@ -113,7 +113,7 @@ def build_learner(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Le
     optimizer = nn.Adam(policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
     dtype = mp.compute_dtype(cfg.update_precision)
     loss = PPOLoss(policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss, dtype)
-    per_call = updates_per_call(cfg.num_minibatches)
+    per_call = cfg.updates_per_call or updates_per_call(cfg.num_minibatches)
     train_step = PPOTrainStep(
         loss,
         optimizer,
