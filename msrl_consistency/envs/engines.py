@@ -243,8 +243,9 @@ class EnvPoolVectorEnv:
 
     def _restore(self, blobs: list[dict[str, Any]]) -> None:
         """Rebuild the pool with the run's seed, reset each env as often as it was, replay its current episode."""
-        seeds = {b["seed"] for b in blobs}
-        if len(blobs) != self.num_envs or len(seeds) != 1 or any(b["env_id"] != self.env_id for b in blobs):
+        ours = all(isinstance(b, dict) and b.get("engine") == "envpool" and b["env_id"] == self.env_id for b in blobs)
+        seeds = {b["seed"] for b in blobs} if ours else set()
+        if not ours or len(blobs) != self.num_envs or len(seeds) != 1:
             raise UsageError("resume state: the EnvPool snapshot does not match this run's envs")
         self.reset(seed=seeds.pop())
         resets = np.array([b["resets"] for b in blobs])
