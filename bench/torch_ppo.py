@@ -26,7 +26,8 @@ Distribution.set_default_validate_args(False)
 
 # Run-management keys of a preset that do not change the algorithm; accepted and ignored.
 IGNORED_KEYS = {"env_id", "total_steps", "seed", "run_dir", "resume", "device", "threads", "async_envs",
-                "checkpoint_every", "eval_episodes", "eval_every", "progress"}  # fmt: skip
+                "checkpoint_every", "eval_episodes", "eval_every", "progress", "env_backend", "env_threads", "profile",
+                "updates_per_call"}  # fmt: skip
 
 
 @dataclass
@@ -259,6 +260,7 @@ def train(
     global_step = 0
     obs, _ = envs.reset(seed=seed)
     evals: list[tuple[int, float]] = []
+    progress: list[tuple[int, float]] = []  # (global_step, training wall seconds) after every iteration
     eval_wall = eval_cpu = 0.0
     start, cpu_start = time.perf_counter(), time.process_time()
     first_iter_end = start
@@ -306,6 +308,7 @@ def train(
             agent.obs_var.copy_(torch.as_tensor(rms.var, dtype=torch.float32))
         if it == 0:
             first_iter_end = time.perf_counter()
+        progress.append((global_step, time.perf_counter() - start - eval_wall))
         if eval_every and (it + 1) % eval_every == 0:
             t0, c0 = time.perf_counter(), time.process_time()
             evals.append((global_step, float(np.mean(evaluate(agent.env_action, env_id, seed, eval_every_episodes)))))
@@ -322,6 +325,7 @@ def train(
         "global_step": global_step,
         "episodes": episodes,
         "evals": evals,
+        "progress": progress,
         "eval_returns": evaluate(agent.env_action, env_id, seed, eval_episodes),
     }
 

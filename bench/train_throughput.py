@@ -28,7 +28,18 @@ from msrl_consistency.config import load_toml, preset_path  # noqa: E402  (no Mi
 
 # "Solved" levels for the training curve: the moving average of the last WINDOW episodes must stay at or above.
 THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0, "BipedalWalker-v3": 300.0, "Hopper-v5": 3000.0}
+# The issue's targets: CartPole's training returns stay >= 475; the others' deterministic evaluation reaches thr.
+TRAINING_MEAN_TARGET = {"CartPole-v1"}
+# The PyTorch twin at its own best settings ("torch-best"): the presets tuned for this algorithm before the envs per
+# act call were raised for MindSpore's fixed per-call cost (a cost PyTorch does not have).
+TORCH_BEST: dict[str, dict[str, Any]] = {
+    "CartPole-v1": dict(num_envs=8, num_steps=32, num_minibatches=4, update_epochs=10, learning_rate=1e-3,
+                        gamma=0.99, gae_lambda=0.8, ent_coef=0.0, clip_vloss=False),
+    "Pendulum-v1": dict(num_envs=4, num_steps=512, num_minibatches=32, update_epochs=10, learning_rate=1e-3,
+                        gamma=0.9, gae_lambda=0.95, ent_coef=0.0, reward_scale=0.1, init_log_std=-0.5),
+}  # fmt: skip
 WINDOW = 10
+FRAMEWORKS = ("ours", "ours-gym", "torch", "torch-best", "sb3")
 EVAL_EVERY_EPISODES = 5  # deterministic episodes per periodic evaluation (the final one uses --eval-episodes)
 # rl-zoo3's tuned PPO settings (hyperparams/ppo.yml); Pendulum without gSDE so all three use a plain Gaussian.
 SB3_ZOO: dict[str, dict[str, Any]] = {
@@ -115,10 +126,12 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
             self.first_rollout: tuple[int, float] | None = None
             self.eval_every, self.rollouts = eval_every, 0
             self.evals: list[tuple[int, float]] = []
+            self.progress: list[tuple[int, float]] = []
             self.eval_wall = self.eval_cpu = 0.0
 
         def _on_rollout_end(self) -> None:
             self.rollouts += 1
+            self.progress.append((self.num_timesteps, time.perf_counter() - start - self.eval_wall))
             if self.eval_every and self.rollouts % self.eval_every == 0:
                 t0, c0 = time.perf_counter(), time.process_time()
                 self.evals.append((self.num_timesteps, float(np.mean(deterministic_returns(EVAL_EVERY_EPISODES)))))
@@ -154,6 +167,7 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
         "global_step": done_steps,
         "episodes": rec.episodes,
         "evals": rec.evals,
+        "progress": rec.progress,
         "eval_returns": returns,
         "hparams": sb3_hparams(env_id),
     }
@@ -161,12 +175,16 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
 
 def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
            out: Path) -> None:  # fmt: skip
-    if framework == "ours":
-        result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent)
-    elif framework == "torch":
+    import resource
+
+    if framework.startswith("ours"):
+        backend = {"ours": "auto", "ours-gym": "gymnasium"}[framework]
+        result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent, backend)
+    elif framework.startswith("torch"):
         import torch_ppo
 
-        hp = {k: v for k, v in preset(env_id).items() if k not in torch_ppo.IGNORED_KEYS}
+        settings = TORCH_BEST.get(env_id, preset(env_id)) if framework == "torch-best" else preset(env_id)
+        hp = {k: v for k, v in settings.items() if k not in torch_ppo.IGNORED_KEYS}
         hparams = torch_ppo.HParams.from_dict(hp)
         batch = hparams.num_envs * hparams.num_steps
         result = torch_ppo.train(env_id, steps, seed, eval_episodes=eval_episodes,
@@ -175,11 +193,12 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
         result["hparams"] = hp
     else:
         result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     out.write_text(json.dumps(result))
 
 
 def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-             run_dir: Path) -> dict[str, Any]:  # fmt: skip
+             run_dir: Path, backend: str = "auto") -> dict[str, Any]:  # fmt: skip
     """What ``python -m msrl_consistency.train`` does, through the Trainer API so the loop's CPU time is visible."""
     t_import = time.perf_counter()
     from msrl_consistency.artifacts import run_dir as rd
@@ -188,7 +207,7 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
 
     import_time = time.perf_counter() - t_import
     argv = ["--env-id", env_id, "--run-dir", str(run_dir), "--total-steps", str(steps), "--seed", str(seed),
-            "--progress", "false", "--eval-episodes", str(EVAL_EVERY_EPISODES)]  # fmt: skip
+            "--progress", "false", "--eval-episodes", str(EVAL_EVERY_EPISODES), "--env-backend", backend]  # fmt: skip
     cfg = parse_config(argv)
     cfg.eval_every = iterations_between(eval_every_steps, cfg.batch_size)
     rd.prepare_new_run_dir(run_dir)
@@ -204,6 +223,7 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
         trainer.close()
     with open(run_dir / "metrics.csv", newline="") as fh:
         rows = [(int(r["global_step"]), float(r["wall_time"])) for r in csv.DictReader(fh)]
+    profile = trainer.profile_report()
     with open(run_dir / "episodes.csv", newline="") as fh:
         episodes = [(int(r["global_step"]), float(r["return"])) for r in csv.DictReader(fh)]
     evals: list[tuple[int, float]] = []
@@ -220,7 +240,8 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
     steady = (step1 - step0) / (t1 - t0) if len(rows) > 1 else step1 / t1
     return {"wall_time": wall, "cpu_time": cpu, "sps": step1 / wall, "sps_steady": steady, "global_step": step1,
             "episodes": episodes, "evals": evals, "eval_returns": eval_returns, "import_time": import_time,
-            "compile_time": t0 - step0 / steady, "hparams": cfg.to_dict()}  # fmt: skip
+            "compile_time": profile["sections"]["compile"]["seconds"], "hparams": cfg.to_dict(), "progress": rows,
+            "env_backend": trainer.backend.name, "profile": profile}  # fmt: skip
 
 
 # -- driver ---------------------------------------------------------------------------------------------
@@ -242,7 +263,16 @@ def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: i
     result["steps_to_threshold"] = steps_to_threshold(result["episodes"], threshold)
     result["steps_to_eval_threshold"] = steps_to_eval_threshold(result.get("evals", []), threshold)
     result["eval_mean"] = float(np.mean(result["eval_returns"])) if result["eval_returns"] else None
+    target = result["steps_to_threshold" if env_id in TRAINING_MEAN_TARGET else "steps_to_eval_threshold"]
+    result["wall_to_target"] = wall_at_step(result.get("progress", []), target)
     return result
+
+
+def wall_at_step(progress: list[tuple[int, float]], step: int | None) -> float | None:
+    """Training wall seconds (evaluations excluded) when the iteration holding env step ``step`` ended."""
+    if step is None:
+        return None
+    return next((float(wall) for s, wall in progress if s >= step), None)
 
 
 def fmt(value: float | None, digits: int = 0) -> str:
@@ -262,8 +292,8 @@ def tables(results: list[dict[str, Any]]) -> str:
     ref = {(r["env_id"], r["seed"]): r for r in results if r["framework"] == "torch"}
     lines = [
         "| framework | env | seed | train s/100k | CPU s/100k | total s | steady SPS | SPS vs torch | CPU-SPS vs torch "
-        "| steps to ≥thr | steps to eval ≥thr | eval mean |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| steps to ≥thr | steps to eval ≥thr | wall s to target | eval mean | peak RSS MB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         t = ref.get((r["env_id"], r["seed"]))
@@ -282,14 +312,16 @@ def tables(results: list[dict[str, Any]]) -> str:
             cpu_ratio,
             fmt(r["steps_to_threshold"]),
             fmt(r.get("steps_to_eval_threshold")),
+            fmt(r.get("wall_to_target"), 1),
             fmt(r["eval_mean"], 1),
+            fmt(r.get("peak_rss_mb")),
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += [
         "",
         "| framework | env | seeds | mean steady SPS | SPS vs torch | CPU-SPS vs torch | reached thr "
-        "| median steps to thr | median steps to eval thr | eval means |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| median steps to thr | median steps to eval thr | wall s to target (per seed) | eval means | peak RSS MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
@@ -304,9 +336,11 @@ def tables(results: list[dict[str, Any]]) -> str:
         eval_reached = [r["steps_to_eval_threshold"] for r in rs if r.get("steps_to_eval_threshold") is not None]
         eval_median = float(np.median(eval_reached)) if eval_reached else None
         evals = ", ".join(fmt(r["eval_mean"], 1) for r in rs)
+        walls = ", ".join(fmt(r.get("wall_to_target"), 1) for r in rs)
+        rss = max((r.get("peak_rss_mb") or 0) for r in rs)
         lines.append(
             f"| {fw} | {env} | {len(rs)} | {sps:,.0f} | {ratio} | {cpu_ratio} | {len(reached)}/{len(rs)} "
-            f"| {fmt(median)} | {fmt(eval_median)} | {evals} |"
+            f"| {fmt(median)} | {fmt(eval_median)} | {walls} | {evals} | {rss:,.0f} |"
         )
     return "\n".join(lines)
 
@@ -319,7 +353,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     envs = list(dict.fromkeys(r["env_id"] for r in results))
-    colours = {"ours": "tab:red", "torch": "tab:blue", "sb3": "tab:green"}
+    colours = {"ours": "tab:red", "ours-gym": "tab:orange", "torch": "tab:blue", "torch-best": "tab:cyan",
+               "sb3": "tab:green"}
     fig, axes = plt.subplots(1, len(envs), figsize=(6.5 * len(envs), 4.2), squeeze=False)
     for ax, env in zip(axes[0], envs, strict=True):
         seen: set[str] = set()
@@ -349,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     periodic = f"also evaluate ({EVAL_EVERY_EPISODES} episodes) about every N env steps; 0: off"
     parser.add_argument("--eval-every-steps", type=int, default=2048, help=periodic)
     parser.add_argument("--out", default="reports/bench/train_throughput", help="output dir (json, md, png, runs)")
-    parser.add_argument("--worker", choices=["ours", "torch", "sb3"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     envs = [e for e in args.envs.split(",") if e]
     seeds = [int(s) for s in args.seeds.split(",") if s]

@@ -20,7 +20,8 @@ from typing import Any
 from inference.errors import MsrlError, UsageError, first_line, run_cli
 from msrl_consistency.config import TrainConfig, explicit_flags, from_dict, parse_config
 
-RESUME_MAY_CHANGE = {"resume", "total_steps", "progress", "master_addr", "master_port", "workers"}
+RESUME_MAY_CHANGE = {"resume", "total_steps", "progress", "master_addr", "master_port", "workers", "profile",
+                     "env_threads"}
 
 
 def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None) -> tuple[TrainConfig, Path, dict]:
@@ -31,6 +32,8 @@ def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None
     run_dir = Path(cfg_cli.resume)
     info = rd.read_run_json(run_dir)
     stored = from_dict({k: v for k, v in info["config"].items() if k in TrainConfig.__dataclass_fields__})
+    if "env_backend" not in info["config"]:
+        stored.env_backend = "gymnasium"  # runs from before EnvPool was an engine
     flags = explicit_flags(argv)
     given_env = flags.get("env_id")
     if given_env and given_env != stored.env_id:
@@ -49,6 +52,7 @@ def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None
     rd.check_world_size(run_dir, state["world_size"], requested)
     stored.total_steps = flags.get("total_steps", stored.total_steps)
     stored.progress, stored.master_addr, stored.master_port = cfg_cli.progress, cfg_cli.master_addr, cfg_cli.master_port
+    stored.profile, stored.env_threads = cfg_cli.profile, flags.get("env_threads", stored.env_threads)
     stored.workers = state["world_size"]
     stored.resume, stored.run_dir = str(run_dir), str(run_dir)
     stored.validate()
@@ -62,6 +66,7 @@ def prepare_run(cfg: TrainConfig, argv: list[str], world_size: int | None = None
     """
     from msrl_consistency.artifacts import run_dir as rd
     from msrl_consistency.envs import describe_env
+    from msrl_consistency.envs.engines import resolve_backend
     from msrl_consistency.training import distributed as dist
 
     if cfg.resume:
@@ -74,6 +79,8 @@ def prepare_run(cfg: TrainConfig, argv: list[str], world_size: int | None = None
                 raise UsageError(f"--workers {given} disagrees with msrun's world size {world_size}")
             cfg.workers = world_size
         describe_env(cfg.env_id)  # unknown ids and unsupported spaces fail before anything is written
+    # An unavailable or unsupported engine fails here too; a resumed run keeps the engine it recorded.
+    cfg.env_backend = resolve_backend(cfg.env_id, cfg.env_backend, cfg.async_envs).name
     from msrl_consistency import compat
 
     launcher = world_size is None and cfg.workers > 1  # starts the ranks but does not train itself
@@ -174,8 +181,16 @@ def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
         bar.close()
         eval_returns = trainer.evaluate(cfg.eval_episodes) if cfg.eval_episodes > 0 else []
         trainer.checkpoint(eval_returns)  # checks the ranks agree a last time
+        if cfg.profile:
+            table = trainer.write_profile()
+            if lead:
+                print(table)
     except KeyboardInterrupt:
         bar.close()
+        if cfg.profile:  # an interrupted run's profile covers the iterations it did
+            table = trainer.write_profile()
+            if lead:
+                print(table)
         if lead:
             print(f"interrupted; resume with: --resume {run_dir} (from step {_stored_step(run_dir)})", file=sys.stderr)
         return 130

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,11 @@ def run_main(*argv: str) -> int:
         (["--learning-rate", "nan"], "--learning-rate must be a finite number"),
         (["--threads", "0"], "--threads must be in"),
         (["--gamma", "2"], "--gamma must be in"),
+        (["--env-backend", "ray"], "--env-backend must be auto, envpool or gymnasium"),
+        (["--env-id", "msrl/Chain-v0", "--env-backend", "envpool"], "EnvPool has no msrl/Chain-v0"),
+        (["--env-backend", "envpool", "--async-envs", "true"], "cannot be used with --env-backend envpool"),
+        (["--env-threads", "-1"], "--env-threads must be in"),
+        (["--num-minibatches", "4", "--updates-per-call", "3"], "--updates-per-call must be 0"),
     ],
 )
 def test_bad_arguments_fail_before_writing(tmp_path, argv, message):
@@ -243,3 +249,21 @@ def test_a_full_disk_is_a_one_line_error_and_leaves_no_temp_file(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "File too large" in errors[0], proc.stderr[-2000:]
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_profile_reports_where_the_time_went(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run_main("--env-id", "CartPole-v1", "--total-steps", "128", "--run-dir", str(run_dir), "--profile", "true",
+                    "--eval-episodes", "1", *TINY[:8]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "profile:" in out and "env stepping" in out and "overlap:" in out
+    report = json.loads((run_dir / "profile.json").read_text())
+    sections = report["sections"]
+    assert report["env_steps"] == 128 and report["env_backend"]["name"] == "envpool"
+    assert sections["env stepping"]["calls"] == 64 and sections["acting"]["calls"] >= 64 - 1
+    assert sections["compile"]["calls"] == 3  # act, train step, evaluation policy
+    assert sections["update"]["calls"] == 4 - 1 and sections["evaluation"]["calls"] == 1
+    assert sections["checkpoints"]["calls"] >= 2
+    total = sum(row["seconds"] for name, row in sections.items() if name != "other")
+    assert 0 < total <= report["wall_seconds"] and sections["other"]["seconds"] >= 0
+    assert report["peak_rss_mb"] > 100

@@ -95,6 +95,10 @@ class Snapshot(gym.Wrapper):
 
     @property
     def state_blob(self) -> bytes | None:
+        if isinstance(self.env.unwrapped, gym.utils.EzPickle):
+            # EzPickle (Box2D, MuJoCo) pickles the constructor arguments, not the state: it would "restore" a fresh,
+            # un-reset env (BipedalWalker then fails its first step). Not snapshottable.
+            return None
         try:
             return pickle.dumps(self.env)
         except Exception:  # noqa: BLE001 - any pickling failure means "not snapshottable"

@@ -34,11 +34,13 @@ from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.checkpoint import restore_parameters
 from msrl_consistency.artifacts.provenance import git_commit, versions
 from msrl_consistency.config import TrainConfig
-from msrl_consistency.envs import EnvInfo, describe_env, make_env, make_vector_env
+from msrl_consistency.envs import EnvInfo, describe_env, make_env
+from msrl_consistency.envs.engines import make_training_envs, resolve_backend
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training import precision as mp
 from msrl_consistency.training.gae import compute_gae
 from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep, updates_per_call
+from msrl_consistency.training.profile import PROFILE_JSON, Profile, format_table, peak_rss_mb
 
 METRIC_FIELDS = [
     "iteration", "global_step", "episodes", "return_mean", "length_mean", "learning_rate",
@@ -111,7 +113,7 @@ def build_learner(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Le
     optimizer = nn.Adam(policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
     dtype = mp.compute_dtype(cfg.update_precision)
     loss = PPOLoss(policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss, dtype)
-    per_call = updates_per_call(cfg.num_minibatches)
+    per_call = cfg.updates_per_call or updates_per_call(cfg.num_minibatches)
     train_step = PPOTrainStep(
         loss,
         optimizer,
@@ -142,10 +144,14 @@ class Trainer:
         resume_state: dict[str, Any] | None = None,
         comm: dist.Comm | None = None,
     ) -> None:
+        self.profile = Profile()
         self.cfg, self.run_dir = cfg, run_dir
         self.comm = comm or dist.SingleProcess()
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.info = describe_env(cfg.env_id)
+        # ``auto`` is resolved once and stored resolved (run.json's config), so a resume uses the same engine.
+        self.backend = resolve_backend(cfg.env_id, cfg.env_backend, cfg.async_envs)
+        cfg.env_backend = self.backend.name
         self.spec = build_spec(cfg, self.info)
         compat.set_device(cfg.device, dist.device_id_for(cfg.device, self.comm.local_rank))
         compat.set_threads(cfg.threads)
@@ -161,7 +167,8 @@ class Trainer:
         self.noise_rng, self.shuffle_rng = seed_streams(cfg.seed, self.rank)
         self.env_seed = cfg.seed + self.rank * cfg.num_envs  # env i resets with env_seed + i
 
-        self.envs = make_vector_env(cfg.env_id, cfg.num_envs, cfg.async_envs)
+        self.envs = make_training_envs(cfg.env_id, cfg.num_envs, self.backend.name, cfg.async_envs, cfg.env_threads)
+        self._compiled: set[str] = set()  # graphs whose first (compiling) call is done
         self.iteration, self.global_step, self.episodes = 0, 0, 0
         self.ep_return = np.zeros(cfg.num_envs)
         self.ep_length = np.zeros(cfg.num_envs, dtype=np.int64)
@@ -179,6 +186,7 @@ class Trainer:
             rd.RunRecorder(run_dir, LOG_FIELDS, keep, evals=cfg.eval_every > 0) if self.rank == 0 else rd.NullRecorder()
         )
         self._deterministic: compat.CompiledCall | None = None  # compiled once, on the first evaluation
+        self.profile.add("setup", time.perf_counter() - self.profile.start)
 
     # -- one iteration ------------------------------------------------------------------------------
     def collect(self) -> dict[str, np.ndarray]:
@@ -198,10 +206,14 @@ class Trainer:
             "dones": np.zeros((t_max, n), np.bool_),
         }
         finished: list[tuple[int, int, float, int]] = []
+        clock = time.perf_counter
+        start, env_time, act_before = clock(), 0.0, self.profile.seconds["acting"] + self.profile.seconds["compile"]
         for t in range(t_max):
             noise = spec.sample_noise(self.noise_rng, n)
             raw, env_action, logp, value = unpack_rollout(self._act(self.obs, noise), spec)
+            t0 = clock()
             next_obs, reward, terminated, truncated, infos = self.envs.step(env_action)
+            env_time += clock() - t0
             buf["obs"][t], buf["actions"][t], buf["logp"][t], buf["values"][t] = self.obs, raw, logp, value
             scaled = reward.astype(np.float32) * cfg.reward_scale
             bootstrap = truncated & ~terminated
@@ -217,11 +229,17 @@ class Trainer:
                 finished.append((t, int(i), float(self.ep_return[i]), int(self.ep_length[i])))
                 self.ep_return[i], self.ep_length[i] = 0.0, 0
             self.obs = next_obs
-        adv, ret = compute_gae(
-            buf["rewards"], buf["values"], buf["dones"], self._values(self.obs), cfg.gamma, cfg.gae_lambda
-        )
+        last_value = self._values(self.obs)
+        t0 = clock()
+        adv, ret = compute_gae(buf["rewards"], buf["values"], buf["dones"], last_value, cfg.gamma, cfg.gae_lambda)
+        gae_time = clock() - t0
         buf["advantages"], buf["returns"] = adv, ret
         buf["finished"] = np.array(finished, np.float64).reshape(-1, 4)
+        acting = self.profile.seconds["acting"] + self.profile.seconds["compile"] - act_before
+        prof = self.profile
+        prof.add("env stepping", env_time, t_max)
+        prof.add("GAE", gae_time)
+        prof.add("rollout bookkeeping", clock() - start - env_time - gae_time - acting, t_max)
         return buf
 
     def update(self, buf: dict[str, np.ndarray]) -> dict[str, float]:
@@ -239,7 +257,9 @@ class Trainer:
             perm = self.shuffle_rng.permutation(batch).astype(np.int32)
             chunks = perm.reshape(cfg.num_minibatches // per_call, per_call, cfg.minibatch_size)
             for idx in chunks:
+                t0 = time.perf_counter()
                 sums += self._train_call(*flat, Tensor(idx)).asnumpy().sum(axis=0)
+                self._timed("train", "update", time.perf_counter() - t0)
                 count += per_call
         return dict(zip(STEP_METRICS, (sums / count).tolist(), strict=True))
 
@@ -249,21 +269,28 @@ class Trainer:
         Merged in rank order with the same arithmetic on every rank; for one process it is the identity (same
         floats as before data parallel existed).
         """
+        t0 = time.perf_counter()
+        moments = batch_moments(buf["obs"], self.spec.obs_dim) if self.cfg.normalize_obs else None
+        self.profile.add("normaliser statistics", time.perf_counter() - t0)
         report = {
-            "moments": batch_moments(buf["obs"], self.spec.obs_dim) if self.cfg.normalize_obs else None,
+            "moments": moments,
             "finished": buf["finished"],
             "stats": stats,
             "values": buf["values"].ravel(),
             "returns": buf["returns"].ravel(),
             "stop": INTERRUPTS.requested,  # Ctrl-C on any rank stops every rank after this same iteration
         }
-        reports = self.comm.gather(report)
+        with self.profile.section("rank exchange"):
+            reports = self.comm.gather(report)
         finished = np.concatenate(
             [np.column_stack([r["finished"], np.full(len(r["finished"]), rank)]) for rank, r in enumerate(reports)]
         )
         finished = finished[np.lexsort((finished[:, 1], finished[:, 4], finished[:, 0]))]  # by step, rank, env
+        t0 = time.perf_counter()
+        moments = merge_moments([r["moments"] for r in reports]) if self.cfg.normalize_obs else None
+        self.profile.add("normaliser statistics", time.perf_counter() - t0, 0)
         return {
-            "moments": merge_moments([r["moments"] for r in reports]) if self.cfg.normalize_obs else None,
+            "moments": moments,
             "finished": finished,  # step, env, return, length, rank
             "stats": {k: sum(r["stats"][k] for r in reports) / len(reports) for k in STEP_METRICS},
             "values": np.concatenate([r["values"] for r in reports]),
@@ -301,8 +328,10 @@ class Trainer:
             merged = self.merge_ranks(buf, stats)
             if cfg.normalize_obs:
                 # Statistics change only between iterations, so a rollout and its update see the same graph.
+                t0 = time.perf_counter()
                 self.rms.update_from_moments(*merged["moments"])
                 self.rms.copy_to(self.policy.normalizer)
+                self.profile.add("normaliser statistics", time.perf_counter() - t0, 0)
             self.iteration += 1
             finished = merged["finished"]
             self.episodes += len(finished)
@@ -326,17 +355,19 @@ class Trainer:
                  "return": float(ret), "length": int(length)}
                 for t, i, ret, length, rank in finished
             ]  # fmt: skip
-            self.recorder.iteration(row, episodes)
-            if progress is not None:
-                progress.update(cfg.global_batch_size)
-                if len(finished):
-                    progress.set_postfix(ret=f"{row['return_mean']:.1f}", sps=f"{sps:.0f}")
+            with self.profile.section("logging"):
+                self.recorder.iteration(row, episodes)
+                if progress is not None:
+                    progress.update(cfg.global_batch_size)
+                    if len(finished):
+                        progress.set_postfix(ret=f"{row['return_mean']:.1f}", sps=f"{sps:.0f}")
             if cfg.eval_every and self.iteration % cfg.eval_every == 0:
                 eval_time += self._periodic_eval()
             if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.num_iterations or merged["stop"]:
                 self.checkpoint()  # checks consistency first
             elif self.iteration % cfg.check_every == 0:
-                self.check_consistency()
+                with self.profile.section("checkpoints"):
+                    self.check_consistency()
             if merged["stop"]:
                 raise KeyboardInterrupt(f"interrupted after iteration {self.iteration}")
 
@@ -366,10 +397,14 @@ class Trainer:
         """
         if self._deterministic is None:
             self._deterministic = compat.CompiledCall(DeterministicPolicy(self.policy))
-        mine = {k: self._eval_episode(k) for k in range(self.rank, episodes, self.world_size)}
-        merged: dict[int, float] = {}
-        for part in self.comm.gather(mine):
-            merged.update(part)
+            t0 = time.perf_counter()  # the compiling first call, on a zero observation (no state, no RNG)
+            self._deterministic(Tensor(np.zeros((1, self.spec.obs_dim), np.float32)))
+            self.profile.add("compile", time.perf_counter() - t0)
+        with self.profile.section("evaluation"):
+            mine = {k: self._eval_episode(k) for k in range(self.rank, episodes, self.world_size)}
+            merged: dict[int, float] = {}
+            for part in self.comm.gather(mine):
+                merged.update(part)
         return [merged[k] for k in range(episodes)]
 
     def _eval_episode(self, k: int) -> float:
@@ -424,10 +459,12 @@ class Trainer:
 
     def checkpoint(self, eval_returns: list[float] | None = None) -> None:
         """Check the ranks agree, gather every rank's own state, and let rank 0 write the checkpoint."""
-        self.check_consistency()
-        ranks = self.comm.gather(self.local_state())
-        if self.rank == 0:
-            self.recorder.checkpoint(self.policy, {**self.shared_state(), "ranks": ranks}, self.run_info(eval_returns))
+        with self.profile.section("checkpoints"):
+            self.check_consistency()
+            ranks = self.comm.gather(self.local_state())
+            if self.rank == 0:
+                state = {**self.shared_state(), "ranks": ranks}
+                self.recorder.checkpoint(self.policy, state, self.run_info(eval_returns))
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a ``resume.state`` (see ``rd.load_resume_state``) with the same world size."""
@@ -469,6 +506,8 @@ class Trainer:
                 "global_step": self.global_step,
                 "episodes": self.episodes,
                 "resume_exact": self.resume_exact,
+                "env_backend": self.backend.to_dict(),
+                "peak_rss_mb": round(peak_rss_mb(), 1),
             },
             distributed={
                 "world_size": self.world_size,
@@ -490,14 +529,43 @@ class Trainer:
                 "loss_scale": None if scale is None else float(scale.scale.asnumpy()),
                 "skipped_updates": None if scale is None else int(scale.skipped.asnumpy()),
             },
-            versions=versions("mindspore", "gymnasium", "numpy"),
+            versions=versions("mindspore", "gymnasium", "numpy", *(["envpool"] * (self.backend.name == "envpool"))),
             git_commit=self.git_commit,
             eval_returns=eval_returns,
         )
 
     # -- hot-path helpers -----------------------------------------------------------------------------
     def _act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        return self._rollout_call(Tensor(obs.astype(np.float32, copy=False)), Tensor(noise)).asnumpy()
+        t0 = time.perf_counter()
+        out = self._rollout_call(Tensor(obs.astype(np.float32, copy=False)), Tensor(noise)).asnumpy()
+        self._timed("act", "acting", time.perf_counter() - t0)
+        return out
+
+    def _timed(self, graph: str, section: str, seconds: float) -> None:
+        """Book a compiled call under ``section``, or under ``compile`` if it was the graph's first call."""
+        if graph in self._compiled:
+            self.profile.add(section, seconds)
+        else:
+            self._compiled.add(graph)
+            self.profile.add("compile", seconds)
+
+    def profile_report(self) -> dict[str, Any]:
+        """profile.json's content (see ``training/profile.py``)."""
+        cfg = self.cfg
+        return self.profile.report(self.global_step, {
+            "env_id": cfg.env_id, "env_backend": self.backend.to_dict(), "num_envs": cfg.num_envs,
+            "num_steps": cfg.num_steps, "hidden_sizes": list(cfg.hidden_sizes), "world_size": self.world_size,
+            "iterations": self.iteration, "act_calls_per_env_step": round(1 / cfg.num_envs, 4),
+        })  # fmt: skip
+
+    def write_profile(self) -> str:
+        """Write profile.json (rank 0) and return the table to print."""
+        report = self.profile_report()
+        if self.rank == 0:
+            from inference.files import write_json_atomic
+
+            write_json_atomic(self.run_dir / PROFILE_JSON, report)
+        return format_table(report)
 
     def _values(self, obs: np.ndarray) -> np.ndarray:
         """Critic values through the rollout graph (same batch shape, so no recompilation)."""

@@ -1,0 +1,137 @@
+"""Judge a preset (or a candidate: the preset plus overrides) on many seeds, not three.
+
+Each run is the real CLI (``python -m msrl_consistency.train``) with periodic deterministic evaluations; ``--jobs``
+runs go side by side (this measures learning, not speed: SPS here is only indicative). Per candidate it reports how
+many seeds reached the env's target and when: CartPole's training mean of 10 episodes staying >= 475
+(``train_throughput.steps_to_threshold``), or the first periodic evaluation (5 episodes) at or above the threshold
+(Pendulum >= -200, BipedalWalker >= 300), plus the final evaluation (10 episodes).
+
+    .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10                       # the preset
+    .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10 --name 32x8 \\
+        --set num_envs=32 --set num_steps=8                                                     # a candidate
+Results accumulate in ``--out`` (default reports/bench/preset_seeds/): results.json and preset_seeds.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from train_throughput import THRESHOLDS, steps_to_eval_threshold, steps_to_threshold  # noqa: E402
+
+EVAL_EVERY_STEPS = 4096
+TRAINING_MEAN_TARGET = {"CartPole-v1"}  # judged on the training mean staying >= thr; the others on evaluations
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        seeds += list(range(int(lo), int(hi or lo) + 1))
+    return seeds
+
+
+def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | None, out: Path) -> dict[str, Any]:
+    run_dir = out / "runs" / f"{env_id}-{name}-s{seed}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    sys.path.insert(0, str(REPO))
+    from msrl_consistency.config import parse_config
+
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in (o.split("=", 1) for o in overrides)]
+    base = ["--env-id", env_id, "--seed", str(seed), *(["--total-steps", str(steps)] if steps else []), *flags]
+    cfg = parse_config([*base, "--run-dir", str(run_dir)])
+    every = max(1, round(EVAL_EVERY_STEPS / cfg.batch_size))
+    cmd = [sys.executable, "-m", "msrl_consistency.train", *base, "--eval-every", str(every), "--eval-episodes", "5",
+           "--progress", "false", "--run-dir", str(run_dir)]  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    wall = time.perf_counter() - start
+    with open(run_dir / "episodes.csv", newline="") as fh:
+        episodes = [(int(r["global_step"]), float(r["return"])) for r in csv.DictReader(fh)]
+    with open(run_dir / "evals.csv", newline="") as fh:
+        evals = [(int(r["global_step"]), float(r["return_mean"])) for r in csv.DictReader(fh)]
+    with open(run_dir / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    info = json.loads((run_dir / "run.json").read_text())
+    thr = THRESHOLDS.get(env_id, float("inf"))
+    final = [float(x) for x in info["eval"]["returns"]] if info["eval"] else []
+    return {"env_id": env_id, "name": name, "overrides": overrides, "seed": seed, "global_step": info["global_step"],
+            "steps_to_threshold": steps_to_threshold(episodes, thr), "steps_to_eval_threshold":
+            steps_to_eval_threshold(evals, thr), "final_eval": float(np.mean(final)) if final else None,
+            "sps": float(rows[-1]["sps"]), "process_wall": wall, "backend": info["env_backend"]["name"],
+            "peak_rss_mb": info.get("peak_rss_mb")}  # fmt: skip
+
+
+def target_step(r: dict[str, Any]) -> int | None:
+    return r["steps_to_threshold"] if r["env_id"] in TRAINING_MEAN_TARGET else r["steps_to_eval_threshold"]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| env | candidate | overrides | seeds | reached | median steps to target | worst | per seed (k steps) "
+             "| final eval: mean (min) | SPS (indicative) |",
+             "|---|---|---|---:|---:|---:|---:|---|---|---:|"]  # fmt: skip
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["env_id"], r["name"]), []).append(r)
+    for (env, name), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
+        steps = [target_step(r) for r in rs]
+        reached = [s for s in steps if s is not None]
+        med = f"{np.median(reached):,.0f}" if len(reached) == len(rs) else (
+            "–" if not reached else f"{np.median([np.inf if s is None else s for s in steps]):,.0f}")
+        worst = "–" if len(reached) < len(rs) else f"{max(reached):,}"
+        per_seed = ", ".join("–" if s is None else f"{s / 1000:.1f}" for s in steps)
+        finals = [r["final_eval"] for r in rs if r["final_eval"] is not None]
+        lines.append(f"| {env} | {name} | {' '.join(rs[0]['overrides']) or 'preset'} | {len(rs)} | "
+                     f"{len(reached)}/{len(rs)} | {med} | {worst} | {per_seed} | {np.mean(finals):.1f} "
+                     f"({np.min(finals):.1f}) | {np.mean([r['sps'] for r in rs]):,.0f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--seeds", default="1-10", help="e.g. 1-10 or 1,2,5")
+    parser.add_argument("--steps", type=int, default=0, help="total steps (default: the preset's)")
+    parser.add_argument("--name", default="preset", help="candidate name in the table")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a preset field")
+    parser.add_argument("--jobs", type=int, default=2, help="runs side by side")
+    parser.add_argument("--out", default="reports/bench/preset_seeds")
+    args = parser.parse_args(argv)
+    out = REPO / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    store = out / "results.json"
+    results = json.loads(store.read_text())["results"] if store.exists() else []
+    results = [r for r in results if not (r["env_id"] == args.env and r["name"] == args.name)]
+    seeds = parse_seeds(args.seeds)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(run, args.env, args.name, args.set, s, args.steps or None, out) for s in seeds]
+        for f in futures:
+            r = f.result()
+            print(f"{r['name']} seed {r['seed']}: target at {target_step(r)}, final eval {r['final_eval']:.1f}, "
+                  f"{r['sps']:,.0f} SPS", flush=True)  # fmt: skip
+            results.append(r)
+            store.write_text(json.dumps({"results": results}, indent=1))
+    text = table(results)
+    (out / "preset_seeds.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Where a training run's time went: ``train --profile`` prints this table and writes ``profile.json``.
+
+The Trainer always keeps these totals (a ``perf_counter`` pair per section, well under 1% of a step); the flag only
+decides whether they are reported. Timing never touches the numbers a run computes, so a profiled run is
+bitwise the run without ``--profile``.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+PROFILE_JSON = "profile.json"
+SCHEMA = "msrl-consistency/profile"
+# Report order and what each section holds.
+SECTIONS = {
+    "setup": "building envs, Cells and the optimizer (after imports)",
+    "compile": "first call of each compiled graph (act, train step, evaluation policy), which compiles it",
+    "env stepping": "vector env steps, including EnvPool's resets of the envs that ended",
+    "acting": "rollout act calls and critic values for bootstraps and GAE",
+    "rollout bookkeeping": "noise sampling, buffer writes, reward scaling, episode counters",
+    "GAE": "advantages and returns",
+    "update": "PPO train-step calls (epochs x minibatches) and their inputs",
+    "normaliser statistics": "observation moments, their merge and the copy into the graph",
+    "rank exchange": "the per-iteration exchange between data-parallel ranks (0 for one process)",
+    "logging": "metrics.csv, episodes.csv and the progress bar",
+    "checkpoints": "checkpoint, resume state and run.json writes, consistency checks",
+    "evaluation": "periodic and final deterministic evaluations",
+}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class Profile:
+    """Seconds and call counts per section, plus the overlap an overlapped rollout achieved."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.seconds = dict.fromkeys(SECTIONS, 0.0)
+        self.calls = dict.fromkeys(SECTIONS, 0)
+        self.env_hidden = 0.0  # env seconds spent while the main thread acted (overlapped rollouts)
+
+    def add(self, name: str, seconds: float, calls: int = 1) -> None:
+        self.seconds[name] += seconds
+        self.calls[name] += calls
+
+    @contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+    def report(self, steps: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The content of profile.json: per section seconds, share of the wall time, calls and µs per call."""
+        wall = time.perf_counter() - self.start
+        accounted = sum(self.seconds.values())
+        rows = {
+            name: {"seconds": round(s, 4), "share": round(s / wall, 4) if wall else 0.0, "calls": self.calls[name],
+                   "us_per_call": round(s / self.calls[name] * 1e6, 1) if self.calls[name] else None,
+                   "what": SECTIONS[name]}
+            for name, s in self.seconds.items()
+        }  # fmt: skip
+        rest = wall - accounted
+        rows["other"] = {"seconds": round(rest, 4), "share": round(rest / wall, 4) if wall else 0.0, "calls": 0,
+                         "us_per_call": None, "what": "everything not above (Python glue, waits)"}  # fmt: skip
+        env = self.seconds["env stepping"] + self.env_hidden
+        return {
+            "schema": SCHEMA,
+            "wall_seconds": round(wall, 3),
+            "env_steps": steps,
+            "steps_per_second": round(steps / wall, 1) if wall else None,
+            "sections": rows,
+            "overlap": {
+                "env_seconds_hidden": round(self.env_hidden, 4),
+                "env_seconds_total": round(env, 4),
+                "fraction_of_env_time_hidden": round(self.env_hidden / env, 4) if env else 0.0,
+            },
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+            **(extra or {}),
+        }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The console table ``train --profile`` prints at the end of a run."""
+    lines = [f"profile: {report['wall_seconds']:.1f} s wall, {report['env_steps']:,} env steps "
+             f"({report['steps_per_second'] or 0:,.0f} steps/s), peak RSS {report['peak_rss_mb']:.0f} MB",
+             f"  {'section':<22} {'seconds':>9} {'share':>7} {'calls':>9} {'µs/call':>10}"]  # fmt: skip
+    for name, row in sorted(report["sections"].items(), key=lambda kv: -kv[1]["seconds"]):
+        per_call = "" if row["us_per_call"] is None else f"{row['us_per_call']:,.1f}"
+        lines.append(f"  {name:<22} {row['seconds']:>9.3f} {row['share']:>6.1%} {row['calls']:>9,} {per_call:>10}")
+    ov = report["overlap"]
+    lines.append(f"  overlap: {ov['env_seconds_hidden']:.3f} s of {ov['env_seconds_total']:.3f} s env stepping hidden "
+                 f"behind acting ({ov['fraction_of_env_time_hidden']:.0%})")  # fmt: skip
+    return "\n".join(lines)
