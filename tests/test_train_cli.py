@@ -86,9 +86,9 @@ def test_config_file_errors(tmp_path):
         parse_config(["--config", str(unknown)])
     good = tmp_path / "good.toml"
     good.write_text('env_id = "Pendulum-v1"\nnum_envs = 3\n')
-    cfg = parse_config(["--config", str(good), "--num-steps", "7", "--num-minibatches", "1"])
+    cfg = parse_config(["--config", str(good), "--num-steps", "8", "--num-minibatches", "2"])
     # preset < file < flags
-    assert (cfg.env_id, cfg.num_envs, cfg.num_steps, cfg.gamma) == ("Pendulum-v1", 3, 7, 0.9)
+    assert (cfg.env_id, cfg.num_envs, cfg.num_steps, cfg.gamma) == ("Pendulum-v1", 3, 8, 0.9)
 
 
 @pytest.fixture(scope="module")
