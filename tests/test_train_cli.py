@@ -191,14 +191,16 @@ def test_ctrl_c_finishes_the_iteration_checkpoints_and_says_how_to_resume(tmp_pa
     import signal
 
     run_dir = tmp_path / "run"
-    proc = start_training(run_dir, "--total-steps", "1000000", "--checkpoint-every", "1000")
+    proc = start_training(run_dir, "--total-steps", "1000000", "--checkpoint-every", "1000", "--profile", "true")
     wait_until(lambda: iterations_logged(run_dir) >= 2, proc)
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-2000:]
     assert f"interrupted; resume with: --resume {run_dir}" in stderr and "Traceback" not in stderr
     saved = rd.read_run_json(run_dir)
     assert saved["iteration"] == iterations_logged(run_dir) >= 2  # the iterations done are in the checkpoint
+    profile = json.loads((run_dir / "profile.json").read_text())  # an interrupted run still reports its profile
+    assert "profile:" in stdout and profile["iterations"] == saved["iteration"]
     resumed = subprocess.run([sys.executable, "-m", "msrl_consistency.train", "--resume", str(run_dir),
                               "--total-steps", str(saved["global_step"] + 32)], capture_output=True, text=True,
                              timeout=300)  # fmt: skip

@@ -23,7 +23,7 @@ SECTIONS = {
     "acting": "rollout act calls and critic values for bootstraps and GAE",
     "rollout bookkeeping": "noise sampling, buffer writes, reward scaling, episode counters",
     "GAE": "advantages and returns",
-    "update": "PPO train-step calls (epochs x minibatches) and their inputs",
+    "update": "PPO train-step calls (epochs x minibatches, several updates per call)",
     "normaliser statistics": "observation moments, their merge and the copy into the graph",
     "rank exchange": "the per-iteration exchange between data-parallel ranks (0 for one process)",
     "logging": "metrics.csv, episodes.csv and the progress bar",
