@@ -47,6 +47,9 @@ SB3_ZOO: dict[str, dict[str, Any]] = {
                         ent_coef=0.0, learning_rate="lin_1e-3", clip_range="lin_0.2"),
     "Pendulum-v1": dict(n_envs=4, n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0,
                         learning_rate=1e-3, clip_range=0.2),
+    # normalize: VecNormalize (observations and rewards), as rl-zoo3's `normalize: true`.
+    "BipedalWalker-v3": dict(normalize=True, n_envs=32, n_steps=2048, batch_size=64, gae_lambda=0.95, gamma=0.999,
+                             n_epochs=10, ent_coef=0.0, learning_rate=3e-4, clip_range=0.18),
 }  # fmt: skip
 
 
@@ -110,11 +113,14 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
         if isinstance(hp.get(key), str):
             initial = float(hp[key][4:])
             hp[key] = lambda progress, v=initial: progress * v  # progress_remaining goes 1 → 0
-    n_envs = hp.pop("n_envs")
+    n_envs, normalize = hp.pop("n_envs"), hp.pop("normalize", False)
     import torch_ppo  # the benchmark's shared evaluation loop (same seeds for every framework)
 
     def deterministic_returns(episodes: int) -> list[float]:
-        return torch_ppo.evaluate(lambda obs: model.predict(obs, deterministic=True)[0], env_id, seed, episodes)
+        # VecNormalize's statistics as they stand (normalize_obs does not update them).
+        prepare = envs.normalize_obs if normalize else (lambda obs: obs)
+        return torch_ppo.evaluate(lambda obs: model.predict(prepare(obs), deterministic=True)[0], env_id, seed,
+                                  episodes)  # fmt: skip
 
     class Recorder(BaseCallback):
         """Episode returns from the Monitor wrapper, periodic evaluations (their time excluded), and when the
@@ -149,6 +155,10 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
                 self.first_rollout = (self.num_timesteps, time.perf_counter())
 
     envs = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    if normalize:
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        envs = VecNormalize(envs, gamma=hp["gamma"])
     model = PPO("MlpPolicy", envs, seed=seed, device="cpu", verbose=0, **hp)
     rec = Recorder(iterations_between(eval_every_steps, n_envs * hp["n_steps"]))
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -384,8 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     periodic = f"also evaluate ({EVAL_EVERY_EPISODES} episodes) about every N env steps; 0: off"
     parser.add_argument("--eval-every-steps", type=int, default=2048, help=periodic)
     parser.add_argument("--out", default="reports/bench/train_throughput", help="output dir (json, md, png, runs)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="only tabulate and plot earlier runs' json files")
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.merge:  # long runs go one seed at a time (or resume after a stop); one table for all of them
+        merged = [r for path in args.merge for r in json.loads(Path(path).read_text())["results"]]
+        return write_outputs(merged, REPO / args.out)
     envs = [e for e in args.envs.split(",") if e]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.worker:
@@ -410,6 +424,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 results.append(r)
                 (out_dir / "train_throughput.json").write_text(json.dumps({"results": results}, indent=1))
+    return write_outputs(results, out_dir)
+
+
+def write_outputs(results: list[dict[str, Any]], out_dir: Path) -> int:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "train_throughput.json").write_text(json.dumps({"results": results}, indent=1))
     table = tables(results)
     (out_dir / "train_throughput.md").write_text(table + "\n")
     plot(results, out_dir / "reward_curves.png")

@@ -205,6 +205,7 @@ def test_ctrl_c_finishes_the_iteration_checkpoints_and_says_how_to_resume(tmp_pa
                               "--total-steps", str(saved["global_step"] + 32)], capture_output=True, text=True,
                              timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Warning" not in resumed.stderr, resumed.stderr[-2000:]  # e.g. gymnasium on EnvPool's space casts
     assert rd.read_run_json(run_dir)["iteration"] == saved["iteration"] + 1
 
 

@@ -22,11 +22,14 @@ engine only.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
 import pickle
 import sys
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +153,14 @@ def default_env_threads(env_id: str, num_envs: int) -> int:
     return max(1, min(num_envs, os.cpu_count() or 1))
 
 
+@contextlib.contextmanager
+def _quiet_space_casts() -> Iterator[None]:
+    """EnvPool builds float32 Boxes from float64 bounds (space queries, reset); gymnasium warns of the cast."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+        yield
+
+
 class EnvPoolVectorEnv:
     """An EnvPool sync pool behind the gymnasium SAME_STEP vector-env interface (see the module docstring)."""
 
@@ -162,8 +173,9 @@ class EnvPoolVectorEnv:
         self._pool: Any = None
         self._seed: int | None = None
         probe = self._make(0, 1)
-        self.single_observation_space = probe.observation_space
-        self.single_action_space = probe.action_space
+        with _quiet_space_casts():
+            self.single_observation_space = probe.observation_space
+            self.single_action_space = probe.action_space
         self.max_episode_steps = int(probe.config["max_episode_steps"])
         probe.close()
         self.discrete = isinstance(self.single_action_space, gym.spaces.Discrete)
@@ -186,7 +198,8 @@ class EnvPoolVectorEnv:
             self._pool.close()
         self._seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
         self._pool = self._make(self._seed, self.num_envs)
-        obs, info = self._pool.reset()
+        with _quiet_space_casts():
+            obs, info = self._pool.reset()
         self._episode_len[:] = 0
         self._resets[:] = 1
         order = self._order(info)
