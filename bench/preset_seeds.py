@@ -29,10 +29,15 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from train_throughput import THRESHOLDS, steps_to_eval_threshold, steps_to_threshold  # noqa: E402
+from train_throughput import (  # noqa: E402
+    THRESHOLDS,
+    iterations_between,
+    steps_to_eval_threshold,
+    steps_to_threshold,
+    target_step,
+)
 
 EVAL_EVERY_STEPS = 4096
-TRAINING_MEAN_TARGET = {"CartPole-v1"}  # judged on the training mean staying >= thr; the others on evaluations
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -53,7 +58,7 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in (o.split("=", 1) for o in overrides)]
     base = ["--env-id", env_id, "--seed", str(seed), *(["--total-steps", str(steps)] if steps else []), *flags]
     cfg = parse_config([*base, "--run-dir", str(run_dir)])
-    every = max(1, round(EVAL_EVERY_STEPS / cfg.batch_size))
+    every = iterations_between(EVAL_EVERY_STEPS, cfg.batch_size)
     cmd = [sys.executable, "-m", "msrl_consistency.train", *base, "--eval-every", str(every), "--eval-episodes", "5",
            "--progress", "false", "--run-dir", str(run_dir)]  # fmt: skip
     start = time.perf_counter()
@@ -75,10 +80,6 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
             steps_to_eval_threshold(evals, thr), "final_eval": float(np.mean(final)) if final else None,
             "sps": float(rows[-1]["sps"]), "process_wall": wall, "backend": info["env_backend"]["name"],
             "peak_rss_mb": info.get("peak_rss_mb")}  # fmt: skip
-
-
-def target_step(r: dict[str, Any]) -> int | None:
-    return r["steps_to_threshold"] if r["env_id"] in TRAINING_MEAN_TARGET else r["steps_to_eval_threshold"]
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -63,6 +63,12 @@ def steps_to_eval_threshold(evals: list[tuple[int, float]], threshold: float) ->
     return next((int(step) for step, mean in evals if mean >= threshold), None)
 
 
+def target_step(result: dict[str, Any]) -> int | None:
+    """The env step at which a run met its env's target (CartPole: the training mean; others: an evaluation)."""
+    key = "steps_to_threshold" if result["env_id"] in TRAINING_MEAN_TARGET else "steps_to_eval_threshold"
+    return result[key]
+
+
 def iterations_between(eval_every_steps: int, batch: int) -> int:
     """``--eval-every-steps`` in a framework's own iterations (0: off)."""
     return 0 if eval_every_steps <= 0 else max(1, round(eval_every_steps / batch))
@@ -273,8 +279,7 @@ def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: i
     result["steps_to_threshold"] = steps_to_threshold(result["episodes"], threshold)
     result["steps_to_eval_threshold"] = steps_to_eval_threshold(result.get("evals", []), threshold)
     result["eval_mean"] = float(np.mean(result["eval_returns"])) if result["eval_returns"] else None
-    target = result["steps_to_threshold" if env_id in TRAINING_MEAN_TARGET else "steps_to_eval_threshold"]
-    result["wall_to_target"] = wall_at_step(result.get("progress", []), target)
+    result["wall_to_target"] = wall_at_step(result.get("progress", []), target_step(result))
     return result
 
 

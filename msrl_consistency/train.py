@@ -174,6 +174,13 @@ def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
         desc=cfg.env_id,
         mininterval=0.5 if sys.stderr.isatty() else 30.0,  # CI logs get a line every 30 s, not every iteration
     )
+
+    def report_profile() -> None:  # an interrupted run's profile covers the iterations it did
+        if cfg.profile:
+            table = trainer.write_profile()
+            if lead:
+                print(table)
+
     try:
         if state is None:
             trainer.checkpoint()  # a resumable starting point and a valid run.json from the first second
@@ -181,16 +188,10 @@ def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
         bar.close()
         eval_returns = trainer.evaluate(cfg.eval_episodes) if cfg.eval_episodes > 0 else []
         trainer.checkpoint(eval_returns)  # checks the ranks agree a last time
-        if cfg.profile:
-            table = trainer.write_profile()
-            if lead:
-                print(table)
+        report_profile()
     except KeyboardInterrupt:
         bar.close()
-        if cfg.profile:  # an interrupted run's profile covers the iterations it did
-            table = trainer.write_profile()
-            if lead:
-                print(table)
+        report_profile()
         if lead:
             print(f"interrupted; resume with: --resume {run_dir} (from step {_stored_step(run_dir)})", file=sys.stderr)
         return 130

@@ -47,15 +47,7 @@ def run_trainer(cfg: TrainConfig, run_dir: Path, stop_at: int | None = None, sta
 
 def train_tiny(run_dir: Path, env_id: str, seed: int = 1, total_steps: int = 256) -> Path:
     """A few PPO iterations: enough for non-trivial normalisation statistics and weights."""
-    from msrl_consistency.training.loop import Trainer
-
-    rd.prepare_new_run_dir(run_dir)
-    trainer = Trainer(TrainConfig(env_id=env_id, seed=seed, total_steps=total_steps, **TINY_RUN), run_dir)
-    try:
-        trainer.run()
-        trainer.checkpoint()
-    finally:
-        trainer.close()
+    run_trainer(TrainConfig(env_id=env_id, seed=seed, total_steps=total_steps, **TINY_RUN), run_dir)
     return run_dir / rd.CHECKPOINT
 
 
