@@ -35,6 +35,7 @@ from train_throughput import (  # noqa: E402
     steps_to_eval_threshold,
     steps_to_threshold,
     target_step,
+    wall_at_step,
 )
 
 EVAL_EVERY_STEPS = 4096
@@ -79,13 +80,14 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
             "steps_to_threshold": steps_to_threshold(episodes, thr), "steps_to_eval_threshold":
             steps_to_eval_threshold(evals, thr), "final_eval": float(np.mean(final)) if final else None,
             "sps": float(rows[-1]["sps"]), "process_wall": wall, "backend": info["env_backend"]["name"],
-            "peak_rss_mb": info.get("peak_rss_mb")}  # fmt: skip
+            "peak_rss_mb": info.get("peak_rss_mb"),
+            "progress": [(int(r["global_step"]), float(r["wall_time"])) for r in rows]}  # fmt: skip
 
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = ["| env | candidate | overrides | seeds | reached | median steps to target | worst | per seed (k steps) "
-             "| final eval: mean (min) | SPS (indicative) |",
-             "|---|---|---|---:|---:|---:|---:|---|---|---:|"]  # fmt: skip
+             "| final eval: mean (min) | SPS (indicative) | median wall s to target (indicative) |",
+             "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|"]  # fmt: skip
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault((r["env_id"], r["name"]), []).append(r)
@@ -98,9 +100,12 @@ def table(results: list[dict[str, Any]]) -> str:
         worst = "–" if len(reached) < len(rs) else f"{max(reached):,}"
         per_seed = ", ".join("–" if s is None else f"{s / 1000:.1f}" for s in steps)
         finals = [r["final_eval"] for r in rs if r["final_eval"] is not None]
+        walls = [wall_at_step(r.get("progress", []), s) for r, s in zip(rs, steps, strict=True)]
+        wall = np.median([np.inf if w is None else w for w in walls]) if any(w is not None for w in walls) else None
         lines.append(f"| {env} | {name} | {' '.join(rs[0]['overrides']) or 'preset'} | {len(rs)} | "
                      f"{len(reached)}/{len(rs)} | {med} | {worst} | {per_seed} | {np.mean(finals):.1f} "
-                     f"({np.min(finals):.1f}) | {np.mean([r['sps'] for r in rs]):,.0f} |")  # fmt: skip
+                     f"({np.min(finals):.1f}) | {np.mean([r['sps'] for r in rs]):,.0f} | "
+                     f"{'–' if wall is None or not np.isfinite(wall) else f'{wall:.1f}'} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -118,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     store = out / "results.json"
     results = json.loads(store.read_text())["results"] if store.exists() else []
-    results = [r for r in results if not (r["env_id"] == args.env and r["name"] == args.name)]
     seeds = parse_seeds(args.seeds)
+    # A rerun replaces this candidate's results for these seeds; its other seeds are kept.
+    results = [r for r in results if not (r["env_id"] == args.env and r["name"] == args.name and r["seed"] in seeds)]
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run, args.env, args.name, args.set, s, args.steps or None, out) for s in seeds]
         for f in futures:

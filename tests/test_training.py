@@ -141,10 +141,24 @@ def test_gymnasium_box2d_resume_restarts_episodes_and_says_so(tmp_path):
     assert json.loads((tmp_path / "cut" / rd.RUN_JSON).read_text())["resume_exact"] is False
 
 
+def test_a_compiled_call_may_span_an_epoch_boundary(tmp_path):
+    # 2 minibatches x 3 epochs: calls of 3 updates hold the end of one epoch and the start of the next. Same shuffles,
+    # same update order as one update per call, so the weights agree to the last bits.
+    spanning = train(tiny_config(num_minibatches=2, update_epochs=3, total_steps=64, updates_per_call=3),
+                     tmp_path / "three")  # fmt: skip
+    single = train(tiny_config(num_minibatches=2, update_epochs=3, total_steps=64, updates_per_call=1),
+                   tmp_path / "one")  # fmt: skip
+    assert (spanning.train_step.updates_per_call, single.train_step.updates_per_call) == (3, 1)
+    assert tiny_config(num_minibatches=2, update_epochs=3).train_call_updates == 3  # the auto choice spans too
+    a, b = weights(tmp_path / "three"), weights(tmp_path / "one")
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=0, atol=1e-6, err_msg=name)
+
+
 def test_updates_per_call_is_a_config_choice(tmp_path):
     # Grouping minibatch updates into compiled calls changes the weights only in the last bits (measured ~1e-9 here),
     # which is why it is a setting (presets choose 2 for memory) and not a changed default.
-    cfg = tiny_config(env_id="Pendulum-v1", num_minibatches=8, total_steps=64)
+    cfg = tiny_config(env_id="Pendulum-v1", num_minibatches=8, total_steps=64, updates_per_call=8)
     eight = train(cfg, tmp_path / "eight")
     two = train(tiny_config(env_id="Pendulum-v1", num_minibatches=8, total_steps=64, updates_per_call=2),
                 tmp_path / "two")  # fmt: skip

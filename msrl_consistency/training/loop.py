@@ -39,7 +39,7 @@ from msrl_consistency.envs.engines import make_training_envs, resolve_backend
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training import precision as mp
 from msrl_consistency.training.gae import compute_gae
-from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep, updates_per_call
+from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep
 from msrl_consistency.training.profile import PROFILE_JSON, Profile, format_table, peak_rss_mb
 
 METRIC_FIELDS = [
@@ -113,12 +113,11 @@ def build_learner(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Le
     optimizer = nn.Adam(policy.trainable_params(), learning_rate=cfg.learning_rate, eps=1e-5)
     dtype = mp.compute_dtype(cfg.update_precision)
     loss = PPOLoss(policy, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss, dtype)
-    per_call = cfg.updates_per_call or updates_per_call(cfg.num_minibatches)
     train_step = PPOTrainStep(
         loss,
         optimizer,
         cfg.max_grad_norm,
-        per_call,
+        cfg.train_call_updates,
         cfg.norm_adv,
         grad_reducer=compat.grad_reducer(optimizer.parameters, world_size) if world_size > 1 else None,
         adv_world_size=world_size if cfg.adv_norm_scope == "global" else 1,
@@ -253,14 +252,13 @@ class Trainer:
         sums = np.zeros(len(STEP_METRICS))
         count = 0
         per_call = self.train_step.updates_per_call
-        for _ in range(cfg.update_epochs):
-            perm = self.shuffle_rng.permutation(batch).astype(np.int32)
-            chunks = perm.reshape(cfg.num_minibatches // per_call, per_call, cfg.minibatch_size)
-            for idx in chunks:
-                t0 = time.perf_counter()
-                sums += self._train_call(*flat, Tensor(idx)).asnumpy().sum(axis=0)
-                self._timed("train", "update", time.perf_counter() - t0)
-                count += per_call
+        # Every epoch's shuffle, drawn in order; a call's minibatches may span an epoch boundary.
+        perms = np.stack([self.shuffle_rng.permutation(batch) for _ in range(cfg.update_epochs)]).astype(np.int32)
+        for idx in perms.reshape(-1, per_call, cfg.minibatch_size):
+            t0 = time.perf_counter()
+            sums += self._train_call(*flat, Tensor(idx)).asnumpy().sum(axis=0)
+            self._timed("train", "update", time.perf_counter() - t0)
+            count += per_call
         return dict(zip(STEP_METRICS, (sums / count).tolist(), strict=True))
 
     def merge_ranks(self, buf: dict[str, np.ndarray], stats: dict[str, float]) -> dict[str, Any]:

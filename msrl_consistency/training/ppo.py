@@ -27,13 +27,7 @@ from msrl_consistency.training.precision import LossScale, ScaledLoss
 
 # Order of the scalars returned by ``PPOTrainStep``.
 STEP_METRICS = ("loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")  # one row per update
-MAX_UPDATES_PER_CALL = 8  # unrolled in the graph: more means longer compiles
 _half_sq_norm = ops.L2Loss()  # sum(g ** 2) / 2 as one kernel (Square + ReduceSum would be two)
-
-
-def updates_per_call(num_minibatches: int) -> int:
-    """The largest divisor of ``num_minibatches`` that is at most ``MAX_UPDATES_PER_CALL``."""
-    return max(d for d in range(1, MAX_UPDATES_PER_CALL + 1) if num_minibatches % d == 0)
 
 
 def clip_by_global_norm(grads: tuple[Tensor, ...], max_norm: float) -> tuple[Tensor, ...]:
