@@ -130,10 +130,15 @@ class TrainConfig:
         return self.batch_size // self.num_minibatches
 
     @property
+    def iteration_updates(self) -> int:
+        """Minibatch updates per iteration (every epoch's minibatches)."""
+        return self.num_minibatches * self.update_epochs
+
+    @property
     def train_call_updates(self) -> int:
         """Minibatch updates per train-step call: ``updates_per_call``, or the largest divisor of the iteration's
         updates up to ``AUTO_UPDATES_PER_CALL``."""
-        updates = self.num_minibatches * self.update_epochs
+        updates = self.iteration_updates
         return self.updates_per_call or max(d for d in range(1, AUTO_UPDATES_PER_CALL + 1) if updates % d == 0)
 
     @property
@@ -168,7 +173,7 @@ class TrainConfig:
             if not ((low <= value) if inclusive else (low < value)) or value > high:
                 interval = f"{'[' if inclusive else '('}{low}, {high}]"
                 raise UsageError(f"--{_flag(name)} must be in {interval}, got {value}")
-        per_call, updates = self.updates_per_call, self.num_minibatches * self.update_epochs
+        per_call, updates = self.updates_per_call, self.iteration_updates
         if not 0 <= per_call <= MAX_UPDATES_PER_CALL or (per_call and updates % per_call):
             raise UsageError(f"--updates-per-call must be 0 (auto) or a divisor of --num-minibatches x --update-epochs "
                              f"({updates}) up to {MAX_UPDATES_PER_CALL}, got {self.updates_per_call}")  # fmt: skip
