@@ -42,8 +42,8 @@ demo: setup
 	$(PY) -m msrl_consistency.verify --mindir bundles/demo-cartpole/policy.mindir \
 		--ckpt runs/demo-cartpole/checkpoint.ckpt --out reports/demo-cartpole
 
-# Tests run on every logical CPU (pytest-xdist; at most 4 workers: each holds a MindSpore runtime). The longest tests are
-# subprocess-heavy (msrun ranks, g++ builds, venvs), so 2 workers on 2 cores cut the suite by ~40%.
+# Tests run on every logical CPU (pytest-xdist; at most 4 workers: each holds a MindSpore runtime). The longest
+# tests are subprocess-heavy (msrun ranks, g++ builds, venvs), so 2 workers on 2 cores cut the suite by ~40%.
 # TEST_WORKERS=0 runs them in this one process.
 TEST_WORKERS ?= logical
 test: setup
