@@ -96,6 +96,10 @@ class PPOTrainStep(nn.Cell):
 
     Each update reads the Parameters the previous one wrote (MindSpore orders the side effects; measured
     bitwise equal to one call per minibatch), and fewer calls cut the per-launch overhead (~30% here).
+    The Python loop below is unrolled, so each update of a call is compiled again (~0.6 s each on a slow host).
+    A graph ``while`` loop over a Tensor counter compiles one body, but MindSpore 2.10 (CPU) then ignores
+    Parameters the host sets between calls (the annealed learning rate, a resumed run's state): measured, so
+    the loop stays unrolled.
     The rollout tensors stay the same objects for a whole iteration. Returns ``[updates, STEP_METRICS]``.
 
     ``grad_reducer`` (data parallel) averages gradients over the ranks; ``adv_world_size > 1`` normalises
