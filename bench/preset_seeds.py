@@ -1,10 +1,12 @@
 """Judge a preset (or a candidate: the preset plus overrides) on many seeds, not three.
 
 Each run is the real CLI (``python -m msrl_consistency.train``) with periodic deterministic evaluations; ``--jobs``
-runs go side by side (this measures learning, not speed: SPS here is only indicative). Per candidate it reports how
-many seeds reached the env's target and when: CartPole's training mean of 10 episodes staying >= 475
-(``train_throughput.steps_to_threshold``), or the first periodic evaluation (5 episodes) at or above the threshold
-(Pendulum >= -200, BipedalWalker >= 300), plus the final evaluation (10 episodes).
+runs go side by side (this measures learning, not speed: SPS here is only indicative). When the wall-seconds column
+decides, use ``--jobs 1``: two runs sharing 2 cores penalise the candidates that make more act calls (CartPole's
+16 x 16: a median 11.8 s to target side by side, 9.0 s alone). Per candidate it reports how many seeds reached the
+env's target and when: CartPole's training mean of 10 episodes staying >= 475 (``train_throughput.steps_to_threshold``),
+or the first periodic evaluation (5 episodes) at or above the threshold (Pendulum >= -200, BipedalWalker >= 300), plus
+the final evaluation (10 episodes).
 
     .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10                       # the preset
     .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10 --name 32x8 \\
