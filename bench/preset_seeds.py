@@ -103,11 +103,11 @@ def table(results: list[dict[str, Any]]) -> str:
         per_seed = ", ".join("–" if s is None else f"{s / 1000:.1f}" for s in steps)
         finals = [r["final_eval"] for r in rs if r["final_eval"] is not None]
         walls = [wall_at_step(r.get("progress", []), s) for r, s in zip(rs, steps, strict=True)]
-        wall = np.median([np.inf if w is None else w for w in walls]) if any(w is not None for w in walls) else None
+        wall = np.median([np.inf if w is None else w for w in walls])  # inf (shown as –) if most seeds missed
         lines.append(f"| {env} | {name} | {' '.join(rs[0]['overrides']) or 'preset'} | {len(rs)} | "
                      f"{len(reached)}/{len(rs)} | {med} | {worst} | {per_seed} | {np.mean(finals):.1f} "
                      f"({np.min(finals):.1f}) | {np.mean([r['sps'] for r in rs]):,.0f} | "
-                     f"{'–' if wall is None or not np.isfinite(wall) else f'{wall:.1f}'} |")  # fmt: skip
+                     f"{f'{wall:.1f}' if np.isfinite(wall) else '–'} |")  # fmt: skip
     return "\n".join(lines)
 
 
