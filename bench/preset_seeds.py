@@ -3,10 +3,11 @@
 Each run is the real CLI (``python -m msrl_consistency.train``) with periodic deterministic evaluations; ``--jobs``
 runs go side by side (this measures learning, not speed: SPS here is only indicative). When the wall-seconds column
 decides, use ``--jobs 1``: two runs sharing 2 cores penalise the candidates that make more act calls (CartPole's
-16 x 16: a median 11.8 s to target side by side, 9.0 s alone). Per candidate it reports how many seeds reached the
-env's target and when: CartPole's training mean of 10 episodes staying >= 475 (``train_throughput.steps_to_threshold``),
-or the first periodic evaluation (5 episodes) at or above the threshold (Pendulum >= -200, BipedalWalker >= 300), plus
-the final evaluation (10 episodes).
+16 x 16: a median 11.8 s to target side by side, 9.0 s alone). Every run compiles its graphs (``--compile-cache
+false``), so the wall column compares with the rows measured before the compile cache. Per candidate it reports how
+many seeds reached the env's target and when: CartPole's training mean of 10 episodes staying >= 475
+(``train_throughput.steps_to_threshold``), or the first periodic evaluation (5 episodes) at or above the threshold
+(Pendulum >= -200, BipedalWalker >= 300), plus the final evaluation (10 episodes).
 
     .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10                       # the preset
     .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10 --name 32x8 \\
@@ -63,7 +64,7 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
     cfg = parse_config([*base, "--run-dir", str(run_dir)])
     every = iterations_between(EVAL_EVERY_STEPS, cfg.batch_size)
     cmd = [sys.executable, "-m", "msrl_consistency.train", *base, "--eval-every", str(every), "--eval-episodes", "5",
-           "--progress", "false", "--run-dir", str(run_dir)]  # fmt: skip
+           "--progress", "false", "--compile-cache", "false", "--run-dir", str(run_dir)]  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -3,9 +3,11 @@
 Every (env, seed, framework) run is its own subprocess, run one after another: the frameworks never share
 a process (thread pools, MindSpore's global context) and the machine only carries one heavy job. Ours is
 the real CLI, so its total time includes MindSpore import and graph compile; its SPS is the steady state
-read from metrics.csv (after the first iteration, which holds the compile).
+read from metrics.csv (after the first iteration, which holds the compile). ``ours`` loads its graphs from a compile
+cache warmed by a one-iteration run before the first measured run (what every run of a config after its first
+gets); ``ours-cold`` compiles them into a fresh cache dir per run (a config's very first run).
 
-    .venv/bin/python bench/train_throughput.py --envs CartPole-v1 --seeds 1,2,3 --frameworks ours,torch,sb3
+    .venv/bin/python bench/train_throughput.py --envs CartPole-v1 --seeds 1,2,3 --frameworks ours,ours-cold,torch,sb3
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +28,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from msrl_consistency.config import load_toml, preset_path  # noqa: E402  (no MindSpore import here)
+from msrl_consistency.config import TrainConfig, load_toml, preset_path  # noqa: E402  (no MindSpore import here)
 
 # "Solved" levels for the training curve: the moving average of the last WINDOW episodes must stay at or above.
 THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0, "BipedalWalker-v3": 300.0, "Hopper-v5": 3000.0}
@@ -39,7 +43,10 @@ TORCH_BEST: dict[str, dict[str, Any]] = {
                         gamma=0.9, gae_lambda=0.95, ent_coef=0.0, reward_scale=0.1, init_log_std=-0.5),
 }  # fmt: skip
 WINDOW = 10
-FRAMEWORKS = ("ours", "ours-gym", "torch", "torch-best", "sb3")
+# ours and ours-gym load their graphs from a compile cache warmed before the first measured run (what every run of
+# a config after its first gets); ours-cold compiles them, from a fresh cache dir per run (a config's first run).
+FRAMEWORKS = ("ours", "ours-cold", "ours-gym", "torch", "torch-best", "sb3")
+WARM_CACHE = ("ours", "ours-gym")
 EVAL_EVERY_EPISODES = 5  # deterministic episodes per periodic evaluation (the final one uses --eval-episodes)
 # rl-zoo3's tuned PPO settings (hyperparams/ppo.yml); Pendulum without gSDE so all three use a plain Gaussian.
 SB3_ZOO: dict[str, dict[str, Any]] = {
@@ -194,7 +201,7 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
     import resource
 
     if framework.startswith("ours"):
-        backend = {"ours": "auto", "ours-gym": "gymnasium"}[framework]
+        backend = {"ours": "auto", "ours-cold": "auto", "ours-gym": "gymnasium"}[framework]
         result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent, backend)
     elif framework.startswith("torch"):
         import torch_ppo
@@ -219,6 +226,7 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
     t_import = time.perf_counter()
     from msrl_consistency.artifacts import run_dir as rd
     from msrl_consistency.config import parse_config
+    from msrl_consistency.training.compile_cache import CompileCache
     from msrl_consistency.training.loop import Trainer
 
     import_time = time.perf_counter() - t_import
@@ -228,6 +236,8 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
     cfg.eval_every = iterations_between(eval_every_steps, cfg.batch_size)
     rd.prepare_new_run_dir(run_dir)
     trainer = Trainer(cfg, run_dir)
+    cache = CompileCache.open(cfg.to_dict(), trainer.spec.to_dict())  # $MSRL_COMPILE_CACHE_DIR, set by run_one
+    trainer.compile_cache = cache.describe()
     try:
         trainer.checkpoint()
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -236,6 +246,7 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
         eval_returns = trainer.evaluate(eval_episodes)
         trainer.checkpoint(eval_returns)
     finally:
+        cache.close()
         trainer.close()
     with open(run_dir / "metrics.csv", newline="") as fh:
         rows = [(int(r["global_step"]), float(r["wall_time"])) for r in csv.DictReader(fh)]
@@ -257,7 +268,8 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
     return {"wall_time": wall, "cpu_time": cpu, "sps": step1 / wall, "sps_steady": steady, "global_step": step1,
             "episodes": episodes, "evals": evals, "eval_returns": eval_returns, "import_time": import_time,
             "compile_time": profile["sections"]["compile"]["seconds"], "hparams": cfg.to_dict(), "progress": rows,
-            "env_backend": trainer.backend.name, "profile": profile}  # fmt: skip
+            "env_backend": trainer.backend.name, "profile": profile,
+            "compile_cache": trainer.compile_cache["state"]}  # fmt: skip
 
 
 # -- driver ---------------------------------------------------------------------------------------------
@@ -270,8 +282,12 @@ def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: i
     cmd = [sys.executable, __file__, "--worker", framework, "--envs", env_id, "--steps", str(steps), "--seeds",
            str(seed), "--eval-episodes", str(eval_episodes), "--eval-every-steps", str(eval_every_steps),
            "--out", str(run_dir / "result.json")]  # fmt: skip
+    env = dict(os.environ)
+    if framework.startswith("ours"):
+        cache = out_dir / "graph-cache" if framework in WARM_CACHE else run_dir / "graph-cache"
+        env["MSRL_COMPILE_CACHE_DIR"] = str(cache)
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=REPO, check=True)
+    subprocess.run(cmd, cwd=REPO, check=True, env=env)
     result = json.loads((run_dir / "result.json").read_text())
     result["total_time"] = time.perf_counter() - start  # process wall: interpreter, imports, compile, eval
     result.update(framework=framework, env_id=env_id, seed=seed)
@@ -306,9 +322,9 @@ def tables(results: list[dict[str, Any]]) -> str:
 
     ref = {(r["env_id"], r["seed"]): r for r in results if r["framework"] == "torch"}
     lines = [
-        "| framework | env | seed | train s/100k | CPU s/100k | total s | steady SPS | SPS vs torch | CPU-SPS vs torch "
-        "| steps to ≥thr | steps to eval ≥thr | wall s to target | eval mean | peak RSS MB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| framework | env | seed | train s/100k | CPU s/100k | total s | compile s | steady SPS | SPS vs torch "
+        "| CPU-SPS vs torch | steps to ≥thr | steps to eval ≥thr | wall s to target | eval mean | peak RSS MB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         t = ref.get((r["env_id"], r["seed"]))
@@ -322,6 +338,7 @@ def tables(results: list[dict[str, Any]]) -> str:
             f"{per_100k:.1f}",
             f"{cpu_100k:.1f}",
             f"{r['total_time']:.1f}",
+            fmt(r.get("compile_time"), 1) + (f" ({r['compile_cache']})" if "compile_cache" in r else ""),
             f"{r['sps_steady']:,.0f}",
             ratio,
             cpu_ratio,
@@ -368,8 +385,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     envs = list(dict.fromkeys(r["env_id"] for r in results))
-    colours = {"ours": "tab:red", "ours-gym": "tab:orange", "torch": "tab:blue", "torch-best": "tab:cyan",
-               "sb3": "tab:green"}
+    colours = {"ours": "tab:red", "ours-cold": "tab:pink", "ours-gym": "tab:orange", "torch": "tab:blue",
+               "torch-best": "tab:cyan", "sb3": "tab:green"}
     fig, axes = plt.subplots(1, len(envs), figsize=(6.5 * len(envs), 4.2), squeeze=False)
     for ax, env in zip(axes[0], envs, strict=True):
         seen: set[str] = set()
@@ -417,6 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for env_id in envs:
         steps = args.steps or int(preset(env_id).get("total_steps", 50_000))
+        for fw in (fw for fw in args.frameworks.split(",") if fw in WARM_CACHE):
+            one_iteration = math.prod(int(preset(env_id).get(k, TrainConfig.__dataclass_fields__[k].default))
+                                      for k in ("num_envs", "num_steps"))  # fmt: skip
+            run_one(fw, env_id, one_iteration, 0, args.eval_episodes, args.eval_every_steps, out_dir)
+            print(f"{fw}: compile cache warmed for {env_id} (one iteration; not measured)", flush=True)
         # Frameworks interleaved per seed, so a load change on the shared machine hits all of them alike.
         for seed in seeds:
             for fw in args.frameworks.split(","):

@@ -209,6 +209,30 @@ def execution_mode(graph: bool) -> Iterator[None]:
         ms.set_context(mode=previous)
 
 
+def compile_cache_blocker() -> str | None:
+    """Why MindSpore's compile cache cannot run in this process (``None``: it can). For its dependency hash it parses
+    the entry script (``sys.argv[0]`` at import) and raises if that is not a file (``python -c``, pytest-xdist)."""
+    entry = _graph_api.entry_script_path
+    if entry is not None and not os.path.isfile(entry):
+        return f"MindSpore's compile cache needs the entry script as a file, and {entry} is not one"
+    return None
+
+
+def set_compile_cache(path: str | None) -> None:
+    """Save and load compiled graphs under ``path`` (``None``: stop); the context options ``enable_compile_cache``
+    and ``compile_cache_path`` are deprecated for these variables in 2.10.
+
+    Measured on 2.10: the switch is read at every compile, but the path only at the first cached compile of the
+    process (later paths are ignored), and the cached graphs of a process are numbered in compile order
+    (``compile_cache_<n>.mindir``; uncached compiles take no number)."""
+    if path is None:
+        os.environ.pop("MS_COMPILER_CACHE_ENABLE", None)
+        os.environ.pop("MS_COMPILER_CACHE_PATH", None)
+    else:
+        os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
+        os.environ["MS_COMPILER_CACHE_PATH"] = path
+
+
 def set_seed(seed: int) -> None:
     """Seed MindSpore's global RNG: used only by weight initialisers (all sampling noise comes from the host)."""
     ms.set_seed(seed)

@@ -120,6 +120,9 @@ class TrainConfig:
     """Show a progress bar with live return and SPS."""
     profile: bool = False
     """At the end, print where the time went (env stepping, acting, GAE, update, ...) and write profile.json."""
+    compile_cache: bool = True
+    """Reuse this config's compiled graphs from an earlier run (keyed by everything that shapes them; bitwise the
+    same training). Stored under $MSRL_COMPILE_CACHE_DIR, default ~/.cache/msrl_consistency/graphs."""
 
     @property
     def batch_size(self) -> int:

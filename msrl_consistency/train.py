@@ -21,7 +21,7 @@ from inference.errors import MsrlError, UsageError, first_line, run_cli
 from msrl_consistency.config import TrainConfig, explicit_flags, from_dict, parse_config
 
 RESUME_MAY_CHANGE = {"resume", "total_steps", "progress", "master_addr", "master_port", "workers", "profile",
-                     "env_threads"}
+                     "env_threads", "compile_cache"}
 
 
 def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None) -> tuple[TrainConfig, Path, dict]:
@@ -53,6 +53,7 @@ def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None
     stored.total_steps = flags.get("total_steps", stored.total_steps)
     stored.progress, stored.master_addr, stored.master_port = cfg_cli.progress, cfg_cli.master_addr, cfg_cli.master_port
     stored.profile, stored.env_threads = cfg_cli.profile, flags.get("env_threads", stored.env_threads)
+    stored.compile_cache = flags.get("compile_cache", stored.compile_cache)
     stored.workers = state["world_size"]
     stored.resume, stored.run_dir = str(run_dir), str(run_dir)
     stored.validate()
@@ -161,9 +162,12 @@ def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
 
     from msrl_consistency.artifacts import run_dir as rd
     from msrl_consistency.artifacts.plots import plot_reward_curve
+    from msrl_consistency.training.compile_cache import CompileCache
     from msrl_consistency.training.loop import Trainer
 
     trainer = Trainer(cfg, run_dir, state, comm)
+    cache = CompileCache.open(cfg.to_dict(), trainer.spec.to_dict(), comm.world_size)  # before the first compile
+    trainer.compile_cache = cache.describe()
     lead = comm.rank == 0  # rank 0 alone shows progress and writes the run dir
     total = cfg.num_iterations * cfg.global_batch_size
     bar = tqdm(
@@ -196,6 +200,7 @@ def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
             print(f"interrupted; resume with: --resume {run_dir} (from step {_stored_step(run_dir)})", file=sys.stderr)
         return 130
     finally:
+        cache.close()
         trainer.close()
         if lead:
             plot_reward_curve(run_dir / rd.EPISODES_CSV, run_dir / rd.REWARD_PLOT, f"PPO on {cfg.env_id}")

@@ -17,6 +17,12 @@ def _mindspore_cpu() -> None:
     compat.set_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_compile_cache(tmp_path_factory) -> None:
+    """Training CLIs started by the tests cache their graphs here, not in the user's ~/.cache."""
+    os.environ["MSRL_COMPILE_CACHE_DIR"] = str(tmp_path_factory.mktemp("graph-cache"))
+
+
 from pathlib import Path  # noqa: E402
 
 from msrl_consistency.artifacts import run_dir as rd  # noqa: E402

@@ -148,6 +148,7 @@ def run_info(
     versions: dict[str, str],
     git_commit: str | None,
     eval_returns: list[float] | None = None,
+    compile_cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The content of run.json (what ``export`` and ``--resume`` read, and what a person reads)."""
     return {
@@ -163,6 +164,7 @@ def run_info(
         "precision": precision,
         "eval": {"returns": eval_returns, "mean": float(np.mean(eval_returns))} if eval_returns else None,
         "versions": versions,
+        "compile_cache": compile_cache,
         "git_commit": git_commit,
     }
 

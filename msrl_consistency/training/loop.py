@@ -185,6 +185,8 @@ class Trainer:
             rd.RunRecorder(run_dir, LOG_FIELDS, keep, evals=cfg.eval_every > 0) if self.rank == 0 else rd.NullRecorder()
         )
         self._deterministic: compat.CompiledCall | None = None  # compiled once, on the first evaluation
+        # Whether this run's graphs come from the compile cache (set by whoever opens it: training/compile_cache.py).
+        self.compile_cache: dict[str, Any] = {"state": "off", "reason": "not opened for this process"}
         self.profile.add("setup", time.perf_counter() - self.profile.start)
 
     # -- one iteration ------------------------------------------------------------------------------
@@ -528,6 +530,7 @@ class Trainer:
                 "skipped_updates": None if scale is None else int(scale.skipped.asnumpy()),
             },
             versions=versions("mindspore", "gymnasium", "numpy", *(["envpool"] * (self.backend.name == "envpool"))),
+            compile_cache=self.compile_cache,
             git_commit=self.git_commit,
             eval_returns=eval_returns,
         )
@@ -554,6 +557,7 @@ class Trainer:
             "env_id": cfg.env_id, "env_backend": self.backend.to_dict(), "num_envs": cfg.num_envs,
             "num_steps": cfg.num_steps, "hidden_sizes": list(cfg.hidden_sizes), "world_size": self.world_size,
             "iterations": self.iteration, "act_calls_per_env_step": round(1 / cfg.num_envs, 4),
+            "compile_cache": self.compile_cache["state"],
         })  # fmt: skip
 
     def write_profile(self) -> str:

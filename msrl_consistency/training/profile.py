@@ -18,7 +18,8 @@ SCHEMA = "msrl-consistency/profile"
 # Report order and what each section holds.
 SECTIONS = {
     "setup": "building envs, Cells and the optimizer (after imports)",
-    "compile": "first call of each compiled graph (act, train step, evaluation policy), which compiles it",
+    "compile": "first call of each compiled graph (act, train step, evaluation policy): compiles it or loads it from "
+               "the compile cache",
     "env stepping": "vector env steps, including EnvPool's resets of the envs that ended",
     "acting": "rollout act calls and critic values for bootstraps and GAE",
     "rollout bookkeeping": "noise sampling, buffer writes, reward scaling, episode counters",
@@ -90,7 +91,8 @@ class Profile:
 def format_table(report: dict[str, Any]) -> str:
     """The console table ``train --profile`` prints at the end of a run."""
     lines = [f"profile: {report['wall_seconds']:.1f} s wall, {report['env_steps']:,} env steps "
-             f"({report['steps_per_second'] or 0:,.0f} steps/s), peak RSS {report['peak_rss_mb']:.0f} MB",
+             f"({report['steps_per_second'] or 0:,.0f} steps/s), peak RSS {report['peak_rss_mb']:.0f} MB, "
+             f"compile cache {report.get('compile_cache', 'off')}",
              f"  {'section':<22} {'seconds':>9} {'share':>7} {'calls':>9} {'µs/call':>10}"]  # fmt: skip
     for name, row in sorted(report["sections"].items(), key=lambda kv: -kv[1]["seconds"]):
         per_call = "" if row["us_per_call"] is None else f"{row['us_per_call']:,.1f}"

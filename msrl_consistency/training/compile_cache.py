@@ -1,0 +1,165 @@
+"""Reuse compiled training graphs across runs: MindSpore's compile cache, made safe to leave on.
+
+Compiling the rollout, train-step and evaluation graphs costs 2-5 s of every run (20% of a 50k-step CartPole
+run on a slow host); MindSpore's compile cache loads them back in a fraction of that. On its own it is not
+safe to leave on (measured on 2.10):
+- it recognises a graph by the Python sources only, so values folded into a graph are not seen: a
+  ``--clip-coef 0.1`` run silently reused the graph compiled for 0.2 and trained differently;
+- it names a process's graphs by compile order (``compile_cache_<n>.mindir``), so one directory is only valid
+  for one sequence of graphs;
+- two runs sharing a directory could read each other's half-written files.
+
+So every *graph key* gets its own directory: a hash of the config without its host-only fields (``HOST_ONLY``:
+seed, step budget, paths, logging), the policy spec, the world size, MindSpore's and Python's versions and this
+package's sources. A run copies that directory into a private one; MindSpore reads and writes only the copy;
+at the end the copy replaces the shared directory with one rename if it holds more graphs. MindSpore keeps the
+first cache path of a process and numbers every cached graph after it, so one process caches one run only, and
+data-parallel ranks compile without it. A warm-cache run is bitwise equal to an uncached run of the same
+config, whatever its seed and step budget (``tests/test_compile_cache.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from msrl_consistency import compat
+
+CACHE_DIR_ENV = "MSRL_COMPILE_CACHE_DIR"
+KEY_FILE = "key.json"
+GRAPHS = "rank_0/graph_cache/compile_cache_*.mindir"  # MindSpore's layout under the cache path (one process)
+# Config fields that never reach a graph: host-side seeds and shuffles, the step budget (the learning rate is a
+# Parameter set from the host), where and how the run is logged. Everything else is part of the key.
+HOST_ONLY = frozenset({
+    "seed", "total_steps", "run_dir", "resume", "progress", "profile", "compile_cache", "checkpoint_every",
+    "check_every", "master_addr", "master_port", "env_threads",
+})  # fmt: skip
+PACKAGE = Path(__file__).resolve().parents[1]
+_opened_in_this_process = False
+
+
+def default_root() -> Path:
+    """``$MSRL_COMPILE_CACHE_DIR``, else ``$XDG_CACHE_HOME/msrl_consistency/graphs`` (``~/.cache``)."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "msrl_consistency" / "graphs"
+
+
+def sources_digest() -> str:
+    """sha256 of this package's Python sources (what builds the graphs)."""
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def graph_key(cfg: dict[str, Any], spec: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Everything that decides which graphs a run compiles, and in which order."""
+    return {
+        "config": {k: v for k, v in sorted(cfg.items()) if k not in HOST_ONLY},
+        "policy_spec": spec,
+        "world_size": world_size,
+        "mindspore": compat.mindspore_version(),
+        "python": platform.python_version(),
+        "sources": sources_digest(),
+    }
+
+
+def count_graphs(path: Path) -> int:
+    return len(list(path.glob(GRAPHS)))
+
+
+class CompileCache:
+    """One run's use of the cache: ``open`` before the run's first compile, ``close`` after its last."""
+
+    def __init__(self, state: str, reason: str = "", key: str = "", directory: Path | None = None) -> None:
+        self.state, self.reason, self.key, self.dir = state, reason, key, directory
+        self.work: Path | None = None
+        self.payload: dict[str, Any] = {}
+        self.loaded = 0
+        self.published = False
+
+    @classmethod
+    def open(
+        cls, cfg: dict[str, Any], spec: dict[str, Any], world_size: int = 1, root: Path | None = None
+    ) -> CompileCache:
+        """Point MindSpore at a private copy of this key's graphs; ``state`` says warm, cold or off (and why)."""
+        if not cfg.get("compile_cache", True):
+            return cls("off", "--compile-cache false")
+        if world_size > 1:
+            return cls("off", "data-parallel ranks compile their graphs")
+        if os.environ.get("MS_COMPILER_CACHE_ENABLE"):
+            return cls("off", "MS_COMPILER_CACHE_ENABLE is set: MindSpore's own, order-keyed cache is in charge")
+        if compat.compile_cache_blocker():
+            return cls("off", str(compat.compile_cache_blocker()))
+        global _opened_in_this_process
+        if _opened_in_this_process:
+            return cls("off", "this process cached another run's graphs (MindSpore keeps one cache path)")
+        _opened_in_this_process = True
+        payload = graph_key(cfg, spec, world_size)
+        key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+        root = root or default_root()
+        cache = cls("cold", key=key, directory=root / key)
+        cache.payload = payload
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            cache.work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+            cache.loaded = cache._copy_published()
+        except OSError as exc:  # a read-only or full cache dir costs the compile time, never the run
+            cache.discard()
+            return cls("off", f"cache dir unusable: {exc}")
+        if cache.loaded:
+            cache.state = "warm"
+        compat.set_compile_cache(str(cache.work))
+        return cache
+
+    def _copy_published(self) -> int:
+        """Copy the shared directory into the private one if it is this key's; the number of graphs copied."""
+        assert self.dir is not None and self.work is not None
+        try:
+            stored = json.loads((self.dir / KEY_FILE).read_text())
+            if stored != self.payload:
+                return 0  # not ours (a hash collision or a hand-edited dir): compile from scratch
+            shutil.copytree(self.dir, self.work, dirs_exist_ok=True)
+        except (OSError, ValueError):  # absent, or replaced by another run while we copied
+            shutil.rmtree(self.work, ignore_errors=True)
+            self.work.mkdir()
+            return 0
+        return count_graphs(self.work)
+
+    def close(self) -> None:
+        """Stop caching; publish the private copy if it holds graphs the shared directory lacks."""
+        if self.work is None:
+            return
+        compat.set_compile_cache(None)
+        assert self.dir is not None
+        old = self.dir.with_name(f".{self.key}-old-{os.getpid()}")
+        try:
+            if count_graphs(self.work) > self.loaded:
+                (self.work / KEY_FILE).write_text(json.dumps(self.payload, indent=1, sort_keys=True))
+                if self.dir.exists():
+                    self.dir.rename(old)
+                self.work.rename(self.dir)  # fails if another run published first: theirs stays
+                self.published = True
+        except OSError:
+            pass
+        finally:
+            self.discard()
+            shutil.rmtree(old, ignore_errors=True)
+
+    def discard(self) -> None:
+        if self.work is not None:
+            shutil.rmtree(self.work, ignore_errors=True)
+            self.work = None
+
+    def describe(self) -> dict[str, Any]:
+        """For run.json and the profile."""
+        if self.state == "off":
+            return {"state": "off", "reason": self.reason}
+        return {"state": self.state, "key": self.key, "dir": str(self.dir), "graphs_loaded": self.loaded}

@@ -1,0 +1,89 @@
+"""The compile cache: keyed by everything that shapes the graphs, and a warm run trains bitwise like a cold one."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from msrl_consistency import compat
+from msrl_consistency.artifacts import run_dir as rd
+from msrl_consistency.config import TrainConfig
+from msrl_consistency.training.compile_cache import HOST_ONLY, CompileCache, graph_key
+
+SPEC = {"obs_dim": 4, "discrete": True}
+TINY = ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
+        "--update-epochs", "2", "--eval-episodes", "1", "--progress", "false"]  # fmt: skip
+TIMING = {"sps", "wall_time"}
+
+
+def test_host_only_fields_exist_and_everything_else_is_in_the_key():
+    fields = set(TrainConfig.__dataclass_fields__)
+    assert HOST_ONLY.issubset(fields)  # a renamed field must not silently leave the key
+    base = TrainConfig().to_dict()
+    key = graph_key(base, SPEC, 1)
+    assert set(key["config"]) == fields - HOST_ONLY
+    assert graph_key({**base, "seed": 7, "total_steps": 10}, SPEC, 1) == key
+    assert graph_key({**base, "clip_coef": 0.1}, SPEC, 1) != key  # folded into the graph: measured to matter
+    assert graph_key(base, {**SPEC, "obs_dim": 5}, 1) != key
+    assert graph_key(base, SPEC, 2) != key
+
+
+def test_off_when_disabled_or_data_parallel_or_opened_before(tmp_path, monkeypatch):
+    cfg = TrainConfig().to_dict()
+    assert CompileCache.open({**cfg, "compile_cache": False}, SPEC, 1, tmp_path).state == "off"
+    assert CompileCache.open(cfg, SPEC, 2, tmp_path).state == "off"
+    with monkeypatch.context() as env:
+        env.setenv("MS_COMPILER_CACHE_ENABLE", "1")  # the user runs MindSpore's own cache: we stay out of it
+        assert "MS_COMPILER_CACHE_ENABLE" in CompileCache.open(cfg, SPEC, 1, tmp_path).reason
+    first = CompileCache.open(cfg, SPEC, 1, tmp_path)  # "off" already if this test process trained before
+    first.close()
+    assert list(tmp_path.iterdir()) == []  # nothing compiled in between: nothing published, no working copy left
+    second = CompileCache.open(cfg, SPEC, 1, tmp_path)
+    assert second.describe() == {"state": "off", "reason": second.reason}
+    assert (compat.compile_cache_blocker() or "cached another run's graphs") in second.reason  # xdist: "-c" is no file
+
+
+def train(run_dir: Path, cache_dir: Path, *extra: str) -> dict:
+    env = {**os.environ, "MSRL_COMPILE_CACHE_DIR": str(cache_dir)}
+    proc = subprocess.run([sys.executable, "-m", "msrl_consistency.train", "--run-dir", str(run_dir), *TINY, *extra],
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return rd.read_run_json(run_dir)
+
+
+def metrics(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / rd.METRICS_CSV, newline="") as fh:
+        return [{k: v for k, v in row.items() if k not in TIMING} for row in csv.DictReader(fh)]
+
+
+def weights(run_dir: Path) -> dict[str, np.ndarray]:
+    import mindspore as ms
+
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(run_dir / rd.CHECKPOINT)).items()}
+
+
+def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path):
+    cache_dir = tmp_path / "cache"
+    cold = train(tmp_path / "cold", cache_dir, "--seed", "1", "--total-steps", "64")
+    assert cold["compile_cache"]["state"] == "cold"
+    published = cache_dir / cold["compile_cache"]["key"]
+    assert json.loads((published / "key.json").read_text())["config"]["clip_coef"] == 0.2
+    assert not [p for p in cache_dir.iterdir() if p.name.startswith(".")]  # no working copy left behind
+
+    # Another seed and step budget: the same graphs, loaded rather than compiled.
+    warm = train(tmp_path / "warm", cache_dir, "--seed", "2", "--total-steps", "96")
+    assert warm["compile_cache"] == {**cold["compile_cache"], "state": "warm", "graphs_loaded": 3}
+    plain = train(tmp_path / "plain", cache_dir, "--seed", "2", "--total-steps", "96", "--compile-cache", "false")
+    assert plain["compile_cache"]["state"] == "off"
+    assert metrics(tmp_path / "warm") == metrics(tmp_path / "plain")
+    assert warm["eval"] == plain["eval"]
+    warm_w, plain_w = weights(tmp_path / "warm"), weights(tmp_path / "plain")
+    assert warm_w.keys() == plain_w.keys()
+    for name, value in warm_w.items():
+        np.testing.assert_array_equal(value, plain_w[name], err_msg=name)
