@@ -14,7 +14,7 @@ import numpy as np
 from msrl_consistency import compat
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.config import TrainConfig
-from msrl_consistency.training.compile_cache import HOST_ONLY, CompileCache, graph_key
+from msrl_consistency.training.compile_cache import HOST_ONLY, CompileCache, count_graphs, graph_key
 
 SPEC = {"obs_dim": 4, "discrete": True}
 TINY = ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
@@ -49,11 +49,15 @@ def test_off_when_disabled_or_data_parallel_or_opened_before(tmp_path, monkeypat
     assert (compat.compile_cache_blocker() or "cached another run's graphs") in second.reason  # xdist: "-c" is no file
 
 
-def train(run_dir: Path, cache_dir: Path, *extra: str) -> dict:
+def cli(cache_dir: Path, *args: str) -> None:
     env = {**os.environ, "MSRL_COMPILE_CACHE_DIR": str(cache_dir)}
-    proc = subprocess.run([sys.executable, "-m", "msrl_consistency.train", "--run-dir", str(run_dir), *TINY, *extra],
+    proc = subprocess.run([sys.executable, "-m", "msrl_consistency.train", *args],
                           capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def train(run_dir: Path, cache_dir: Path, *extra: str) -> dict:
+    cli(cache_dir, "--run-dir", str(run_dir), *TINY, *extra)
     return rd.read_run_json(run_dir)
 
 
@@ -74,6 +78,7 @@ def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path):
     assert cold["compile_cache"]["state"] == "cold"
     published = cache_dir / cold["compile_cache"]["key"]
     assert json.loads((published / "key.json").read_text())["config"]["clip_coef"] == 0.2
+    assert count_graphs(published) == 3  # act, train step, evaluation: each compiled once
     assert not [p for p in cache_dir.iterdir() if p.name.startswith(".")]  # no working copy left behind
 
     # Another seed and step budget: the same graphs, loaded rather than compiled.
@@ -87,3 +92,8 @@ def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path):
     assert warm_w.keys() == plain_w.keys()
     for name, value in warm_w.items():
         np.testing.assert_array_equal(value, plain_w[name], err_msg=name)
+
+    # Resuming the finished run only evaluates: its graphs still load in the order they were cached.
+    cli(cache_dir, "--resume", str(tmp_path / "warm"))
+    resumed = rd.read_run_json(tmp_path / "warm")
+    assert resumed["compile_cache"]["state"] == "warm" and resumed["eval"] == plain["eval"]

@@ -263,9 +263,9 @@ def test_profile_reports_where_the_time_went(tmp_path, capsys):
     report = json.loads((run_dir / "profile.json").read_text())
     sections = report["sections"]
     assert report["env_steps"] == 128 and report["env_backend"]["name"] == "envpool"
-    assert sections["env stepping"]["calls"] == 64 and sections["acting"]["calls"] >= 64 - 1
-    assert sections["compile"]["calls"] == 3  # act, train step, evaluation policy
-    assert sections["update"]["calls"] == 4 - 1 and sections["evaluation"]["calls"] == 1
+    assert sections["env stepping"]["calls"] == 64 and sections["acting"]["calls"] >= 64
+    assert sections["compile"]["calls"] == 3  # act, train step, evaluation policy, at the start
+    assert sections["update"]["calls"] == 4 and sections["evaluation"]["calls"] == 1
     assert sections["checkpoints"]["calls"] >= 2
     total = sum(row["seconds"] for name, row in sections.items() if name != "other")
     assert 0 < total <= report["wall_seconds"] and sections["other"]["seconds"] >= 0

@@ -312,6 +312,7 @@ class Trainer:
         cfg = self.cfg
         start_time, start_step = time.perf_counter(), self.global_step
         eval_time = 0.0  # periodic evaluations are not training time: excluded from SPS and wall_time
+        self.compile_graphs()  # training time, like the first calls that compiled them before
         last = cfg.num_iterations if stop_at is None else min(stop_at, cfg.num_iterations)
         while self.iteration < last:
             self._inject_fault()
@@ -396,9 +397,8 @@ class Trainer:
         Rank r plays episodes k = r, r + W, ...; every rank returns all returns in episode order.
         """
         if self._deterministic is None:
-            self._deterministic = compat.CompiledCall(DeterministicPolicy(self.policy))
-            t0 = time.perf_counter()  # the compiling first call, on a zero observation (no state, no RNG)
-            self._deterministic(Tensor(np.zeros((1, self.spec.obs_dim), np.float32)))
+            t0 = time.perf_counter()
+            self._compile_deterministic()
             self.profile.add("compile", time.perf_counter() - t0)
         with self.profile.section("evaluation"):
             mine = {k: self._eval_episode(k) for k in range(self.rank, episodes, self.world_size)}
@@ -406,6 +406,10 @@ class Trainer:
             for part in self.comm.gather(mine):
                 merged.update(part)
         return [merged[k] for k in range(episodes)]
+
+    def _compile_deterministic(self) -> None:
+        self._deterministic = compat.CompiledCall(DeterministicPolicy(self.policy))
+        self._deterministic(Tensor(np.zeros((1, self.spec.obs_dim), np.float32)))  # no state, no RNG
 
     def _eval_episode(self, k: int) -> float:
         det = self._deterministic
@@ -534,6 +538,31 @@ class Trainer:
             git_commit=self.git_commit,
             eval_returns=eval_returns,
         )
+
+    # -- compiled graphs -------------------------------------------------------------------------------
+    def compile_graphs(self) -> None:
+        """Compile the run's graphs now, in one fixed order: act, train step, then the evaluation policy if the run
+        evaluates. The compile cache numbers a process's graphs by compile order (``training/compile_cache.py``),
+        so the order must not depend on how a run goes (a resumed finished run would evaluate before it acts).
+        Nothing changes state: act and evaluation run on dummy inputs, the train step is compiled without running.
+        """
+        if "act" in self._compiled:
+            return
+        cfg, spec = self.cfg, self.spec
+        t0 = time.perf_counter()
+        self._rollout_call(Tensor(np.zeros((cfg.num_envs, spec.obs_dim), np.float32)),
+                           Tensor(np.full((cfg.num_envs, spec.noise_dim), 0.5, np.float32)))  # fmt: skip
+        rows, per_call = cfg.batch_size, self.train_step.updates_per_call
+        act_shape = () if spec.discrete else (spec.action_dim,)
+        shapes = [(rows, spec.obs_dim), (rows, *act_shape), (rows,), (rows,), (rows,), (rows,)]  # as in ``update``
+        self.train_step.compile(*(Tensor(np.zeros(shape, np.float32)) for shape in shapes),
+                                Tensor(np.zeros((per_call, cfg.minibatch_size), np.int32)))  # fmt: skip
+        graphs = 2
+        if cfg.eval_episodes > 0 and self._deterministic is None:
+            self._compile_deterministic()
+            graphs += 1
+        self._compiled.update({"act", "train"})
+        self.profile.add("compile", time.perf_counter() - t0, graphs)
 
     # -- hot-path helpers -----------------------------------------------------------------------------
     def _act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
