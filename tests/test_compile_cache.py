@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,14 @@ import numpy as np
 from msrl_consistency import compat
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.config import TrainConfig
-from msrl_consistency.training.compile_cache import HOST_ONLY, CompileCache, count_graphs, graph_key
+from msrl_consistency.training.compile_cache import (
+    HOST_ONLY,
+    STALE_WORK_SECONDS,
+    CompileCache,
+    count_graphs,
+    graph_key,
+    prune,
+)
 
 SPEC = {"obs_dim": 4, "discrete": True}
 TINY = ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
@@ -47,6 +55,16 @@ def test_off_when_disabled_or_data_parallel_or_opened_before(tmp_path, monkeypat
     second = CompileCache.open(cfg, SPEC, 1, tmp_path)
     assert second.describe() == {"state": "off", "reason": second.reason}
     assert (compat.compile_cache_blocker() or "cached another run's graphs") in second.reason  # xdist: "-c" is no file
+
+
+def test_prune_keeps_the_most_recently_used_keys_and_live_working_copies(tmp_path):
+    now = time.time()
+    ages = {"old": 300, "newer": 200, "newest": 100, ".killed-run": STALE_WORK_SECONDS + 10, ".running": 10}
+    for name, age in ages.items():
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (now - age, now - age))
+    prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".running", "newer", "newest"]
 
 
 def cli(cache_dir: Path, *args: str) -> None:

@@ -20,12 +20,14 @@ config, whatever its seed and step budget (``tests/test_compile_cache.py``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,8 @@ HOST_ONLY = frozenset({
     "check_every", "master_addr", "master_port", "env_threads",
 })  # fmt: skip
 PACKAGE = Path(__file__).resolve().parents[1]
+KEEP = 32  # graph keys kept, most recently used first (a CartPole key is ~0.5 MB)
+STALE_WORK_SECONDS = 86_400  # a working copy this old belongs to a killed run (a run compiles in its first seconds)
 _opened_in_this_process = False
 
 
@@ -73,6 +77,19 @@ def graph_key(cfg: dict[str, Any], spec: dict[str, Any], world_size: int) -> dic
 
 def count_graphs(path: Path) -> int:
     return len(list(path.glob(GRAPHS)))
+
+
+def prune(root: Path, keep: int = KEEP) -> None:
+    """Keep the ``keep`` most recently used graph keys and drop killed runs' working copies: a bounded cache."""
+    now = time.time()
+    try:
+        entries = [(p.stat().st_mtime, p) for p in root.iterdir() if p.is_dir()]
+    except OSError:
+        return
+    published = sorted((e for e in entries if not e[1].name.startswith(".")), reverse=True)
+    stale = [p for mtime, p in entries if p.name.startswith(".") and now - mtime > STALE_WORK_SECONDS]
+    for path in [p for _, p in published[keep:]] + stale:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class CompileCache:
@@ -116,6 +133,8 @@ class CompileCache:
             return cls("off", f"cache dir unusable: {exc}")
         if cache.loaded:
             cache.state = "warm"
+            with contextlib.suppress(OSError):
+                os.utime(cache.dir)  # most recently used: the last to be pruned
         compat.set_compile_cache(str(cache.work))
         return cache
 
@@ -152,6 +171,7 @@ class CompileCache:
         finally:
             self.discard()
             shutil.rmtree(old, ignore_errors=True)
+            prune(self.dir.parent)
 
     def discard(self) -> None:
         if self.work is not None:
