@@ -218,6 +218,15 @@ def compile_cache_blocker() -> str | None:
     return None
 
 
+def compile_cache_dependencies() -> list[str]:
+    """The files MindSpore's compile cache hashes to call a cached graph stale: the entry script and the local (not
+    installed) modules it imports. ``[]`` where it cannot tell."""
+    try:
+        return list(_graph_api._get_compile_cache_dep_files())
+    except (OSError, SyntaxError, ValueError, ImportError):
+        return []
+
+
 def set_compile_cache(path: str | None) -> None:
     """Save and load compiled graphs under ``path`` (``None``: stop); the context options ``enable_compile_cache``
     and ``compile_cache_path`` are deprecated for these variables in 2.10.

@@ -10,12 +10,13 @@ safe to leave on (measured on 2.10):
 - two runs sharing a directory could read each other's half-written files.
 
 So every *graph key* gets its own directory: a hash of the config without its host-only fields (``HOST_ONLY``:
-seed, step budget, paths, logging), the policy spec, the world size, MindSpore's and Python's versions and this
-package's sources. A run copies that directory into a private one; MindSpore reads and writes only the copy;
-at the end the copy replaces the shared directory with one rename if it holds more graphs. MindSpore keeps the
-first cache path of a process and numbers every cached graph after it, so one process caches one run only, and
-data-parallel ranks compile without it. A warm-cache run is bitwise equal to an uncached run of the same
-config, whatever its seed and step budget (``tests/test_compile_cache.py``).
+seed, step budget, paths, logging), the policy spec, the world size, MindSpore's and Python's versions, this
+package's sources and the entry script MindSpore's own staleness check hashes. A run copies that directory into a
+private one; MindSpore reads and writes only the copy; at the end the copy replaces the shared directory with one
+rename if it holds more graphs. MindSpore keeps the first cache path of a process and numbers every cached graph after
+it, so one process caches one run only (its graphs compiled in one fixed order: ``Trainer.compile_graphs``), and
+data-parallel ranks compile without it. A warm-cache run is bitwise equal to an uncached run of the same config,
+whatever its seed and step budget (``tests/test_compile_cache.py``).
 """
 
 from __future__ import annotations
@@ -63,8 +64,17 @@ def sources_digest() -> str:
     return digest.hexdigest()
 
 
+def files_digest(paths: list[str]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            digest.update(Path(path).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def graph_key(cfg: dict[str, Any], spec: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """Everything that decides which graphs a run compiles, and in which order."""
+    """Everything that decides which graphs a run compiles, and in which order, and whether MindSpore reuses them
+    (it recompiles when its entry script or that script's local imports changed: a bench script, say)."""
     return {
         "config": {k: v for k, v in sorted(cfg.items()) if k not in HOST_ONLY},
         "policy_spec": spec,
@@ -72,6 +82,7 @@ def graph_key(cfg: dict[str, Any], spec: dict[str, Any], world_size: int) -> dic
         "mindspore": compat.mindspore_version(),
         "python": platform.python_version(),
         "sources": sources_digest(),
+        "entry_script": files_digest(compat.compile_cache_dependencies()),
     }
 
 
