@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from msrl_consistency.config import TrainConfig, load_toml, preset_path  # noqa: E402  (no MindSpore import here)
+from msrl_consistency.config import load_toml, parse_config, preset_path  # noqa: E402  (no MindSpore import here)
 
 # "Solved" levels for the training curve: the moving average of the last WINDOW episodes must stay at or above.
 THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0, "BipedalWalker-v3": 300.0, "Hopper-v5": 3000.0}
@@ -225,8 +224,6 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
     """What ``python -m msrl_consistency.train`` does, through the Trainer API so the loop's CPU time is visible."""
     t_import = time.perf_counter()
     from msrl_consistency.artifacts import run_dir as rd
-    from msrl_consistency.config import parse_config
-    from msrl_consistency.training.compile_cache import CompileCache
     from msrl_consistency.training.loop import Trainer
 
     import_time = time.perf_counter() - t_import
@@ -236,8 +233,7 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
     cfg.eval_every = iterations_between(eval_every_steps, cfg.batch_size)
     rd.prepare_new_run_dir(run_dir)
     trainer = Trainer(cfg, run_dir)
-    cache = CompileCache.open(cfg.to_dict(), trainer.spec.to_dict())  # $MSRL_COMPILE_CACHE_DIR, set by run_one
-    trainer.compile_cache = cache.describe()
+    trainer.use_compile_cache()  # under $MSRL_COMPILE_CACHE_DIR, set by run_one
     try:
         trainer.checkpoint()
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -246,7 +242,6 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
         eval_returns = trainer.evaluate(eval_episodes)
         trainer.checkpoint(eval_returns)
     finally:
-        cache.close()
         trainer.close()
     with open(run_dir / "metrics.csv", newline="") as fh:
         rows = [(int(r["global_step"]), float(r["wall_time"])) for r in csv.DictReader(fh)]
@@ -434,9 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for env_id in envs:
         steps = args.steps or int(preset(env_id).get("total_steps", 50_000))
+        one_iteration = parse_config(["--env-id", env_id]).batch_size
         for fw in (fw for fw in args.frameworks.split(",") if fw in WARM_CACHE):
-            one_iteration = math.prod(int(preset(env_id).get(k, TrainConfig.__dataclass_fields__[k].default))
-                                      for k in ("num_envs", "num_steps"))  # fmt: skip
             run_one(fw, env_id, one_iteration, 0, args.eval_episodes, args.eval_every_steps, out_dir)
             print(f"{fw}: compile cache warmed for {env_id} (one iteration; not measured)", flush=True)
         # Frameworks interleaved per seed, so a load change on the shared machine hits all of them alike.

@@ -162,12 +162,10 @@ def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
 
     from msrl_consistency.artifacts import run_dir as rd
     from msrl_consistency.artifacts.plots import plot_reward_curve
-    from msrl_consistency.training.compile_cache import CompileCache
     from msrl_consistency.training.loop import Trainer
 
     trainer = Trainer(cfg, run_dir, state, comm)
-    cache = CompileCache.open(cfg.to_dict(), trainer.spec.to_dict(), comm.world_size)  # before the first compile
-    trainer.compile_cache = cache.describe()
+    trainer.use_compile_cache()  # this process's first compiles are the run's
     lead = comm.rank == 0  # rank 0 alone shows progress and writes the run dir
     total = cfg.num_iterations * cfg.global_batch_size
     bar = tqdm(
@@ -200,7 +198,6 @@ def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
             print(f"interrupted; resume with: --resume {run_dir} (from step {_stored_step(run_dir)})", file=sys.stderr)
         return 130
     finally:
-        cache.close()
         trainer.close()
         if lead:
             plot_reward_curve(run_dir / rd.EPISODES_CSV, run_dir / rd.REWARD_PLOT, f"PPO on {cfg.env_id}")

@@ -111,7 +111,6 @@ class CompileCache:
         self.work: Path | None = None
         self.payload: dict[str, Any] = {}
         self.loaded = 0
-        self.published = False
 
     @classmethod
     def open(
@@ -124,8 +123,8 @@ class CompileCache:
             return cls("off", "data-parallel ranks compile their graphs")
         if os.environ.get("MS_COMPILER_CACHE_ENABLE"):
             return cls("off", "MS_COMPILER_CACHE_ENABLE is set: MindSpore's own, order-keyed cache is in charge")
-        if compat.compile_cache_blocker():
-            return cls("off", str(compat.compile_cache_blocker()))
+        if blocker := compat.compile_cache_blocker():
+            return cls("off", blocker)
         global _opened_in_this_process
         if _opened_in_this_process:
             return cls("off", "this process cached another run's graphs (MindSpore keeps one cache path)")
@@ -176,7 +175,6 @@ class CompileCache:
                 if self.dir.exists():
                     self.dir.rename(old)
                 self.work.rename(self.dir)  # fails if another run published first: theirs stays
-                self.published = True
         except OSError:
             pass
         finally:

@@ -38,6 +38,7 @@ from msrl_consistency.envs import EnvInfo, describe_env, make_env
 from msrl_consistency.envs.engines import make_training_envs, resolve_backend
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training import precision as mp
+from msrl_consistency.training.compile_cache import CompileCache
 from msrl_consistency.training.gae import compute_gae
 from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep
 from msrl_consistency.training.profile import PROFILE_JSON, Profile, format_table, peak_rss_mb
@@ -185,7 +186,8 @@ class Trainer:
             rd.RunRecorder(run_dir, LOG_FIELDS, keep, evals=cfg.eval_every > 0) if self.rank == 0 else rd.NullRecorder()
         )
         self._deterministic: compat.CompiledCall | None = None  # compiled once, on the first evaluation
-        # Whether this run's graphs come from the compile cache (set by whoever opens it: training/compile_cache.py).
+        self._cache: CompileCache | None = None
+        # Whether this run's graphs come from the compile cache (``use_compile_cache``), for run.json and the profile.
         self.compile_cache: dict[str, Any] = {"state": "off", "reason": "not opened for this process"}
         self.profile.add("setup", time.perf_counter() - self.profile.start)
 
@@ -540,6 +542,12 @@ class Trainer:
         )
 
     # -- compiled graphs -------------------------------------------------------------------------------
+    def use_compile_cache(self) -> None:
+        """Load and save this run's graphs through the compile cache (``training/compile_cache.py``). A process's
+        entry point calls it before the run's first compile; ``close`` publishes what was compiled."""
+        self._cache = CompileCache.open(self.cfg.to_dict(), self.spec.to_dict(), self.world_size)
+        self.compile_cache = self._cache.describe()
+
     def compile_graphs(self) -> None:
         """Compile the run's graphs now, in one fixed order: act, train step, then the evaluation policy if the run
         evaluates. The compile cache numbers a process's graphs by compile order (``training/compile_cache.py``),
@@ -617,6 +625,8 @@ class Trainer:
             raise UsageError(f"{dist.FAULT_ENV}: unknown fault kind {fault.kind!r}")
 
     def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
         self.recorder.close()
         self.envs.close()
 

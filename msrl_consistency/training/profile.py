@@ -18,8 +18,8 @@ SCHEMA = "msrl-consistency/profile"
 # Report order and what each section holds.
 SECTIONS = {
     "setup": "building envs, Cells and the optimizer (after imports)",
-    "compile": "first call of each compiled graph (act, train step, evaluation policy): compiles it or loads it from "
-               "the compile cache",
+    "compile": "the run's graphs (act, train step, evaluation policy), compiled when it starts or loaded from the "
+               "compile cache",
     "env stepping": "vector env steps, including EnvPool's resets of the envs that ended",
     "acting": "rollout act calls and critic values for bootstraps and GAE",
     "rollout bookkeeping": "noise sampling, buffer writes, reward scaling, episode counters",
