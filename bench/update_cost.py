@@ -152,7 +152,12 @@ def main() -> None:
 
     ours = worker("ours")
     cfg = parse_config(["--env-id", args.env])
-    if not args.ours_only:
+    if args.ours_only:
+        print(f"{args.env}: ours, seconds per call, best of 5 rounds x {args.repeats}\n")
+        print("| call | ours, Cell.__call__ | ours, CompiledCall |\n|---|---:|---:|")
+        for label, key in ((f"act ({cfg.num_envs} obs)", "act"), (f"update ({cfg.minibatch_size} rows)", "update")):
+            print(f"| {label} | {ms(ours[f'{key} (Cell.__call__)'])} | {ms(ours[f'{key} (CompiledCall)'])} |")
+    else:
         torch_t = worker("torch")
         updates = cfg.num_minibatches * cfg.update_epochs
         print(f"{args.env}: seconds per call, best of 5 rounds x {args.repeats}; ratio = PyTorch / ours "
