@@ -8,6 +8,11 @@ rows estimate one PPO iteration (``num_steps`` act calls + all minibatch updates
 
     .venv/bin/python bench/update_cost.py --env CartPole-v1 --repeats 200
     .venv/bin/python bench/update_cost.py --precisions fp32,fp16 --ours-only   # ours' update per --update-precision
+    .venv/bin/python bench/update_cost.py --env Pendulum-v1 --anatomy          # ours' update, stage by stage
+
+``--anatomy`` cuts ours' minibatch update after each stage (the policy MLPs' forward and backward under a stand-in
+loss, then PPO's loss, the gradient clip, Adam) and times the cut graphs side by side: which stage a change would
+have to shrink.
 """
 
 from __future__ import annotations
@@ -97,6 +102,83 @@ def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, fl
     return {**acts, **{name: t / k for name, t in calls.items()}}  # per minibatch update
 
 
+ANATOMY = (
+    ("mlp", "policy MLPs, forward + backward (stand-in loss)"),
+    ("loss", "+ PPO loss, forward + backward"),
+    ("clip", "+ gradient clip (global norm)"),
+    ("adam", "+ Adam: the whole minibatch update"),
+)
+
+
+def run_anatomy(env_id: str, repeats: int) -> dict[str, float]:
+    """Seconds per minibatch update cut after each ``ANATOMY`` stage (one update per call, same Cells as training)."""
+    from mindspore import Tensor
+
+    from msrl_consistency import compat
+    from msrl_consistency.envs import describe_env
+    from msrl_consistency.training.loop import build_learner, build_spec
+
+    cfg = parse_config(["--env-id", env_id])
+    compat.set_device("cpu")
+    compat.set_threads(1)
+    compat.use_graph_mode()
+    spec = build_spec(cfg, describe_env(env_id))
+    step = build_learner(cfg, spec).train_step
+    rng = np.random.default_rng(0)
+    act_shape = () if spec.discrete else (spec.action_dim,)
+    data = [Tensor(a) for a in synthetic_rollout(rng, cfg.batch_size, spec.obs_dim, act_shape, spec.discrete)]
+    idx = Tensor(rng.permutation(cfg.batch_size)[None, : cfg.minibatch_size].astype(np.int32))
+    calls = {name: compat.CompiledCall(_update_until(step, name)) for name, _ in ANATOMY}
+    return seconds_per_call({name: lambda c=c: c(*data, idx).asnumpy() for name, c in calls.items()}, repeats)
+
+
+def _update_until(step: Any, stage: str) -> Any:
+    """``step``'s first minibatch update, cut after ``stage`` (a Cell sharing ``step``'s Parameters)."""
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    from msrl_consistency.training.ppo import clip_by_global_norm
+
+    class StandInLoss(nn.Cell):
+        """Reads every policy output linearly: the MLPs' kernels and their backward, none of PPO's arithmetic."""
+
+        def __init__(self, policy: Any) -> None:
+            super().__init__()
+            self.policy = policy
+
+        def construct(self, x, actions, old_logp, adv, returns, old_values):  # noqa: ANN001, ANN202
+            out = self.policy.actor(x).mean() + self.policy.critic(x).mean()
+            if not self.policy.discrete:
+                out = out + self.policy.log_std.sum()
+            return out
+
+    class UpdateUntil(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = step
+            self.stand_in = ms.value_and_grad(StandInLoss(step.loss_net.policy), None, step.optimizer.parameters)
+
+        def construct(self, obs, actions, logp, adv, returns, values, idx):  # noqa: ANN001, ANN202
+            s = self.step
+            x = ops.stop_gradient(s.normalizer(obs))
+            actions = s.loss_net.policy.prepare_actions(actions)
+            i = idx[0]
+            batch = (ops.gather(x, i, 0), ops.gather(actions, i, 0), ops.gather(logp, i, 0), ops.gather(adv, i, 0),
+                     ops.gather(returns, i, 0), ops.gather(values, i, 0))  # fmt: skip
+            if stage == "mlp":
+                loss, grads = self.stand_in(*batch)
+                return ops.depend(loss, grads)
+            (_, aux), grads = s.grad_fn(*batch)
+            if stage == "loss":
+                return ops.depend(aux, grads)
+            grads = clip_by_global_norm(grads, s.max_grad_norm)
+            if stage == "clip":
+                return ops.depend(aux, grads)
+            return ops.depend(aux, s.optimizer(grads))
+
+    return UpdateUntil()
+
+
 def run_torch(env_id: str, repeats: int) -> dict[str, float]:
     import gymnasium as gym
     import torch
@@ -132,15 +214,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200, help="calls per timing round (best of 5 rounds)")
     parser.add_argument("--precisions", default="fp32", help="ours' --update-precision values to time, e.g. fp32,fp16")
     parser.add_argument("--ours-only", action="store_true", help="skip the PyTorch twin (no bench extra needed)")
-    parser.add_argument("--worker", choices=["ours", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--anatomy", action="store_true", help="ours' minibatch update, timed stage by stage")
+    parser.add_argument("--worker", choices=["ours", "torch", "anatomy"], help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        result = (
-            run_ours(args.env, args.repeats, args.precision)
-            if args.worker == "ours"
-            else run_torch(args.env, args.repeats)
-        )
+        runs = {
+            "ours": lambda: run_ours(args.env, args.repeats, args.precision),
+            "torch": lambda: run_torch(args.env, args.repeats),
+            "anatomy": lambda: run_anatomy(args.env, args.repeats),
+        }
+        result = runs[args.worker]()
         print(json.dumps(result))
         return
 
@@ -150,8 +234,11 @@ def main() -> None:
         out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
-    ours = worker("ours")
     cfg = parse_config(["--env-id", args.env])
+    if args.anatomy:
+        print_anatomy(args.env, cfg, worker("anatomy"), args.repeats)
+        return
+    ours = worker("ours")
     if args.ours_only:
         print(f"{args.env}: ours, seconds per call, best of 5 rounds x {args.repeats}\n")
         print("| call | ours, Cell.__call__ | ours, CompiledCall |\n|---|---:|---:|")
@@ -182,6 +269,17 @@ def main() -> None:
         for precision in others:
             t = worker("ours", precision)["update (CompiledCall)"]
             print(f"| {precision} | {ms(t)} | {t / base:.2f}x |")
+
+
+def print_anatomy(env_id: str, cfg: Any, seconds: dict[str, float], repeats: int) -> None:
+    print(f"{env_id}: ours, one minibatch update ({cfg.minibatch_size} rows) cut after each stage, "
+          f"best of 5 rounds x {repeats}\n")  # fmt: skip
+    print("| update up to | ms per update | the stage adds | share of the update |\n|---|---:|---:|---:|")
+    total, before = seconds["adam"], 0.0
+    for name, label in ANATOMY:
+        added = seconds[name] - before
+        print(f"| {label} | {ms(seconds[name])} | {ms(added)} | {added / total:.0%} |")
+        before = seconds[name]
 
 
 def ms(seconds: float) -> str:
