@@ -25,6 +25,20 @@ def categorical_entropy(logits: Tensor) -> Tensor:
     return -(ops.exp(logp) * logp).sum(-1)
 
 
+# The PPO loss (training/ppo.py) differentiates these by hand: one formula each, next to the log-probabilities.
+def categorical_log_prob_grad(logits: Tensor, one_hot: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(log-prob, its gradient w.r.t. the logits, log-softmax, probabilities): d log p_a / d logits = onehot − p."""
+    log_probs = ops.log_softmax(logits, -1)
+    probs = ops.exp(log_probs)
+    return (log_probs * one_hot).sum(-1), one_hot - probs, log_probs, probs
+
+
+def categorical_entropy_grad(log_probs: Tensor, probs: Tensor) -> tuple[Tensor, Tensor]:
+    """(entropy, its gradient w.r.t. the logits): d H / d logits = −p · (log p + H)."""
+    entropy = -(probs * log_probs).sum(-1)
+    return entropy, -probs * (log_probs + entropy.expand_dims(-1))
+
+
 def gumbel_argmax(logits: Tensor, uniform: Tensor) -> Tensor:
     """argmax(logits + Gumbel(u)) is a sample from softmax(logits); returns int32 indices."""
     u = ops.clamp(uniform, UNIFORM_EPS, 1.0 - UNIFORM_EPS)
@@ -40,6 +54,17 @@ def argmax_int32(x: Tensor) -> Tensor:
 def gaussian_log_prob(mean: Tensor, log_std: Tensor, x: Tensor) -> Tensor:
     z = (x - mean) * ops.exp(-log_std)
     return (-0.5 * z * z - log_std - 0.5 * LOG_2PI).sum(-1)
+
+
+def gaussian_log_prob_grad(mean: Tensor, log_std: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(``gaussian_log_prob``, its gradient w.r.t. the mean, w.r.t. log_std), the gradients per element.
+
+    With z = (x − mean) / std: d log p / d mean = z / std and d log p / d log_std = z² − 1.
+    """
+    inv_std = ops.exp(-log_std)
+    z = (x - mean) * inv_std
+    zz = z * z
+    return (-0.5 * zz - log_std - 0.5 * LOG_2PI).sum(-1), z * inv_std, zz - 1.0
 
 
 def gaussian_entropy(log_std: Tensor) -> Tensor:

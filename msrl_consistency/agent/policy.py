@@ -2,7 +2,7 @@
 
 One policy, several heads, all sharing the same pre/post-processing:
 
-* ``evaluate_actions``: log-prob, entropy and value for the PPO loss (normalised obs, prepared actions);
+* ``trunks``: the actor's output (logits or mean) and the value for the PPO loss (normalised obs);
 * ``RolloutPolicy``: (obs, noise) → one packed tensor for the training hot loop;
 * ``StochasticPolicy``: (obs, noise) → (env action, log-prob, value, logits | mean): the exported sampling graph;
 * ``DeterministicPolicy``: obs → (env action, logits or mean): the exported deterministic graph.
@@ -50,31 +50,16 @@ class ActorCritic(nn.Cell):
             return ops.one_hot(actions.astype("int32"), self.action_dim, 1.0, 0.0)
         return actions
 
-    def evaluate_actions(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Log-prob, entropy and value: the inputs of the PPO loss.
+    def trunks(self, x: Tensor, dtype: ms.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """Logits or Gaussian mean, and value, from normalised observations: what the PPO loss differentiates.
 
-        ``x`` is already normalised and ``actions`` already prepared: the train step does both once per
-        call for the whole rollout, not once per minibatch.
+        ``dtype`` (mixed-precision update) computes both MLPs in that dtype; their outputs return to float32 before
+        the log-probabilities and losses, which need the range. Rollouts and the exported graphs never take it.
         """
-        param = self.actor(x)
-        value = self.critic(x).squeeze(-1)
-        if self.discrete:
-            return D.categorical_log_prob(param, actions), D.categorical_entropy(param), value
-        log_std = self.log_std + 0.0 * param
-        return D.gaussian_log_prob(param, log_std, actions), D.gaussian_entropy(log_std), value
-
-    def evaluate_actions_as(self, x: Tensor, actions: Tensor, dtype: ms.dtype) -> tuple[Tensor, Tensor, Tensor]:
-        """``evaluate_actions`` with both trunks computed in ``dtype`` (mixed-precision update).
-
-        Only the MLPs run in ``dtype``; their outputs return to float32 before the log-probabilities, entropy
-        and losses, which need the range. Rollouts and the exported graphs never take this path.
-        """
+        if dtype is None:
+            return self.actor(x), self.critic(x).squeeze(-1)
         param = self.actor.forward_as(x, dtype).astype(ms.float32)
-        value = self.critic.forward_as(x, dtype).astype(ms.float32).squeeze(-1)
-        if self.discrete:
-            return D.categorical_log_prob(param, actions), D.categorical_entropy(param), value
-        log_std = self.log_std + 0.0 * param
-        return D.gaussian_log_prob(param, log_std, actions), D.gaussian_entropy(log_std), value
+        return param, self.critic.forward_as(x, dtype).astype(ms.float32).squeeze(-1)
 
     def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """(env action, raw action, log-prob of the raw action, value, logits or mean) from explicit noise."""
