@@ -124,7 +124,10 @@ class _PPOHead(nn.Cell):
         grad_clipped = ops.select(inside, err_clipped, self.zeros(err))
         return 0.5 * ops.maximum(sq, sq_clipped).mean(), ops.select(sq >= sq_clipped, err, grad_clipped) * scale
 
-    def total(self, pg_loss: Tensor, v_loss: Tensor, entropy: Tensor, approx_kl: Tensor, clipfrac: Tensor):  # noqa: ANN201
+    def total(
+        self, pg_loss: Tensor, v_loss: Tensor, entropy: Tensor, approx_kl: Tensor, clipfrac: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """(loss, the ``STEP_METRICS`` row)."""
         loss = pg_loss - self.ent_coef * entropy + self.vf_coef * v_loss
         return loss, ops.stack((loss, pg_loss, v_loss, entropy, approx_kl, clipfrac))
 
