@@ -27,20 +27,31 @@ SPECS = {
 }
 
 
+class TextbookOutputs(nn.Cell):
+    """Log-probability, entropy and value of ``ActorCritic``, the obvious way."""
+
+    def __init__(self, policy: ActorCritic) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def construct(self, x, actions):  # noqa: ANN001, ANN201
+        param, value = self.policy.actor(x), self.policy.critic(x).squeeze(-1)
+        if self.policy.discrete:
+            return D.categorical_log_prob(param, actions), D.categorical_entropy(param), value
+        log_std = self.policy.log_std + 0.0 * param
+        return D.gaussian_log_prob(param, log_std, actions), D.gaussian_entropy(log_std), value
+
+
 class TextbookLoss(nn.Cell):
     """CleanRL's PPO loss on ``ActorCritic``'s outputs, left to autodiff."""
 
     def __init__(self, policy: ActorCritic, vf_coef: float, ent_coef: float, clip_vloss: bool) -> None:
         super().__init__()
-        self.policy, self.vf_coef, self.ent_coef, self.clip_vloss = policy, vf_coef, ent_coef, clip_vloss
+        self.outputs = TextbookOutputs(policy)
+        self.vf_coef, self.ent_coef, self.clip_vloss = vf_coef, ent_coef, clip_vloss
 
     def construct(self, x, actions, old_logp, adv, returns, old_values):  # noqa: ANN001, ANN201
-        param, value = self.policy.actor(x), self.policy.critic(x).squeeze(-1)
-        if self.policy.discrete:
-            logp, entropy = D.categorical_log_prob(param, actions), D.categorical_entropy(param)
-        else:
-            log_std = self.policy.log_std + 0.0 * param
-            logp, entropy = D.gaussian_log_prob(param, log_std, actions), D.gaussian_entropy(log_std)
+        logp, entropy, value = self.outputs(x, actions)
         log_ratio = logp - old_logp
         ratio = ops.exp(log_ratio)
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
@@ -86,19 +97,6 @@ def batch_for(policy: ActorCritic, rng: np.random.Generator) -> tuple[Tensor, ..
     old_values = (value + rng.normal(0.0, 0.3, BATCH)).astype(np.float32)
     adv, returns = (rng.standard_normal(BATCH).astype(np.float32) for _ in range(2))
     return x, actions, Tensor(old_logp), Tensor(adv), Tensor(returns), Tensor(old_values)
-
-
-class TextbookOutputs(nn.Cell):
-    def __init__(self, policy: ActorCritic) -> None:
-        super().__init__()
-        self.policy = policy
-
-    def construct(self, x, actions):  # noqa: ANN001, ANN201
-        param, value = self.policy.actor(x), self.policy.critic(x).squeeze(-1)
-        if self.policy.discrete:
-            return D.categorical_log_prob(param, actions), D.categorical_entropy(param), value
-        log_std = self.policy.log_std + 0.0 * param
-        return D.gaussian_log_prob(param, log_std, actions), D.gaussian_entropy(log_std), value
 
 
 @pytest.mark.parametrize(
