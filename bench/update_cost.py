@@ -61,7 +61,8 @@ def synthetic_rollout(rng: np.random.Generator, batch: int, obs_dim: int, act_sh
     return obs, actions, logp, adv, returns, values
 
 
-def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, float]:
+def ours_on_synthetic_data(env_id: str, precision: str = "fp32") -> tuple[Any, Any, Any, np.random.Generator, list]:
+    """(config, policy spec, learner, rng, rollout tensors): exactly the Cells the Trainer builds, one op thread."""
     from mindspore import Tensor
 
     from msrl_consistency import compat
@@ -73,13 +74,21 @@ def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, fl
     compat.set_threads(1)
     compat.use_graph_mode()
     spec = build_spec(cfg, describe_env(env_id))
-    learner = build_learner(cfg, spec)  # exactly the Cells the Trainer builds
-    rollout_net, step = learner.rollout_net, learner.train_step
-    k = step.updates_per_call
-
+    learner = build_learner(cfg, spec)
     rng = np.random.default_rng(0)
     act_shape = () if spec.discrete else (spec.action_dim,)
     data = [Tensor(a) for a in synthetic_rollout(rng, cfg.batch_size, spec.obs_dim, act_shape, spec.discrete)]
+    return cfg, spec, learner, rng, data
+
+
+def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, float]:
+    from mindspore import Tensor
+
+    from msrl_consistency import compat
+
+    cfg, spec, learner, rng, data = ours_on_synthetic_data(env_id, precision)
+    rollout_net, step = learner.rollout_net, learner.train_step
+    k = step.updates_per_call
     idx = np.stack([rng.permutation(cfg.batch_size)[: cfg.minibatch_size] for _ in range(k)]).astype(np.int32)
     obs = rng.standard_normal((cfg.num_envs, spec.obs_dim)).astype(np.float32)
     noise = spec.sample_noise(rng, cfg.num_envs)
@@ -115,18 +124,9 @@ def run_anatomy(env_id: str, repeats: int) -> dict[str, float]:
     from mindspore import Tensor
 
     from msrl_consistency import compat
-    from msrl_consistency.envs import describe_env
-    from msrl_consistency.training.loop import build_learner, build_spec
 
-    cfg = parse_config(["--env-id", env_id])
-    compat.set_device("cpu")
-    compat.set_threads(1)
-    compat.use_graph_mode()
-    spec = build_spec(cfg, describe_env(env_id))
-    step = build_learner(cfg, spec).train_step
-    rng = np.random.default_rng(0)
-    act_shape = () if spec.discrete else (spec.action_dim,)
-    data = [Tensor(a) for a in synthetic_rollout(rng, cfg.batch_size, spec.obs_dim, act_shape, spec.discrete)]
+    cfg, _, learner, rng, data = ours_on_synthetic_data(env_id)
+    step = learner.train_step
     idx = Tensor(rng.permutation(cfg.batch_size)[None, : cfg.minibatch_size].astype(np.int32))
     calls = {name: compat.CompiledCall(_update_until(step, name)) for name, _ in ANATOMY}
     return seconds_per_call({name: lambda c=c: c(*data, idx).asnumpy() for name, c in calls.items()}, repeats)
@@ -147,7 +147,8 @@ def _update_until(step: Any, stage: str) -> Any:
             self.policy = policy
 
         def construct(self, x, actions, old_logp, adv, returns, old_values):  # noqa: ANN001, ANN202
-            out = self.policy.actor(x).mean() + self.policy.critic(x).mean()
+            param, value = self.policy.trunks(x)
+            out = param.mean() + value.mean()
             if not self.policy.discrete:
                 out = out + self.policy.log_std.sum()
             return out
