@@ -52,7 +52,8 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | None, out: Path) -> dict[str, Any]:
+def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | None, out: Path,
+        eval_every_steps: int = EVAL_EVERY_STEPS) -> dict[str, Any]:
     run_dir = out / "runs" / f"{env_id}-{name}-s{seed}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -62,7 +63,7 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in (o.split("=", 1) for o in overrides)]
     base = ["--env-id", env_id, "--seed", str(seed), *(["--total-steps", str(steps)] if steps else []), *flags]
     cfg = parse_config([*base, "--run-dir", str(run_dir)])
-    every = iterations_between(EVAL_EVERY_STEPS, cfg.batch_size)
+    every = iterations_between(eval_every_steps, cfg.batch_size)
     cmd = [sys.executable, "-m", "msrl_consistency.train", *base, "--eval-every", str(every), "--eval-episodes", "5",
            "--progress", "false", "--compile-cache", "false", "--run-dir", str(run_dir)]  # fmt: skip
     start = time.perf_counter()
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="preset", help="candidate name in the table")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a preset field")
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side")
+    parser.add_argument("--eval-every-steps", type=int, default=EVAL_EVERY_STEPS,
+                        help="periodic evaluation cadence (Hopper's 1M steps: 51200, or evaluations dominate)")
     parser.add_argument("--out", default="reports/bench/preset_seeds")
     args = parser.parse_args(argv)
     out = REPO / args.out
@@ -130,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     # A rerun replaces this candidate's results for these seeds; its other seeds are kept.
     results = [r for r in results if not (r["env_id"] == args.env and r["name"] == args.name and r["seed"] in seeds)]
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(run, args.env, args.name, args.set, s, args.steps or None, out) for s in seeds]
+        futures = [pool.submit(run, args.env, args.name, args.set, s, args.steps or None, out, args.eval_every_steps)
+                   for s in seeds]
         for f in futures:
             r = f.result()
             print(f"{r['name']} seed {r['seed']}: target at {target_step(r)}, final eval {r['final_eval']:.1f}, "

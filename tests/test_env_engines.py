@@ -19,12 +19,15 @@ SAME_STEP = gym.vector.AutoresetMode.SAME_STEP
 
 
 def set_state(env: gym.Env, obs: np.ndarray) -> None:
-    """Put a gymnasium classic-control env into the state an EnvPool observation shows."""
+    """Put a gymnasium classic-control or Hopper env into the state an EnvPool observation shows."""
     inner, obs = env.unwrapped, np.asarray(obs, np.float64)
     if inner.spec.id.startswith(("CartPole", "MountainCar")):
         inner.state = obs.copy()
     elif inner.spec.id.startswith("Pendulum"):
         inner.state = np.array([np.arctan2(obs[1], obs[0]), obs[2]])
+    elif inner.spec.id.startswith("Hopper"):  # obs: qpos without x (nothing depends on x), then qvel
+        assert np.abs(obs[5:]).max() < 10.0, "velocities clipped in the observation"
+        inner.set_state(np.concatenate([[0.0], obs[:5]]), obs[5:])
     else:
         raise ValueError(inner.spec.id)
 
@@ -88,14 +91,18 @@ def scripted_actions(env_id: str, n: int, steps: int, seed: int = 0) -> list[np.
     rng = np.random.default_rng(seed)
     if env_id.startswith("CartPole"):
         return [rng.integers(0, 2, n) for _ in range(steps)]
+    if env_id.startswith("Hopper"):
+        return [rng.uniform(-1.0, 1.0, (n, 3)).astype(np.float32) for _ in range(steps)]
     return [rng.uniform(-2.0, 2.0, (n, 1)).astype(np.float32) for _ in range(steps)]
 
 
-# CartPole: whole episodes from the same start state. Pendulum near the top amplifies a float32 rounding of its
-# state ~10x per 10 steps, so its envs are put into EnvPool's state before every step (one-step agreement); it
-# also has the truncation (200 steps) whose final observation the bootstrap needs.
+# CartPole and Hopper (MuJoCo; random actions end its episodes within ~10-60 steps): whole episodes from the same
+# start state. Pendulum near the top amplifies a float32 rounding of its state ~10x per 10 steps, so its envs are
+# put into EnvPool's state before every step (one-step agreement); it also has the truncation (200 steps) whose
+# final observation the bootstrap needs.
 @pytest.mark.parametrize(("env_id", "n", "steps", "obs_tol", "resync"),
-                         [("CartPole-v1", 4, 300, 1e-6, False), ("Pendulum-v1", 3, 450, 2e-6, True)])
+                         [("CartPole-v1", 4, 300, 1e-6, False), ("Pendulum-v1", 3, 450, 2e-6, True),
+                          ("Hopper-v5", 3, 200, 1e-6, False)])  # fmt: skip
 def test_envpool_gives_gymnasiums_same_step_stream_and_dynamics(env_id, n, steps, obs_tol, resync):
     """Same actions from the same states: the same terminations, truncations, rewards and observations (float32
     vs float64 arithmetic; the measured differences are in bench/results/engine_agreement.md), the true final
@@ -128,7 +135,8 @@ def speed_clip_engaged(ours: dict[str, Any], actions: list[np.ndarray]) -> np.nd
     return np.abs(new_speed) > 8.0 - 1e-3
 
 
-@pytest.mark.parametrize(("env_id", "steps"), [("CartPole-v1", 120), ("Pendulum-v1", 260), ("BipedalWalker-v3", 150)])
+@pytest.mark.parametrize(("env_id", "steps"),
+                         [("CartPole-v1", 120), ("Pendulum-v1", 260), ("BipedalWalker-v3", 150), ("Hopper-v5", 90)])
 def test_snapshot_replays_to_the_same_state(env_id, steps):
     """A snapshot taken mid-run (after resets) restores into a fresh pool that continues bitwise the same."""
     envs = EnvPoolVectorEnv(env_id, 3)
@@ -163,6 +171,8 @@ def test_snapshot_of_another_env_is_refused():
 def test_backend_resolution():
     assert resolve_backend("CartPole-v1", "auto").name == "envpool"
     assert resolve_backend("BipedalWalker-v3", "auto").name == "envpool"
+    assert resolve_backend("Hopper-v5", "auto").name == "envpool"
+    assert resolve_backend("Hopper-v4", "auto").name == "gymnasium"  # only the verified ids
     pendulum = resolve_backend("Pendulum-v1", "auto")  # EnvPool has it, with other dynamics: gymnasium
     assert pendulum.name == "gymnasium" and "unclipped speed" in pendulum.reason
     assert "unclipped speed" in resolve_backend("Pendulum-v1", "envpool").reason  # on request, with the caveat

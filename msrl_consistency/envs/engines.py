@@ -45,10 +45,13 @@ ENVPOOL_FAMILIES = ("envpool.classic_control", "envpool.box2d", "envpool.mujoco.
 ENVPOOL_PIN = "envpool==1.2.5"
 # ``auto`` picks EnvPool only for ids whose EnvPool port was checked against gymnasium 1.4 (tests/test_env_engines.py,
 # bench/engine_agreement.py): one-step observation differences of float32/float64 rounding only (<= 5e-7) for
-# classic control; for Box2D, whose terrain comes from another RNG, episode statistics and trained-policy returns.
+# classic control and MuJoCo (gymnasium on mujoco 4.0: <= 1.3e-7; Hopper's whole random-action episodes agree to
+# 5e-15); for Box2D, whose terrain comes from another RNG, episode statistics and trained-policy returns.
 VERIFIED_IDS = {"CartPole-v0": "envpool.classic_control", "CartPole-v1": "envpool.classic_control",
                 "Acrobot-v1": "envpool.classic_control", "MountainCar-v0": "envpool.classic_control",
-                "MountainCarContinuous-v0": "envpool.classic_control", "BipedalWalker-v3": "envpool.box2d"}  # fmt: skip
+                "MountainCarContinuous-v0": "envpool.classic_control", "BipedalWalker-v3": "envpool.box2d",
+                "Hopper-v5": "envpool.mujoco.gym", "Walker2d-v5": "envpool.mujoco.gym",
+                "HalfCheetah-v5": "envpool.mujoco.gym"}  # fmt: skip
 KNOWN_DIFFERENCES = {
     "Pendulum-v1": "EnvPool's Pendulum-v1 integrates the angle with the unclipped speed (gym <= 0.21), gymnasium 1.x "
     "with the speed clipped to 8 first: trajectories differ whenever the speed clip engages",
