@@ -12,7 +12,8 @@ import pytest
 from inference.errors import UsageError
 from msrl_consistency import train
 from msrl_consistency.artifacts import run_dir as rd
-from msrl_consistency.config import parse_config
+from msrl_consistency.config import available_presets, parse_config
+from msrl_consistency.envs.engines import resolve_backend
 
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1",
         "--eval-episodes", "0", "--progress", "false"]  # fmt: skip
@@ -89,6 +90,15 @@ def test_config_file_errors(tmp_path):
     cfg = parse_config(["--config", str(good), "--num-steps", "8", "--num-minibatches", "2"])
     # preset < file < flags
     assert (cfg.env_id, cfg.num_envs, cfg.num_steps, cfg.gamma) == ("Pendulum-v1", 3, 8, 0.9)
+
+
+@pytest.mark.parametrize("env_id", available_presets())
+def test_every_preset_is_a_valid_config_on_a_verified_engine(env_id):
+    cfg = parse_config(["--env-id", env_id])
+    assert cfg.env_id == env_id and cfg.num_iterations >= 1  # parse_config validated every field
+    # auto: EnvPool where its port was verified against gymnasium; Pendulum's EnvPool port differs
+    expected = "gymnasium" if env_id == "Pendulum-v1" else "envpool"
+    assert resolve_backend(env_id, cfg.env_backend).name == expected
 
 
 @pytest.fixture(scope="module")

@@ -68,10 +68,10 @@ def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
     assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "evals"))
 
 
-# EnvPool's state is restored by replaying each env's resets and current episode (Box2D included); gymnasium's
-# classic-control envs are pickled.
+# EnvPool's state is restored by replaying each env's resets and current episode (Box2D and MuJoCo included);
+# gymnasium's classic-control envs are pickled.
 @pytest.mark.parametrize(("env_id", "backend"), [("CartPole-v1", "envpool"), ("BipedalWalker-v3", "envpool"),
-                                                 ("CartPole-v1", "gymnasium")])  # fmt: skip
+                                                 ("Hopper-v5", "envpool"), ("CartPole-v1", "gymnasium")])  # fmt: skip
 def test_resume_equals_uninterrupted_run(tmp_path, env_id, backend):
     cfg = tiny_config(env_id=env_id, env_backend=backend, total_steps=192)  # 6 iterations, checkpoints every 2
     train(cfg, tmp_path / "full")
