@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from inference.errors import UsageError, run_cli
+from msrl_consistency.artifacts import run_dir as rd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="exit codes: 0 ok, 1 self-check failed (nothing written), 2 usage/input error",
     )
-    p.add_argument("--ckpt", type=Path, help="checkpoint.ckpt inside a training run directory, or your Cell's")
+    p.add_argument("--ckpt", type=Path, help="a training run directory (or its checkpoint.ckpt), or your Cell's .ckpt")
     p.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell: FACTORY() returns it (MODULE "
                    "importable from the current directory); needs --contract")  # fmt: skip
     p.add_argument("--contract", type=Path, help="policy contract TOML for --cell (see examples/bring-your-own/)")
@@ -51,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     options.validate()  # every argument checked before any work
     if args.cell is None and args.ckpt is None:
         raise UsageError("pass --ckpt RUN/checkpoint.ckpt, or --cell MODULE:FACTORY --contract C.toml [--ckpt CKPT]")
-    for path in (args.ckpt, args.contract):
-        if path is not None and not path.is_file():
-            raise UsageError(f"file not found: {path}")
+    if args.ckpt is not None:
+        args.ckpt = rd.checkpoint_path(args.ckpt)
+    if args.contract is not None and not args.contract.is_file():
+        raise UsageError(f"file not found: {args.contract}")
     from msrl_consistency import api
 
     if args.cell is not None:

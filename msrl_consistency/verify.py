@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from inference.check import DEPLOY_SIDE_RUNTIMES, check_golden, finish, names, parse_tolerance, prepare_out
 from inference.errors import UsageError, run_cli
+from msrl_consistency.artifacts import run_dir as rd
 
 if TYPE_CHECKING:
     from inference.bundle import Bundle
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_argument_group("what to verify")
     model.add_argument("--mindir", type=Path, help="a .mindir: inside a bundle, or exported by you (with --contract)")
     model.add_argument("--bundle", type=Path, help="bundle directory")
-    model.add_argument("--ckpt", type=Path, help="checkpoint of the training path (default: the manifest's)")
+    model.add_argument("--ckpt", type=Path,
+                       help="the training path's checkpoint, or the run dir holding it (default: the manifest's)")
     model.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell: FACTORY() returns it (MODULE "
                        "importable from the current directory)")  # fmt: skip
     model.add_argument("--contract", type=Path, help="policy contract TOML (needed for a MindIR outside a bundle)")
@@ -86,7 +88,9 @@ def _check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"unknown runtime {name!r}; choose from {', '.join(RUNTIMES)}")
     if args.golden and (args.cell or args.ckpt):
         raise UsageError("--golden replaces the training path: drop --cell/--ckpt")
-    for path in (args.ckpt, args.contract, args.golden, args.baseline, args.observations_file):
+    if args.ckpt is not None:
+        args.ckpt = rd.checkpoint_path(args.ckpt)
+    for path in (args.contract, args.golden, args.baseline, args.observations_file):
         if path is not None and not path.is_file():
             raise UsageError(f"file not found: {path}")
     prepare_out(args.out)

@@ -97,3 +97,15 @@ def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(cartpole_ckpt, tmp
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert_usage_error(proc, "cannot write the bundle")
     assert list(out.parent.iterdir()) == []  # no bundle, no temp dir
+
+
+def test_export_takes_a_run_directory_for_its_checkpoint(cartpole_ckpt, tmp_path):
+    proc = cli("export", "--ckpt", str(cartpole_ckpt.parent), "--out", str(tmp_path / "b"), "--formats", "mindir")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    source = json.loads((tmp_path / "b" / "manifest.json").read_text())["source"]
+    assert source["checkpoint"] == str(cartpole_ckpt.resolve())
+    assert_usage_error(cli("export", "--ckpt", str(tmp_path / "b"), "--out", str(tmp_path / "c")),
+                       "directory without a checkpoint.ckpt")  # fmt: skip
+    assert_usage_error(cli("verify", "--bundle", str(tmp_path / "b"), "--ckpt", str(tmp_path / "nowhere")),
+                       "file not found")  # fmt: skip
+    assert not (tmp_path / "c").exists()

@@ -94,6 +94,17 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def checkpoint_path(path: Path) -> Path:
+    """``--ckpt`` as given to export and verify: a checkpoint file, or a training run directory holding one."""
+    if path.is_dir():
+        if (path / CHECKPOINT).is_file():
+            return path / CHECKPOINT
+        raise UsageError(f"{path} is a directory without a {CHECKPOINT}: pass a training run directory or a .ckpt file")
+    if not path.is_file():
+        raise UsageError(f"file not found: {path}")
+    return path
+
+
 def save_resume_state(path: Path, state: dict[str, Any]) -> None:
     payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
     write_bytes_atomic(path, _STATE_MAGIC + hashlib.sha256(payload).digest() + payload)
