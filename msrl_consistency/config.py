@@ -112,6 +112,10 @@ class TrainConfig:
     """Multiply rewards by this before GAE (training signal only; returns are reported unscaled). Keeps the value
     targets near unit scale, so the critic's gradients do not swamp the actor's under the shared global-norm clip
     (Hopper-v5: 0.01; unscaled, its policy stalled)."""
+    normalize_reward: bool = False
+    """Also divide rewards by the running std of each env's discounted return, then clip them to [-10, 10]
+    (CleanRL's reward normalisation; statistics updated between iterations, merged over ranks, kept on resume).
+    An alternative to choosing --reward-scale, which still multiplies first."""
     checkpoint_every: int = 10
     """Write a checkpoint every N iterations (and always at the end)."""
     eval_episodes: int = 10

@@ -166,3 +166,42 @@ def test_updates_per_call_is_a_config_choice(tmp_path):
     a, b = weights(tmp_path / "eight"), weights(tmp_path / "two")
     for name in a:
         np.testing.assert_allclose(a[name], b[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_reward_normalisation_divides_by_the_running_return_std(tmp_path):
+    """--normalize-reward: rewards divided by the std of every env's discounted return, measured over the previous
+    iterations (the first rollout has none yet, so only --reward-scale applies)."""
+    cfg = tiny_config(normalize_reward=True, num_envs=4, num_steps=64)
+    rd.prepare_new_run_dir(tmp_path / "direct")
+    trainer = Trainer(cfg, tmp_path / "direct")
+    try:
+        buf = trainer.collect()
+        np.testing.assert_array_equal(buf["rewards"], 1.0)  # CartPole: 1 per step, no truncation within 64 steps
+        expected, running = np.zeros((64, 4)), np.zeros(4)
+        for t in range(64):
+            running = running * cfg.gamma + 1.0
+            expected[t] = running
+            running[buf["dones"][t]] = 0.0
+        assert buf["dones"].any(), "the rollout must end episodes"
+        np.testing.assert_allclose(buf["returns_seen"], expected)
+        merged = trainer.merge_ranks(buf, trainer.update(buf))
+        trainer.ret_rms.update_from_moments(*merged["ret_moments"])
+        assert trainer.ret_rms.var[0] == pytest.approx(expected.var(), rel=1e-3)
+        following = trainer.collect()
+        np.testing.assert_allclose(following["rewards"], 1.0 / np.sqrt(expected.var()), rtol=1e-3)
+    finally:
+        trainer.close()
+
+
+def test_reward_normalisation_resumes_exactly(tmp_path):
+    cfg = tiny_config(normalize_reward=True, total_steps=192)
+    train(cfg, tmp_path / "full")
+    train(cfg, tmp_path / "cut", stop_at=3)
+    state = rd.load_resume_state(tmp_path / "cut" / rd.RESUME_STATE)
+    assert state["ret_rms"][2] > 1  # the statistics are in the checkpoint
+    train(cfg, tmp_path / "cut", state=state)
+    assert metrics_without_timing(tmp_path / "full") == metrics_without_timing(tmp_path / "cut")
+    assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
+    plain = tiny_config(total_steps=192)
+    train(plain, tmp_path / "plain")
+    assert metrics_without_timing(tmp_path / "plain") != metrics_without_timing(tmp_path / "full")

@@ -29,7 +29,7 @@ from inference.errors import INTERRUPTS, UsageError
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, RolloutPolicy
 from msrl_consistency.agent.policy import unpack_rollout
-from msrl_consistency.agent.preprocess import RunningMeanStd, batch_moments, merge_moments
+from msrl_consistency.agent.preprocess import NORM_EPS, RunningMeanStd, batch_moments, merge_moments
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.checkpoint import restore_parameters
 from msrl_consistency.artifacts.provenance import git_commit, versions
@@ -51,6 +51,7 @@ EPISODE_FIELDS = ["global_step", "env", "return", "length"]
 EVAL_FIELDS = ["iteration", "global_step", "return_mean", "return_min", "episodes", "seconds"]
 LOG_FIELDS = {"metrics": METRIC_FIELDS, "episodes": EPISODE_FIELDS, "evals": EVAL_FIELDS}
 NOISE_STREAM, SHUFFLE_STREAM, RESUME_RESET_STREAM = 1, 2, 3
+REWARD_CLIP = 10.0  # --normalize-reward clips the normalised rewards, as CleanRL's wrapper does
 
 
 def stream_entropy(seed: int, stream: int, rank: int = 0) -> list[int]:
@@ -164,6 +165,9 @@ class Trainer:
         self._train_call = compat.CompiledCall(self.train_step)
         self._rollout_call = compat.CompiledCall(self.rollout_net)
         self.rms = RunningMeanStd.zeros(self.spec.obs_dim)
+        # --normalize-reward: running statistics of every env's discounted return (raw rewards), and the returns.
+        self.ret_rms = RunningMeanStd.zeros(1)
+        self.disc_return = np.zeros(cfg.num_envs)
         self.noise_rng, self.shuffle_rng = seed_streams(cfg.seed, self.rank)
         self.env_seed = cfg.seed + self.rank * cfg.num_envs  # env i resets with env_seed + i
 
@@ -212,6 +216,8 @@ class Trainer:
             "dones": np.zeros((t_max, n), np.bool_),
         }
         finished: list[tuple[int, int, float, int]] = []
+        returns_seen = np.zeros((t_max, n)) if cfg.normalize_reward else None
+        reward_factor = self.reward_factor()
         clock = time.perf_counter
         start, env_time, act_before = clock(), 0.0, self.profile.seconds["acting"] + self.profile.seconds["compile"]
         for t in range(t_max):
@@ -221,7 +227,12 @@ class Trainer:
             next_obs, reward, terminated, truncated, infos = self.envs.step(env_action)
             env_time += clock() - t0
             buf["obs"][t], buf["actions"][t], buf["logp"][t], buf["values"][t] = self.obs, raw, logp, value
-            scaled = reward.astype(np.float32) * cfg.reward_scale
+            scaled = reward.astype(np.float32) * reward_factor
+            if returns_seen is not None:
+                self.disc_return = self.disc_return * cfg.gamma + reward
+                returns_seen[t] = self.disc_return
+                self.disc_return[terminated | truncated] = 0.0
+                scaled = np.clip(scaled, -REWARD_CLIP, REWARD_CLIP)
             bootstrap = truncated & ~terminated
             if bootstrap.any():
                 final_obs = next_obs.copy()
@@ -241,6 +252,8 @@ class Trainer:
         gae_time = clock() - t0
         buf["advantages"], buf["returns"] = adv, ret
         buf["finished"] = np.array(finished, np.float64).reshape(-1, 4)
+        if returns_seen is not None:
+            buf["returns_seen"] = returns_seen
         acting = self.profile.seconds["acting"] + self.profile.seconds["compile"] - act_before
         prof = self.profile
         prof.add("env stepping", env_time, t_max)
@@ -276,9 +289,11 @@ class Trainer:
         """
         t0 = time.perf_counter()
         moments = batch_moments(buf["obs"], self.spec.obs_dim) if self.cfg.normalize_obs else None
+        ret_moments = batch_moments(buf["returns_seen"], 1) if self.cfg.normalize_reward else None
         self.profile.add("normaliser statistics", time.perf_counter() - t0)
         report = {
             "moments": moments,
+            "ret_moments": ret_moments,
             "finished": buf["finished"],
             "stats": stats,
             "values": buf["values"].ravel(),
@@ -293,9 +308,11 @@ class Trainer:
         finished = finished[np.lexsort((finished[:, 1], finished[:, 4], finished[:, 0]))]  # by step, rank, env
         t0 = time.perf_counter()
         moments = merge_moments([r["moments"] for r in reports]) if self.cfg.normalize_obs else None
+        ret_moments = merge_moments([r["ret_moments"] for r in reports]) if self.cfg.normalize_reward else None
         self.profile.add("normaliser statistics", time.perf_counter() - t0, 0)
         return {
             "moments": moments,
+            "ret_moments": ret_moments,
             "finished": finished,  # step, env, return, length, rank
             "stats": {k: sum(r["stats"][k] for r in reports) / len(reports) for k in STEP_METRICS},
             "values": np.concatenate([r["values"] for r in reports]),
@@ -338,6 +355,8 @@ class Trainer:
                 self.rms.update_from_moments(*merged["moments"])
                 self.rms.copy_to(self.policy.normalizer)
                 self.profile.add("normaliser statistics", time.perf_counter() - t0, 0)
+            if cfg.normalize_reward:
+                self.ret_rms.update_from_moments(*merged["ret_moments"])
             self.iteration += 1
             finished = merged["finished"]
             self.episodes += len(finished)
@@ -452,6 +471,7 @@ class Trainer:
             "episodes": self.episodes,
             "params": {p.name: p.asnumpy() for p in self.train_step.get_parameters()},
             "rms": (self.rms.mean, self.rms.var, self.rms.count),
+            "ret_rms": (self.ret_rms.mean, self.ret_rms.var, self.ret_rms.count),
         }
 
     def local_state(self) -> dict[str, Any]:
@@ -464,6 +484,7 @@ class Trainer:
             "env_blobs": None if any(b is None for b in blobs) else list(blobs),
             "ep_return": self.ep_return,
             "ep_length": self.ep_length,
+            "disc_return": self.disc_return,
         }
 
     def checkpoint(self, eval_returns: list[float] | None = None) -> None:
@@ -481,11 +502,14 @@ class Trainer:
         restore_parameters({p.name: p for p in self.train_step.get_parameters()}, state["params"], "resume state")
         self.rms = RunningMeanStd(*state["rms"])
         self.rms.copy_to(self.policy.normalizer)
+        if "ret_rms" in state:  # resume states from before --normalize-reward hold neither
+            self.ret_rms = RunningMeanStd(*state["ret_rms"])
         self.iteration, self.global_step, self.episodes = state["iteration"], state["global_step"], state["episodes"]
         mine = state["ranks"][self.rank]
         self.noise_rng.bit_generator.state = mine["noise_rng"]
         self.shuffle_rng.bit_generator.state = mine["shuffle_rng"]
         self.ep_return, self.ep_length = mine["ep_return"], mine["ep_length"]
+        self.disc_return = mine.get("disc_return", np.zeros(self.cfg.num_envs))
         if mine["env_blobs"] is not None:
             self.envs.set_attr("state_blob", mine["env_blobs"])
             self.obs = mine["obs"]
@@ -494,6 +518,7 @@ class Trainer:
             self.resume_exact = False
             self.obs, _ = self.envs.reset(seed=self.env_seed + RESUME_RESET_STREAM * 1_000_003 + self.iteration)
             self.ep_return[:], self.ep_length[:] = 0.0, 0
+            self.disc_return[:] = 0.0
 
     def run_info(self, eval_returns: list[float] | None = None) -> dict[str, Any]:
         cfg = self.cfg
@@ -508,6 +533,8 @@ class Trainer:
                 "count": self.rms.count,
                 "clip": cfg.clip_obs,
                 "enabled": cfg.normalize_obs,
+                "reward": {"enabled": cfg.normalize_reward, "return_var": float(self.ret_rms.var[0]),
+                           "count": self.ret_rms.count, "factor": self.reward_factor(), "clip": REWARD_CLIP},
             },
             seeds=seed_plan(cfg, self.world_size),
             progress={
@@ -574,6 +601,14 @@ class Trainer:
             graphs += 1
         self._compiled.update({"act", "train"})
         self.profile.add("compile", time.perf_counter() - t0, graphs)
+
+    def reward_factor(self) -> float:
+        """What rewards are multiplied by in this iteration's rollout: ``reward_scale``, divided by the running std
+        of the discounted return with --normalize-reward (frozen for the iteration, like the observation
+        statistics)."""
+        if not self.cfg.normalize_reward:
+            return self.cfg.reward_scale
+        return self.cfg.reward_scale / float(np.sqrt(self.ret_rms.var[0] + NORM_EPS))
 
     # -- hot-path helpers -----------------------------------------------------------------------------
     def _act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
