@@ -402,6 +402,8 @@ class Trainer:
         state = {p.name: p.asnumpy() for p in self.train_step.get_parameters()}
         state["host.obs_mean"], state["host.obs_var"] = self.rms.mean, self.rms.var
         state["host.obs_count"] = np.float64(self.rms.count)
+        state["host.return_mean"], state["host.return_var"] = self.ret_rms.mean, self.ret_rms.var
+        state["host.return_count"] = np.float64(self.ret_rms.count)
         return state
 
     def check_consistency(self) -> list[str]:
