@@ -7,7 +7,7 @@ decides, use ``--jobs 1``: two runs sharing 2 cores penalise the candidates that
 false``), so the wall column compares with the rows measured before the compile cache. Per candidate it reports how
 many seeds reached the env's target and when: CartPole's training mean of 10 episodes staying >= 475
 (``train_throughput.steps_to_threshold``), or the first periodic evaluation (5 episodes) at or above the threshold
-(Pendulum >= -200, BipedalWalker >= 300), plus the final evaluation (10 episodes).
+(Pendulum >= -200, BipedalWalker >= 300, Hopper >= 3000), plus the final evaluation (5 episodes).
 
     .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10                       # the preset
     .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10 --name 32x8 \\
