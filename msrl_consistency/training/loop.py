@@ -227,22 +227,23 @@ class Trainer:
             next_obs, reward, terminated, truncated, infos = self.envs.step(env_action)
             env_time += clock() - t0
             buf["obs"][t], buf["actions"][t], buf["logp"][t], buf["values"][t] = self.obs, raw, logp, value
+            done = terminated | truncated
             scaled = reward.astype(np.float32) * reward_factor
             if returns_seen is not None:
                 self.disc_return = self.disc_return * cfg.gamma + reward
                 returns_seen[t] = self.disc_return
-                self.disc_return[terminated | truncated] = 0.0
+                self.disc_return[done] = 0.0
                 scaled = np.clip(scaled, -REWARD_CLIP, REWARD_CLIP)
             bootstrap = truncated & ~terminated
             if bootstrap.any():
                 final_obs = next_obs.copy()
                 final_obs[bootstrap] = np.stack(infos["final_obs"][bootstrap])
                 scaled[bootstrap] += cfg.gamma * self._values(final_obs)[bootstrap]
-            buf["rewards"][t], buf["dones"][t] = scaled, terminated | truncated
+            buf["rewards"][t], buf["dones"][t] = scaled, done
             self.ep_return += reward
             self.ep_length += 1
             self.global_step += n * self.world_size
-            for i in np.flatnonzero(terminated | truncated):
+            for i in np.flatnonzero(done):
                 finished.append((t, int(i), float(self.ep_return[i]), int(self.ep_length[i])))
                 self.ep_return[i], self.ep_length[i] = 0.0, 0
             self.obs = next_obs
