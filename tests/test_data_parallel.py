@@ -27,10 +27,11 @@ from msrl_consistency.artifacts.checkpoint import read_checkpoint
 from msrl_consistency.training.distributed import FAULT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
-# 6 iterations of 2 ranks x 2 envs x 16 steps; checkpoints every 2 iterations.
+# 6 iterations of 2 ranks x 2 envs x 16 steps; checkpoints every 2 iterations. Reward normalisation is on so that
+# its statistics, like the observation statistics, are merged over ranks, checked equal and resumed.
 ARGS = ["--env-id", "CartPole-v1", "--workers", "2", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
         "--update-epochs", "2", "--total-steps", "384", "--checkpoint-every", "2", "--eval-episodes", "2",
-        "--progress", "false"]  # fmt: skip
+        "--normalize-reward", "true", "--progress", "false"]  # fmt: skip
 TIMING_COLUMNS = {"sps", "wall_time"}
 
 
@@ -91,6 +92,9 @@ def test_two_workers_agree_and_rank0_checkpoint_exports_and_verifies(full_run, t
     assert len(info["rank_checksums"]) == 2 and info["rank_checksums"][0] == info["rank_checksums"][1]
     assert info["seeds"]["ranks"][1]["env_reset"] == [3, 4] and info["seeds"]["ranks"][1]["noise"] == [1, 1, 1]
     assert [int(r["global_step"]) for r in metrics(full_run)] == [64, 128, 192, 256, 320, 384]
+    state = rd.load_resume_state(full_run / rd.RESUME_STATE)
+    # Both ranks' discounted returns went into the reward statistics (one rank's alone: 192 of them).
+    assert state["ret_rms"][2] == pytest.approx(384 + 1e-4) and state["rms"][2] == pytest.approx(384 + 1e-4)
     with open(full_run / rd.EPISODES_CSV, newline="") as fh:
         envs = {int(r["env"]) for r in csv.DictReader(fh)}
     assert envs & {0, 1} and envs & {2, 3}  # episodes of both ranks, logged once by rank 0
