@@ -84,6 +84,10 @@ class TrainConfig:
     update_epochs up to 4); a call may span an epoch boundary. Each one is unrolled in the graph: fewer cost less
     compile time and memory (BipedalWalker preset: 784 MB peak RSS with 8, 692 MB with 2, at the same speed) and
     change results only in the last bits."""
+    update_graphs: str = "fused"
+    """fused: updates_per_call whole minibatch updates per compiled call. split: each minibatch update as two small
+    graphs (gradients; clip + Adam), which MindSpore's CPU runtime runs in the calling thread when each has at most 100
+    kernels (64-64 MLPs); one process, fp32 only (see training/ppo.py, SplitUpdate)."""
     norm_adv: bool = True
     """Normalise advantages per minibatch."""
     clip_coef: float = 0.2
@@ -211,6 +215,11 @@ class TrainConfig:
             raise UsageError(f"--adv-norm-scope must be global or rank, got {self.adv_norm_scope!r}")
         if self.update_precision not in ("fp32", "fp16", "bf16"):
             raise UsageError(f"--update-precision must be fp32, fp16 or bf16, got {self.update_precision!r}")
+        if self.update_graphs not in ("fused", "split"):
+            raise UsageError(f"--update-graphs must be fused or split, got {self.update_graphs!r}")
+        if self.update_graphs == "split" and (self.update_precision != "fp32" or self.workers > 1):
+            raise UsageError("--update-graphs split runs one process with --update-precision fp32; use fused for "
+                             "data parallel or a mixed-precision update")  # fmt: skip
         if not 0 <= self.master_port <= 65535:
             raise UsageError(f"--master-port must be 0 (a free port) or a port number, got {self.master_port}")
         if not self.master_addr.strip():

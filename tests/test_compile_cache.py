@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from msrl_consistency import compat
 from msrl_consistency.artifacts import run_dir as rd
@@ -90,19 +91,23 @@ def weights(run_dir: Path) -> dict[str, np.ndarray]:
     return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(run_dir / rd.CHECKPOINT)).items()}
 
 
-def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path):
+# fused: act, train step, evaluation. split: act, prepare, gradients, clip + Adam, evaluation. Each compiled once.
+@pytest.mark.parametrize(("update_graphs", "graphs"), [("fused", 3), ("split", 5)])
+def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path, update_graphs, graphs):
     cache_dir = tmp_path / "cache"
-    cold = train(tmp_path / "cold", cache_dir, "--seed", "1", "--total-steps", "64")
+    flags = ("--update-graphs", update_graphs)
+    cold = train(tmp_path / "cold", cache_dir, "--seed", "1", "--total-steps", "64", *flags)
     assert cold["compile_cache"]["state"] == "cold"
     published = cache_dir / cold["compile_cache"]["key"]
     assert json.loads((published / "key.json").read_text())["config"]["clip_coef"] == 0.2
-    assert count_graphs(published) == 3  # act, train step, evaluation: each compiled once
+    assert count_graphs(published) == graphs
     assert not [p for p in cache_dir.iterdir() if p.name.startswith(".")]  # no working copy left behind
 
     # Another seed and step budget: the same graphs, loaded rather than compiled.
-    warm = train(tmp_path / "warm", cache_dir, "--seed", "2", "--total-steps", "96")
-    assert warm["compile_cache"] == {**cold["compile_cache"], "state": "warm", "graphs_loaded": 3}
-    plain = train(tmp_path / "plain", cache_dir, "--seed", "2", "--total-steps", "96", "--compile-cache", "false")
+    warm = train(tmp_path / "warm", cache_dir, "--seed", "2", "--total-steps", "96", *flags)
+    assert warm["compile_cache"] == {**cold["compile_cache"], "state": "warm", "graphs_loaded": graphs}
+    plain = train(tmp_path / "plain", cache_dir, "--seed", "2", "--total-steps", "96", "--compile-cache", "false",
+                  *flags)  # fmt: skip
     assert plain["compile_cache"]["state"] == "off"
     assert metrics(tmp_path / "warm") == metrics(tmp_path / "plain")
     assert warm["eval"] == plain["eval"]

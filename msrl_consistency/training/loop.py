@@ -40,7 +40,7 @@ from msrl_consistency.training import distributed as dist
 from msrl_consistency.training import precision as mp
 from msrl_consistency.training.compile_cache import CompileCache
 from msrl_consistency.training.gae import compute_gae
-from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep
+from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep, SplitUpdate
 from msrl_consistency.training.profile import PROFILE_JSON, Profile, format_table, peak_rss_mb
 
 METRIC_FIELDS = [
@@ -164,6 +164,11 @@ class Trainer:
         # Hot-path calls skip Cell.__call__'s per-call bookkeeping (see compat.CompiledCall).
         self._train_call = compat.CompiledCall(self.train_step)
         self._rollout_call = compat.CompiledCall(self.rollout_net)
+        self._split: SplitUpdate | None = SplitUpdate(self.train_step) if cfg.update_graphs == "split" else None
+        if self._split is not None:
+            self._split_calls = [compat.CompiledCall(c) for c in (self._split.prepare, self._split.gradients,
+                                                                  self._split.apply)]  # fmt: skip
+            self._minibatch = [Tensor(u, ms.int32) for u in range(cfg.iteration_updates)]
         self.rms = RunningMeanStd.zeros(self.spec.obs_dim)
         # --normalize-reward: running statistics of every env's discounted return (raw rewards), and the returns.
         self.ret_rms = RunningMeanStd.zeros(1)
@@ -275,12 +280,29 @@ class Trainer:
         per_call = self.train_step.updates_per_call
         # Every epoch's shuffle, drawn in order; a call's minibatches may span an epoch boundary.
         perms = np.stack([self.shuffle_rng.permutation(batch) for _ in range(cfg.update_epochs)]).astype(np.int32)
+        if self._split is not None:
+            return self._split_update(flat, perms.reshape(-1, cfg.minibatch_size))
         for idx in perms.reshape(-1, per_call, cfg.minibatch_size):
             t0 = time.perf_counter()
             sums += self._train_call(*flat, Tensor(idx)).asnumpy().sum(axis=0)
             self._timed("train", "update", time.perf_counter() - t0)
             count += per_call
         return dict(zip(STEP_METRICS, (sums / count).tolist(), strict=True))
+
+    def _split_update(self, flat: list[Tensor], idx: np.ndarray) -> dict[str, float]:
+        """``update`` as ``SplitUpdate``'s graphs: one prepare call, then gradients and apply per minibatch."""
+        prepare, gradients, apply = self._split_calls
+        obs, actions, logp, adv, returns, values = flat
+        idx_t = Tensor(idx)
+        t0 = time.perf_counter()
+        x, actions, mb_adv = prepare(obs, actions, adv, idx_t)
+        sums = np.zeros(len(STEP_METRICS))
+        for u in range(len(idx)):
+            aux, *grads = gradients(x, actions, logp, mb_adv, returns, values, idx_t, self._minibatch[u])
+            apply(*grads)
+            sums += aux.asnumpy()
+        self._timed("train", "update", time.perf_counter() - t0)
+        return dict(zip(STEP_METRICS, (sums / len(idx)).tolist(), strict=True))
 
     def merge_ranks(self, buf: dict[str, np.ndarray], stats: dict[str, float]) -> dict[str, Any]:
         """The one per-iteration exchange: every rank gets every rank's statistics, episodes and metrics.
@@ -596,9 +618,16 @@ class Trainer:
         rows, per_call = cfg.batch_size, self.train_step.updates_per_call
         act_shape = () if spec.discrete else (spec.action_dim,)
         shapes = [(rows, spec.obs_dim), (rows, *act_shape), (rows,), (rows,), (rows,), (rows,)]  # as in ``update``
-        self.train_step.compile(*(Tensor(np.zeros(shape, np.float32)) for shape in shapes),
-                                Tensor(np.zeros((per_call, cfg.minibatch_size), np.int32)))  # fmt: skip
-        graphs = 2
+        zeros = [Tensor(np.zeros(shape, np.float32)) for shape in shapes]
+        if self._split is None:
+            self.train_step.compile(*zeros, Tensor(np.zeros((per_call, cfg.minibatch_size), np.int32)))
+        else:  # prepare, gradients, apply: each run once on zeros would change Adam's state, so compile only
+            obs, actions, logp, adv, returns, values = zeros
+            idx = Tensor(np.zeros((cfg.iteration_updates, cfg.minibatch_size), np.int32))
+            x, acts, mb_adv = self._split_calls[0](obs, actions, adv, idx)  # stateless: running it is harmless
+            self._split.gradients.compile(x, acts, logp, mb_adv, returns, values, idx, self._minibatch[0])
+            self._split.apply.compile(*(Tensor(np.zeros(p.shape, np.float32)) for p in self.optimizer.parameters))
+        graphs = 2 if self._split is None else 4
         if cfg.eval_episodes > 0 and self._deterministic is None:
             self._compile_deterministic()
             graphs += 1

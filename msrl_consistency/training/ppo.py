@@ -235,6 +235,14 @@ class PPOTrainStep(nn.Cell):
         values: Tensor,
         idx: Tensor,
     ) -> Tensor:
+        x, actions, mb_adv = self.prepare(obs, actions, adv, idx)
+        rows = [self.update(x, actions, logp, mb_adv[0], returns, values, idx[0])]
+        for i in range(1, self.updates_per_call):
+            rows.append(self.update(x, actions, logp, mb_adv[i], returns, values, ops.depend(idx[i], rows[-1])))
+        return ops.stack(rows)
+
+    def prepare(self, obs: Tensor, actions: Tensor, adv: Tensor, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(normalised observations, prepared actions, per-minibatch normalised advantages ``[updates, minibatch]``)."""
         x = ops.stop_gradient(self.normalizer(obs))
         actions = self.loss_net.policy.prepare_actions(actions)
         mb_adv = ops.gather(adv, idx, 0)  # [updates, minibatch]
@@ -242,10 +250,7 @@ class PPOTrainStep(nn.Cell):
             mb_adv = (mb_adv - mb_adv.mean(axis=1, keep_dims=True)) / (mb_adv.std(axis=1, ddof=1, keepdims=True) + 1e-8)
         elif self.norm_adv:
             mb_adv = self.normalize_across_ranks(mb_adv)
-        rows = [self.update(x, actions, logp, mb_adv[0], returns, values, idx[0])]
-        for i in range(1, self.updates_per_call):
-            rows.append(self.update(x, actions, logp, mb_adv[i], returns, values, ops.depend(idx[i], rows[-1])))
-        return ops.stack(rows)
+        return x, actions, mb_adv
 
     def normalize_across_ranks(self, mb_adv: Tensor) -> Tensor:
         """Per-minibatch normalisation over the union of every rank's minibatch (two-pass, unbiased std)."""
@@ -269,10 +274,13 @@ class PPOTrainStep(nn.Cell):
         if self.loss_scale is not None:
             return self.scaled_update(batch)
         (_, aux), grads = self.grad_fn(*batch)
+        return ops.depend(aux, self.apply(grads))
+
+    def apply(self, grads: tuple[Tensor, ...]) -> Tensor:
+        """Average over ranks (data parallel), clip to the global norm, one Adam step."""
         if self.grad_reducer is not None:
             grads = self.grad_reducer(grads)
-        grads = clip_by_global_norm(grads, self.max_grad_norm)
-        return ops.depend(aux, self.optimizer(grads))
+        return self.optimizer(clip_by_global_norm(grads, self.max_grad_norm))
 
     def scaled_update(self, batch: tuple[Tensor, ...]) -> Tensor:
         """fp16: backward on the scaled loss; average, unscale, and skip the step if any gradient overflowed.
@@ -298,3 +306,65 @@ class PPOTrainStep(nn.Cell):
         for p, old in zip(self.step_state, before):  # noqa: B905 - graph mode: no strict= (equal lengths)
             kept += (ops.assign(p, ops.select(finite, ops.depend(p, applied), old)),)
         return ops.depend(aux, kept)
+
+
+class SplitUpdate:
+    """A minibatch update as two small graphs, ``PPOTrainStep``'s own code cut at the gradients.
+
+    MindSpore 2.10's CPU runtime runs a graph in the calling thread when it has at most 100 kernels and one actor
+    thread (ours: ``threads = 1``); larger graphs go through its actor thread pool, where each kernel is a message
+    between threads (``GraphScheduler::CheckSingleThreadRunningCondition``; ``bench/kernel_cost.py``: ~30-40% more
+    per kernel above the limit). One update of a 64-64 actor-critic is ~150-200 kernels; its gradients (~85-90) and
+    its clip + Adam (~35-50) each fit. Per iteration: one ``prepare`` call (normalised observations, prepared
+    actions, every minibatch's normalised advantages), then two calls per minibatch update. The same kernels in the
+    same order as ``PPOTrainStep``, so the same floats (``tests/test_training.py``). One process, fp32.
+    """
+
+    def __init__(self, step: PPOTrainStep) -> None:
+        if step.loss_scale is not None or step.grad_reducer is not None or step.adv_all_reduce is not None:
+            raise ValueError("a split update runs one process in fp32")
+        self.prepare = _Prepare(step)
+        self.gradients = _Gradients(step)
+        self.apply = _Apply(step)
+
+
+class _Prepare(nn.Cell):
+    def __init__(self, step: PPOTrainStep) -> None:
+        super().__init__(auto_prefix=False)  # wrapping must not rename the step's Parameters (checkpoints use names)
+        self.step = step
+
+    def construct(self, obs: Tensor, actions: Tensor, adv: Tensor, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.step.prepare(obs, actions, adv, idx)
+
+
+class _Gradients(nn.Cell):
+    """(the ``STEP_METRICS`` row, gradients...) of minibatch ``u`` (``mb_adv`` and ``idx`` hold every minibatch)."""
+
+    def __init__(self, step: PPOTrainStep) -> None:
+        super().__init__(auto_prefix=False)  # wrapping must not rename the step's Parameters (checkpoints use names)
+        self.step = step
+
+    def construct(
+        self, x: Tensor, actions: Tensor, logp: Tensor, mb_adv: Tensor, returns: Tensor, values: Tensor,
+        idx: Tensor, u: Tensor,
+    ) -> tuple[Tensor, ...]:  # fmt: skip
+        rows = ops.gather(idx, u, 0)
+        batch = (
+            ops.gather(x, rows, 0),
+            ops.gather(actions, rows, 0),
+            ops.gather(logp, rows, 0),
+            ops.gather(mb_adv, u, 0),
+            ops.gather(returns, rows, 0),
+            ops.gather(values, rows, 0),
+        )
+        (_, aux), grads = self.step.grad_fn(*batch)
+        return (aux, *grads)
+
+
+class _Apply(nn.Cell):
+    def __init__(self, step: PPOTrainStep) -> None:
+        super().__init__(auto_prefix=False)  # wrapping must not rename the step's Parameters (checkpoints use names)
+        self.step = step
+
+    def construct(self, *grads: Tensor) -> Tensor:
+        return self.step.apply(grads)
