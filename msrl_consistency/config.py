@@ -351,6 +351,10 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         values.update(load_toml(preset_path(env_id)))
     values.update(file_values)
     values.update(args)
+    # A preset's split update runs one process in fp32: data parallel and mixed precision fuse unless asked otherwise.
+    needs_fused = values.get("workers", 1) > 1 or values.get("update_precision", "fp32") != "fp32"
+    if "update_graphs" not in {**file_values, **args} and needs_fused:
+        values["update_graphs"] = "fused"
     cfg = from_dict(values)
     if not cfg.run_dir and not cfg.resume:
         cfg.run_dir = f"runs/{cfg.env_id}-s{cfg.seed}"

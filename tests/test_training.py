@@ -240,3 +240,15 @@ def test_split_update_refuses_what_it_does_not_run():
         tiny_config(update_graphs="split", workers=2).validate()
     with pytest.raises(UsageError, match="fused or split"):
         tiny_config(update_graphs="both").validate()
+
+
+def test_a_presets_split_update_gives_way_to_data_parallel_and_mixed_precision():
+    from msrl_consistency.config import parse_config
+
+    assert parse_config(["--env-id", "Pendulum-v1"]).update_graphs == "split"  # the preset's choice
+    assert parse_config(["--env-id", "Pendulum-v1", "--workers", "2"]).update_graphs == "fused"
+    assert parse_config(["--env-id", "Pendulum-v1", "--update-precision", "fp16"]).update_graphs == "fused"
+    from inference.errors import UsageError
+
+    with pytest.raises(UsageError, match="split runs one process"):  # asked for explicitly: a clear error
+        parse_config(["--env-id", "Pendulum-v1", "--workers", "2", "--update-graphs", "split"])
