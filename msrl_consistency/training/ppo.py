@@ -316,8 +316,8 @@ class SplitUpdate:
     between threads (``GraphScheduler::CheckSingleThreadRunningCondition``; ``bench/kernel_cost.py``: ~30-40% more
     per kernel above the limit). One update of a 64-64 actor-critic is ~150-200 kernels; its gradients (~85-90) and
     its clip + Adam (~35-50) each fit. Per iteration: one ``prepare`` call (normalised observations, prepared
-    actions, every minibatch's normalised advantages), then two calls per minibatch update. The same kernels in the
-    same order as ``PPOTrainStep``, so the same floats (``tests/test_training.py``). One process, fp32.
+    actions, every minibatch's normalised advantages), then two calls per minibatch update. The same updates as
+    ``PPOTrainStep`` up to last-bit rounding (``tests/test_training.py``). One process, fp32.
     """
 
     def __init__(self, step: PPOTrainStep) -> None:
