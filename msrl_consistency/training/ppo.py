@@ -263,18 +263,19 @@ class PPOTrainStep(nn.Cell):
     def update(
         self, x: Tensor, actions: Tensor, logp: Tensor, adv: Tensor, returns: Tensor, values: Tensor, idx: Tensor
     ) -> Tensor:
-        batch = (
-            ops.gather(x, idx, 0),
-            ops.gather(actions, idx, 0),
-            ops.gather(logp, idx, 0),
-            adv,
-            ops.gather(returns, idx, 0),
-            ops.gather(values, idx, 0),
-        )
+        batch = self.minibatch(x, actions, logp, adv, returns, values, idx)
         if self.loss_scale is not None:
             return self.scaled_update(batch)
         (_, aux), grads = self.grad_fn(*batch)
         return ops.depend(aux, self.apply(grads))
+
+    def minibatch(
+        self, x: Tensor, actions: Tensor, logp: Tensor, adv: Tensor, returns: Tensor, values: Tensor, idx: Tensor
+    ) -> tuple[Tensor, ...]:
+        """The loss's inputs for the rows ``idx`` (``adv`` is already this minibatch's)."""
+        gather = ops.gather
+        return (gather(x, idx, 0), gather(actions, idx, 0), gather(logp, idx, 0), adv, gather(returns, idx, 0),
+                gather(values, idx, 0))  # fmt: skip
 
     def apply(self, grads: tuple[Tensor, ...]) -> Tensor:
         """Average over ranks (data parallel), clip to the global norm, one Adam step."""
@@ -348,15 +349,7 @@ class _Gradients(nn.Cell):
         self, x: Tensor, actions: Tensor, logp: Tensor, mb_adv: Tensor, returns: Tensor, values: Tensor,
         idx: Tensor, u: Tensor,
     ) -> tuple[Tensor, ...]:  # fmt: skip
-        rows = ops.gather(idx, u, 0)
-        batch = (
-            ops.gather(x, rows, 0),
-            ops.gather(actions, rows, 0),
-            ops.gather(logp, rows, 0),
-            ops.gather(mb_adv, u, 0),
-            ops.gather(returns, rows, 0),
-            ops.gather(values, rows, 0),
-        )
+        batch = self.step.minibatch(x, actions, logp, ops.gather(mb_adv, u, 0), returns, values, ops.gather(idx, u, 0))
         (_, aux), grads = self.step.grad_fn(*batch)
         return (aux, *grads)
 
