@@ -9,18 +9,25 @@ rows estimate one PPO iteration (``num_steps`` act calls + all minibatch updates
     .venv/bin/python bench/update_cost.py --env CartPole-v1 --repeats 200
     .venv/bin/python bench/update_cost.py --precisions fp32,fp16 --ours-only   # ours' update per --update-precision
     .venv/bin/python bench/update_cost.py --env Pendulum-v1 --anatomy          # ours' update, stage by stage
+    .venv/bin/python bench/update_cost.py --env Pendulum-v1 --graph-kernel     # ours with MindSpore's kernel fusion
 
 ``--anatomy`` cuts ours' minibatch update after each stage (the policy MLPs' forward and backward under a stand-in
 loss, then PPO's loss, the gradient clip, Adam) and times the cut graphs side by side: which stage a change would
 have to shrink.
+
+``--graph-kernel`` times ours with and without MindSpore's graph-kernel fusion (AKG compiles fused kernels on the
+CPU; session 14), one process per setting and round, alternating, and reports the first calls' compile seconds too.
+The Trainer does not use it: see ``results/graph_kernel.md`` for why.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,11 +88,27 @@ def ours_on_synthetic_data(env_id: str, precision: str = "fp32") -> tuple[Any, A
     return cfg, spec, learner, rng, data
 
 
+def enable_graph_kernel() -> None:
+    """MindSpore's graph-kernel fusion, as measured in session 14 (2.10, CPU).
+
+    ``set_context(enable_graph_kernel=True)`` is deprecated for ``jit_config={"jit_level": "O1"}``, but O1 fuses
+    nothing on the CPU (no AKG kernel is built). AKG's compiler imports the ``decorator`` package, links every fused
+    kernel with g++ (again in every process, compile cache or not), writes the kernels under
+    ``$MS_COMPILER_CACHE_PATH/akg_kernel_meta`` (else ``./``) and a ``dsa_transfrom.log`` into the working directory:
+    the worker runs in a temporary directory.
+    """
+    import mindspore as ms
+
+    os.environ["MS_COMPILER_CACHE_PATH"] = os.getcwd()
+    ms.set_context(enable_graph_kernel=True)
+
+
 def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, float]:
     from mindspore import Tensor
 
     from msrl_consistency import compat
 
+    started = time.perf_counter()
     cfg, spec, learner, rng, data = ours_on_synthetic_data(env_id, precision)
     rollout_net, step = learner.rollout_net, learner.train_step
     k = step.updates_per_call
@@ -94,6 +117,9 @@ def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, fl
     noise = spec.sample_noise(rng, cfg.num_envs)
 
     fast_act, fast_step = compat.CompiledCall(rollout_net), compat.CompiledCall(step)
+    fast_act(Tensor(obs), Tensor(noise)).asnumpy()
+    fast_step(*data, Tensor(idx)).asnumpy()
+    compile_s = time.perf_counter() - started  # building the Cells and the first calls: mostly their compiles
     acts = seconds_per_call(
         {
             "act (Cell.__call__)": lambda: rollout_net(Tensor(obs), Tensor(noise)).asnumpy(),
@@ -108,7 +134,7 @@ def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, fl
         },
         max(1, repeats // k),
     )
-    return {**acts, **{name: t / k for name, t in calls.items()}}  # per minibatch update
+    return {**acts, **{name: t / k for name, t in calls.items()}, "compile": compile_s}  # per minibatch update
 
 
 ANATOMY = (
@@ -216,10 +242,15 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32", help="ours' --update-precision values to time, e.g. fp32,fp16")
     parser.add_argument("--ours-only", action="store_true", help="skip the PyTorch twin (no bench extra needed)")
     parser.add_argument("--anatomy", action="store_true", help="ours' minibatch update, timed stage by stage")
+    parser.add_argument("--graph-kernel", action="store_true", help="ours with and without graph-kernel fusion")
+    parser.add_argument("--rounds", type=int, default=3, help="--graph-kernel: worker processes per setting")
     parser.add_argument("--worker", choices=["ours", "torch", "anatomy"], help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+    parser.add_argument("--fused-kernels", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        if args.fused_kernels:
+            enable_graph_kernel()
         runs = {
             "ours": lambda: run_ours(args.env, args.repeats, args.precision),
             "torch": lambda: run_torch(args.env, args.repeats),
@@ -229,13 +260,22 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    def worker(name: str, precision: str = "fp32") -> dict[str, float]:
+    def worker(name: str, precision: str = "fp32", fused_kernels: bool = False) -> dict[str, float]:
         cmd = [sys.executable, __file__, "--worker", name, "--env", args.env, "--repeats", str(args.repeats),
-               "--precision", precision]  # fmt: skip
-        out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout
+               "--precision", precision] + (["--fused-kernels"] if fused_kernels else [])  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="update_cost_") as work:
+            cwd = work if fused_kernels else REPO
+            out = subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     cfg = parse_config(["--env-id", args.env])
+    if args.graph_kernel:
+        runs = {False: [], True: []}
+        for _ in range(args.rounds):
+            for fused in (False, True):
+                runs[fused].append(worker("ours", fused_kernels=fused))
+        print_graph_kernel(args.env, cfg, runs, args.repeats)
+        return
     if args.anatomy:
         print_anatomy(args.env, cfg, worker("anatomy"), args.repeats)
         return
@@ -281,6 +321,25 @@ def print_anatomy(env_id: str, cfg: Any, seconds: dict[str, float], repeats: int
         added = seconds[name] - before
         print(f"| {label} | {ms(seconds[name])} | {ms(added)} | {added / total:.0%} |")
         before = seconds[name]
+
+
+def print_graph_kernel(env_id: str, cfg: Any, runs: dict[bool, list[dict[str, float]]], repeats: int) -> None:
+    """Median over the worker processes of each setting; the ratio is per round (both settings' n-th processes)."""
+    print(f"{env_id}: ours through CompiledCall, without and with graph-kernel fusion; {len(runs[False])} processes "
+          f"per setting, alternating, each the best of 5 rounds x {repeats} calls; median (range)\n")  # fmt: skip
+    print("| | without | with | with / without, per round |\n|---|---:|---:|---|")
+    rows = (
+        (f"act ({cfg.num_envs} obs)", "act (CompiledCall)", ms),
+        (f"update ({cfg.minibatch_size} rows)", "update (CompiledCall)", ms),
+        ("build + first calls (compile)", "compile", lambda s: f"{s:.2f} s"),
+    )
+    for label, key, fmt in rows:
+        cells = []
+        for fused in (False, True):
+            values = [run[key] for run in runs[fused]]
+            cells.append(f"{fmt(float(np.median(values)))} ({fmt(min(values))}-{fmt(max(values))})")
+        ratios = ", ".join(f"{b[key] / a[key]:.2f}x" for a, b in zip(runs[False], runs[True], strict=True))
+        print(f"| {label} | {cells[0]} | {cells[1]} | {ratios} |")
 
 
 def ms(seconds: float) -> str:

@@ -6,9 +6,12 @@ means editing this file only.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -227,6 +230,55 @@ def compile_cache_dependencies() -> list[str]:
         return []
 
 
+# -- graph-kernel fusion (AKG) on the CPU --------------------------------------------------------------------
+# Measured on 2.10 (bench/results/graph_kernel.md): ``set_context(enable_graph_kernel=True)`` works on the CPU (its
+# replacement, jit_level O1, fuses nothing there). Compiling starts AKG's kernel-build server, a Python process that
+# imports the ``decorator`` package and links every fused kernel with g++, in every process, compile cache or not.
+# The server inherits the environment and working directory of the first fused compile: it writes the kernels under
+# ``$MS_COMPILER_CACHE_PATH/akg_kernel_meta`` (else ``./``), a ``dsa_transfrom.log`` into its working directory, and
+# prints a line for each tiling file outside ``$AKG_WHITE_LIST_PATH`` (else ``./``): its own package's files.
+_graph_kernel_dir: str | None = None
+
+
+def graph_kernel_blocker() -> str | None:
+    """Why graph-kernel fusion cannot compile here (``None``: it can)."""
+    if shutil.which("g++") is None:
+        return "graph-kernel fusion links its kernels with g++, and there is no g++ on PATH"
+    try:
+        import decorator  # noqa: F401  (AKG's compiler imports it)
+    except ImportError:
+        return "graph-kernel fusion needs the decorator package (pip install decorator)"
+    return None
+
+
+@contextlib.contextmanager
+def graph_kernel_fusion() -> Iterator[None]:
+    """Compile the graphs first called inside with graph-kernel fusion; outside, MindSpore compiles as before.
+
+    The kernels go to one private directory per process (or the compile cache's directory if the first fused
+    compile ran under it), which is also the build server's working directory; the flag is switched off again so
+    that other graphs in the process (evaluation, verify) compile unfused."""
+    global _graph_kernel_dir
+    if blocker := graph_kernel_blocker():
+        raise ValueError(blocker)
+    if _graph_kernel_dir is None:
+        _graph_kernel_dir = os.environ.get("MS_COMPILER_CACHE_PATH") or tempfile.mkdtemp(prefix="msrl_graph_kernels_")
+        if "MS_COMPILER_CACHE_PATH" not in os.environ:
+            atexit.register(shutil.rmtree, _graph_kernel_dir, True)
+        os.environ.setdefault("AKG_WHITE_LIST_PATH", os.path.dirname(ms.__file__))
+    cache_path, cwd = os.environ.get("MS_COMPILER_CACHE_PATH"), os.getcwd()
+    os.environ["MS_COMPILER_CACHE_PATH"] = cache_path or _graph_kernel_dir
+    os.chdir(_graph_kernel_dir)
+    ms.set_context(enable_graph_kernel=True)
+    try:
+        yield
+    finally:
+        ms.set_context(enable_graph_kernel=False)
+        os.chdir(cwd)
+        if cache_path is None:
+            os.environ.pop("MS_COMPILER_CACHE_PATH", None)
+
+
 def set_compile_cache(path: str | None) -> None:
     """Save and load compiled graphs under ``path`` (``None``: stop); the context options ``enable_compile_cache``
     and ``compile_cache_path`` are deprecated for these variables in 2.10.
@@ -239,7 +291,7 @@ def set_compile_cache(path: str | None) -> None:
         os.environ.pop("MS_COMPILER_CACHE_PATH", None)
     else:
         os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
-        os.environ["MS_COMPILER_CACHE_PATH"] = path
+        os.environ["MS_COMPILER_CACHE_PATH"] = os.path.abspath(path)  # graph_kernel_fusion changes the cwd
 
 
 def set_seed(seed: int) -> None:

@@ -88,6 +88,10 @@ class TrainConfig:
     """fused: updates_per_call whole minibatch updates per compiled call. split: each minibatch update as two small
     graphs (gradients; clip + Adam), which MindSpore's CPU runtime runs in the calling thread when each has at most 100
     kernels (64-64 MLPs); one process, fp32 only (see training/ppo.py, SplitUpdate)."""
+    graph_kernel: bool = False
+    """Compile the act and train-step graphs with MindSpore's graph-kernel fusion (AKG; needs g++): 25-40% off a 64-64
+    policy's minibatch update on the CPU, but 2-2.6x slower for 256-wide layers, and ~4 s more per process, compile
+    cache or not (bench/results/graph_kernel.md). One process, fp32, CPU only."""
     norm_adv: bool = True
     """Normalise advantages per minibatch."""
     clip_coef: float = 0.2
@@ -220,6 +224,9 @@ class TrainConfig:
         if self.update_graphs == "split" and (self.update_precision != "fp32" or self.workers > 1):
             raise UsageError("--update-graphs split runs one process with --update-precision fp32; use fused for "
                              "data parallel or a mixed-precision update")  # fmt: skip
+        if self.graph_kernel and (self.update_precision != "fp32" or self.workers > 1 or self.device.lower() != "cpu"):
+            raise UsageError("--graph-kernel true is measured on the CPU with one process and --update-precision fp32 "
+                             "only")  # fmt: skip
         if not 0 <= self.master_port <= 65535:
             raise UsageError(f"--master-port must be 0 (a free port) or a port number, got {self.master_port}")
         if not self.master_addr.strip():

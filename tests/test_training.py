@@ -231,6 +231,41 @@ def test_split_update_trains_like_the_fused_one(tmp_path, env_id):
             assert float(s_row[key]) == pytest.approx(float(f_row[key]), rel=1e-4, abs=1e-6), key
 
 
+def test_graph_kernel_fusion_trains_like_the_unfused_graphs(tmp_path, monkeypatch):
+    # --graph-kernel true compiles the act and train-step graphs with MindSpore's graph-kernel fusion (AKG): other
+    # kernels for the same arithmetic, so the same weights up to rounding, and bitwise reproducible for a seed. The
+    # build server's files stay out of the working directory, and the flag is off again for later graphs.
+    import mindspore as ms
+
+    from msrl_consistency import compat
+
+    monkeypatch.chdir(tmp_path)
+    plain, fused = tiny_config(total_steps=64), tiny_config(total_steps=64, graph_kernel=True)
+    train(plain, tmp_path / "plain")
+    train(fused, tmp_path / "fused")
+    train(fused, tmp_path / "fused-again")
+    assert list((Path(compat._graph_kernel_dir) / "akg_kernel_meta").glob("Fused_*.so")), "nothing was fused"
+    assert ms.get_context("enable_graph_kernel") is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fused", "fused-again", "plain"]
+    a, b = weights(tmp_path / "plain"), weights(tmp_path / "fused")
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-5, err_msg=name)
+    assert_same_weights(b, weights(tmp_path / "fused-again"))
+    assert metrics_without_timing(tmp_path / "fused") == metrics_without_timing(tmp_path / "fused-again")
+    assert json.loads((tmp_path / "fused" / rd.RUN_JSON).read_text())["config"]["graph_kernel"] is True
+
+
+def test_graph_kernel_fusion_says_what_it_needs(monkeypatch):
+    from inference.errors import UsageError
+    from msrl_consistency import compat
+
+    for bad in (dict(update_precision="fp16"), dict(workers=2), dict(device="gpu")):
+        with pytest.raises(UsageError, match="graph-kernel true is measured on the CPU"):
+            tiny_config(graph_kernel=True, **bad).validate()
+    monkeypatch.setenv("PATH", "")
+    assert "g++" in compat.graph_kernel_blocker()
+
+
 def test_split_update_refuses_what_it_does_not_run():
     from inference.errors import UsageError
 

@@ -608,11 +608,29 @@ class Trainer:
         evaluates. The compile cache numbers a process's graphs by compile order (``training/compile_cache.py``),
         so the order must not depend on how a run goes (a resumed finished run would evaluate before it acts).
         Nothing changes state: act and evaluation run on dummy inputs, the train step is compiled without running.
+        With ``graph_kernel`` the act and train-step graphs are fused; the evaluation policy is not (it is what
+        export and verify compute).
         """
         if "act" in self._compiled:
             return
-        cfg, spec = self.cfg, self.spec
         t0 = time.perf_counter()
+        if self.cfg.graph_kernel:
+            try:
+                with compat.graph_kernel_fusion():
+                    self._compile_training_graphs()
+            except ValueError as exc:
+                raise UsageError(f"--graph-kernel true: {exc}") from None
+        else:
+            self._compile_training_graphs()
+        graphs = 2 if self._split is None else 4
+        if self.cfg.eval_episodes > 0 and self._deterministic is None:
+            self._compile_deterministic()
+            graphs += 1
+        self._compiled.update({"act", "train"})
+        self.profile.add("compile", time.perf_counter() - t0, graphs)
+
+    def _compile_training_graphs(self) -> None:
+        cfg, spec = self.cfg, self.spec
         self._rollout_call(Tensor(np.zeros((cfg.num_envs, spec.obs_dim), np.float32)),
                            Tensor(np.full((cfg.num_envs, spec.noise_dim), 0.5, np.float32)))  # fmt: skip
         rows, per_call = cfg.batch_size, self.train_step.updates_per_call
@@ -627,12 +645,6 @@ class Trainer:
             x, acts, mb_adv = self._split_calls[0](obs, actions, adv, idx)  # stateless: running it is harmless
             self._split.gradients.compile(x, acts, logp, mb_adv, returns, values, idx, self._minibatch[0])
             self._split.apply.compile(*(Tensor(np.zeros(p.shape, np.float32)) for p in self.optimizer.parameters))
-        graphs = 2 if self._split is None else 4
-        if cfg.eval_episodes > 0 and self._deterministic is None:
-            self._compile_deterministic()
-            graphs += 1
-        self._compiled.update({"act", "train"})
-        self.profile.add("compile", time.perf_counter() - t0, graphs)
 
     def reward_factor(self) -> float:
         """What rewards are multiplied by in this iteration's rollout: ``reward_scale``, divided by the running std
