@@ -358,10 +358,14 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         values.update(load_toml(preset_path(env_id)))
     values.update(file_values)
     values.update(args)
-    # A preset's split update runs one process in fp32: data parallel and mixed precision fuse unless asked otherwise.
+    # A preset's split update and graph-kernel fusion run one process in fp32 (fusion: on the CPU): data parallel,
+    # mixed precision and other devices go without them unless asked otherwise.
+    chosen = {**file_values, **args}
     needs_fused = values.get("workers", 1) > 1 or values.get("update_precision", "fp32") != "fp32"
-    if "update_graphs" not in {**file_values, **args} and needs_fused:
+    if "update_graphs" not in chosen and needs_fused:
         values["update_graphs"] = "fused"
+    if "graph_kernel" not in chosen and (needs_fused or str(values.get("device", "cpu")).lower() != "cpu"):
+        values["graph_kernel"] = False
     cfg = from_dict(values)
     if not cfg.run_dir and not cfg.resume:
         cfg.run_dir = f"runs/{cfg.env_id}-s{cfg.seed}"

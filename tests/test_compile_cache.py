@@ -69,9 +69,10 @@ def test_prune_keeps_the_most_recently_used_keys_and_live_working_copies(tmp_pat
 
 
 def cli(cache_dir: Path, *args: str) -> None:
+    """The train CLI, run from the cache dir's parent (a test's own directory: nothing may land there)."""
     env = {**os.environ, "MSRL_COMPILE_CACHE_DIR": str(cache_dir)}
     proc = subprocess.run([sys.executable, "-m", "msrl_consistency.train", *args],
-                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+                          capture_output=True, text=True, timeout=600, env=env, cwd=cache_dir.parent)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -92,10 +93,11 @@ def weights(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 # fused: act, train step, evaluation. split: act, prepare, gradients, clip + Adam, evaluation. Each compiled once.
-@pytest.mark.parametrize(("update_graphs", "graphs"), [("fused", 3), ("split", 5)])
-def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path, update_graphs, graphs):
+@pytest.mark.parametrize(("update_graphs", "graph_kernel", "graphs"),
+                         [("fused", "false", 3), ("split", "false", 5), ("fused", "true", 3)])  # fmt: skip
+def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path, update_graphs, graph_kernel, graphs):
     cache_dir = tmp_path / "cache"
-    flags = ("--update-graphs", update_graphs)
+    flags = ("--update-graphs", update_graphs, "--graph-kernel", graph_kernel)
     cold = train(tmp_path / "cold", cache_dir, "--seed", "1", "--total-steps", "64", *flags)
     assert cold["compile_cache"]["state"] == "cold"
     published = cache_dir / cold["compile_cache"]["key"]
@@ -120,3 +122,6 @@ def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path, update_graphs,
     cli(cache_dir, "--resume", str(tmp_path / "warm"))
     resumed = rd.read_run_json(tmp_path / "warm")
     assert resumed["compile_cache"]["state"] == "warm" and resumed["eval"] == plain["eval"]
+    # Graph-kernel fusion keeps its kernels with the cached graphs, and no file in the working directory.
+    assert (graph_kernel == "true") == bool(list(published.glob("akg_kernel_meta/Fused_*.so")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "cold", "plain", "warm"]
