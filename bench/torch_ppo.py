@@ -27,7 +27,7 @@ Distribution.set_default_validate_args(False)
 # Run-management keys of a preset that do not change the algorithm; accepted and ignored.
 IGNORED_KEYS = {"env_id", "total_steps", "seed", "run_dir", "resume", "device", "threads", "async_envs",
                 "checkpoint_every", "eval_episodes", "eval_every", "progress", "env_backend", "env_threads", "profile",
-                "updates_per_call", "update_graphs"}  # fmt: skip
+                "updates_per_call", "update_graphs", "graph_kernel"}  # fmt: skip
 
 
 @dataclass

@@ -277,13 +277,28 @@ def test_split_update_refuses_what_it_does_not_run():
         tiny_config(update_graphs="both").validate()
 
 
-def test_a_presets_split_update_gives_way_to_data_parallel_and_mixed_precision():
+def test_a_presets_split_update_and_fusion_give_way_to_data_parallel_mixed_precision_and_devices(
+    tmp_path, monkeypatch
+):
+    from msrl_consistency import config
     from msrl_consistency.config import parse_config
 
-    assert parse_config(["--env-id", "Pendulum-v1"]).update_graphs == "split"  # the preset's choice
-    assert parse_config(["--env-id", "Pendulum-v1", "--workers", "2"]).update_graphs == "fused"
-    assert parse_config(["--env-id", "Pendulum-v1", "--update-precision", "fp16"]).update_graphs == "fused"
+    preset = tmp_path / "Pendulum-v1.toml"
+    shipped = config.preset_path("Pendulum-v1").read_text()
+    assert 'update_graphs = "fused"' in shipped and "graph_kernel = true" in shipped
+    preset.write_text(shipped.replace('update_graphs = "fused"', 'update_graphs = "split"'))
+    monkeypatch.setattr(config, "preset_path", lambda env_id: preset)
+    chosen = parse_config(["--env-id", "Pendulum-v1"])
+    assert (chosen.update_graphs, chosen.graph_kernel) == ("split", True)  # the preset's choices
+    for flags in (["--workers", "2"], ["--update-precision", "fp16"]):
+        cfg = parse_config(["--env-id", "Pendulum-v1", *flags])
+        assert (cfg.update_graphs, cfg.graph_kernel) == ("fused", False), flags
+    cfg = parse_config(["--env-id", "Pendulum-v1", "--device", "ascend"])
+    assert (cfg.update_graphs, cfg.graph_kernel) == ("split", False)
     from inference.errors import UsageError
+
+    with pytest.raises(UsageError, match="graph-kernel true is measured on the CPU"):  # asked for explicitly
+        parse_config(["--env-id", "Pendulum-v1", "--workers", "2", "--graph-kernel", "true"])
 
     with pytest.raises(UsageError, match="split runs one process"):  # asked for explicitly: a clear error
         parse_config(["--env-id", "Pendulum-v1", "--workers", "2", "--update-graphs", "split"])
