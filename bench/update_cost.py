@@ -23,11 +23,10 @@ The Trainer does not use it: see ``results/graph_kernel.md`` for why.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,22 +87,9 @@ def ours_on_synthetic_data(env_id: str, precision: str = "fp32") -> tuple[Any, A
     return cfg, spec, learner, rng, data
 
 
-def enable_graph_kernel() -> None:
-    """MindSpore's graph-kernel fusion, as measured in session 14 (2.10, CPU).
-
-    ``set_context(enable_graph_kernel=True)`` is deprecated for ``jit_config={"jit_level": "O1"}``, but O1 fuses
-    nothing on the CPU (no AKG kernel is built). AKG's compiler imports the ``decorator`` package, links every fused
-    kernel with g++ (again in every process, compile cache or not), writes the kernels under
-    ``$MS_COMPILER_CACHE_PATH/akg_kernel_meta`` (else ``./``) and a ``dsa_transfrom.log`` into the working directory:
-    the worker runs in a temporary directory.
-    """
-    import mindspore as ms
-
-    os.environ["MS_COMPILER_CACHE_PATH"] = os.getcwd()
-    ms.set_context(enable_graph_kernel=True)
-
-
-def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, float]:
+def run_ours(env_id: str, repeats: int, precision: str = "fp32", fused_kernels: bool = False) -> dict[str, float]:
+    """Seconds per act call and per minibatch update; ``fused_kernels`` compiles both with graph-kernel fusion
+    (``compat.graph_kernel_fusion``, what ``--graph-kernel true`` does)."""
     from mindspore import Tensor
 
     from msrl_consistency import compat
@@ -117,8 +103,9 @@ def run_ours(env_id: str, repeats: int, precision: str = "fp32") -> dict[str, fl
     noise = spec.sample_noise(rng, cfg.num_envs)
 
     fast_act, fast_step = compat.CompiledCall(rollout_net), compat.CompiledCall(step)
-    fast_act(Tensor(obs), Tensor(noise)).asnumpy()
-    fast_step(*data, Tensor(idx)).asnumpy()
+    with compat.graph_kernel_fusion() if fused_kernels else contextlib.nullcontext():
+        fast_act(Tensor(obs), Tensor(noise)).asnumpy()
+        fast_step(*data, Tensor(idx)).asnumpy()
     compile_s = time.perf_counter() - started  # building the Cells and the first calls: mostly their compiles
     acts = seconds_per_call(
         {
@@ -249,10 +236,8 @@ def main() -> None:
     parser.add_argument("--fused-kernels", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        if args.fused_kernels:
-            enable_graph_kernel()
         runs = {
-            "ours": lambda: run_ours(args.env, args.repeats, args.precision),
+            "ours": lambda: run_ours(args.env, args.repeats, args.precision, args.fused_kernels),
             "torch": lambda: run_torch(args.env, args.repeats),
             "anatomy": lambda: run_anatomy(args.env, args.repeats),
         }
@@ -263,9 +248,7 @@ def main() -> None:
     def worker(name: str, precision: str = "fp32", fused_kernels: bool = False) -> dict[str, float]:
         cmd = [sys.executable, __file__, "--worker", name, "--env", args.env, "--repeats", str(args.repeats),
                "--precision", precision] + (["--fused-kernels"] if fused_kernels else [])  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="update_cost_") as work:
-            cwd = work if fused_kernels else REPO
-            out = subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     cfg = parse_config(["--env-id", args.env])
