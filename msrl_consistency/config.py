@@ -89,7 +89,7 @@ class TrainConfig:
     graphs (gradients; clip + Adam), which MindSpore's CPU runtime runs in the calling thread when each has at most 100
     kernels (64-64 MLPs); one process, fp32 only (see training/ppo.py, SplitUpdate)."""
     graph_kernel: bool = False
-    """Compile the act and train-step graphs with MindSpore's graph-kernel fusion (AKG; needs g++): 25-40% off a 64-64
+    """Compile the act and train-step graphs with MindSpore's graph-kernel fusion (AKG; needs g++): 20-40% off a 64-64
     policy's minibatch update on the CPU, but 2-2.6x slower for 256-wide layers, and ~4 s more per process, compile
     cache or not (bench/results/graph_kernel.md). One process, fp32, CPU only."""
     norm_adv: bool = True
