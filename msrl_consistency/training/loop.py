@@ -615,11 +615,10 @@ class Trainer:
             return
         t0 = time.perf_counter()
         if self.cfg.graph_kernel:
-            try:
-                with compat.graph_kernel_fusion():
-                    self._compile_training_graphs()
-            except ValueError as exc:
-                raise UsageError(f"--graph-kernel true: {exc}") from None
+            if blocker := compat.graph_kernel_blocker():  # checked first: a compile's own errors stay as they are
+                raise UsageError(f"--graph-kernel true: {blocker}")
+            with compat.graph_kernel_fusion():
+                self._compile_training_graphs()
         else:
             self._compile_training_graphs()
         graphs = 2 if self._split is None else 4
