@@ -21,6 +21,7 @@ from msrl_consistency.training.compile_cache import (
     STALE_WORK_SECONDS,
     CompileCache,
     count_graphs,
+    fused_kernels,
     graph_key,
     prune,
 )
@@ -104,10 +105,13 @@ def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path, update_graphs,
     assert json.loads((published / "key.json").read_text())["config"]["clip_coef"] == 0.2
     assert count_graphs(published) == graphs
     assert not [p for p in cache_dir.iterdir() if p.name.startswith(".")]  # no working copy left behind
+    cold_kernels = fused_kernels(published)
 
     # Another seed and step budget: the same graphs, loaded rather than compiled.
     warm = train(tmp_path / "warm", cache_dir, "--seed", "2", "--total-steps", "96", *flags)
     assert warm["compile_cache"] == {**cold["compile_cache"], "state": "warm", "graphs_loaded": graphs}
+    warm_kernels = fused_kernels(published)  # the loaded graphs' own kernel names, published for the next run
+    assert (graph_kernel == "true") == (warm_kernels > cold_kernels)
     plain = train(tmp_path / "plain", cache_dir, "--seed", "2", "--total-steps", "96", "--compile-cache", "false",
                   *flags)  # fmt: skip
     assert plain["compile_cache"]["state"] == "off"
@@ -122,6 +126,7 @@ def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path, update_graphs,
     cli(cache_dir, "--resume", str(tmp_path / "warm"))
     resumed = rd.read_run_json(tmp_path / "warm")
     assert resumed["compile_cache"]["state"] == "warm" and resumed["eval"] == plain["eval"]
-    # Graph-kernel fusion keeps its kernels with the cached graphs, and no file in the working directory.
-    assert (graph_kernel == "true") == bool(list(published.glob("akg_kernel_meta/Fused_*.so")))
+    # Graph-kernel fusion keeps its kernels with the cached graphs (a third run needs no new one), and no file in
+    # the working directory.
+    assert (graph_kernel == "true") == bool(cold_kernels) and fused_kernels(published) == warm_kernels
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "cold", "plain", "warm"]
