@@ -235,6 +235,8 @@ def compile_cache_dependencies() -> list[str]:
 # replacement, jit_level O1, fuses nothing there). Compiling starts AKG's kernel-build server, a Python process that
 # imports the ``decorator`` package and links each fused kernel with g++, unless a kernel of that name (a hash of its
 # description) is already under the kernel directory: then the compile loads it, and no server starts.
+# A reshape to a scalar inside a fused kernel writes an uninitialised shape value into that description, so such a
+# kernel gets a new name in every process and is rebuilt (``GaussianPPOHead`` avoids one).
 # The server inherits the environment and working directory of the first fused compile: it writes the kernels under
 # ``$MS_COMPILER_CACHE_PATH/akg_kernel_meta`` (else ``./``), a ``dsa_transfrom.log`` into its working directory, and
 # prints a line for each tiling file outside ``$AKG_WHITE_LIST_PATH`` (else ``./``): its own package's files.

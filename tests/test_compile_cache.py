@@ -27,7 +27,7 @@ from msrl_consistency.training.compile_cache import (
 )
 
 SPEC = {"obs_dim": 4, "discrete": True}
-TINY = ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
+TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
         "--update-epochs", "2", "--eval-episodes", "1", "--progress", "false"]  # fmt: skip
 TIMING = {"sps", "wall_time"}
 
@@ -94,11 +94,12 @@ def weights(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 # fused: act, train step, evaluation. split: act, prepare, gradients, clip + Adam, evaluation. Each compiled once.
-@pytest.mark.parametrize(("update_graphs", "graph_kernel", "graphs"),
-                         [("fused", "false", 3), ("split", "false", 5), ("fused", "true", 3)])  # fmt: skip
-def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path, update_graphs, graph_kernel, graphs):
+@pytest.mark.parametrize(("env_id", "update_graphs", "graph_kernel", "graphs"),
+                         [("CartPole-v1", "fused", "false", 3), ("CartPole-v1", "split", "false", 5),
+                          ("CartPole-v1", "fused", "true", 3), ("Pendulum-v1", "fused", "true", 3)])  # fmt: skip
+def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path, env_id, update_graphs, graph_kernel, graphs):
     cache_dir = tmp_path / "cache"
-    flags = ("--update-graphs", update_graphs, "--graph-kernel", graph_kernel)
+    flags = ("--env-id", env_id, "--update-graphs", update_graphs, "--graph-kernel", graph_kernel)
     cold = train(tmp_path / "cold", cache_dir, "--seed", "1", "--total-steps", "64", *flags)
     assert cold["compile_cache"]["state"] == "cold"
     published = cache_dir / cold["compile_cache"]["key"]

@@ -140,7 +140,10 @@ class GaussianPPOHead(_PPOHead):
         old_logp: Tensor, adv: Tensor, returns: Tensor, old_values: Tensor,
     ) -> tuple[Tensor, ...]:  # fmt: skip
         logp, dlogp_dmean, dlogp_dlogstd = D.gaussian_log_prob_grad(mean, log_std, actions)
-        entropy = D.gaussian_entropy(log_std)  # the same for every sample: d entropy / d log_std = 1
+        # d entropy / d log_std = 1. Averaged over the rows, the same for each: summing log_std alone reduces to a
+        # scalar reshape when there is one action, which graph-kernel fusion names differently in every process
+        # (compat.graph_kernel_fusion), so its kernel was rebuilt at every start (~3 s).
+        entropy = D.gaussian_entropy(ops.broadcast_to(log_std, mean.shape)).mean()
         pg_loss, approx_kl, clipfrac, d_logp = self.policy_loss(logp, old_logp, adv)
         v_loss, d_value = self.value_loss(value, returns, old_values)
         loss, aux = self.total(pg_loss, v_loss, entropy, approx_kl, clipfrac)
