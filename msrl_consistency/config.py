@@ -292,7 +292,8 @@ def build_parser(prog: str = "python -m msrl_consistency.train") -> argparse.Arg
             type=kind,
             default=argparse.SUPPRESS,
             metavar="BOOL" if hint is bool else None,
-            help=f"{docs.get(f.name, '')} (default: {getattr(defaults, f.name)})".replace("%", "%%"),  # a format
+            # argparse %-formats help texts: a docstring's "20-40%" made --help raise
+            help=f"{docs.get(f.name, '')} (default: {getattr(defaults, f.name)})".replace("%", "%%"),
         )
     return parser
 
