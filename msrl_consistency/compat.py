@@ -269,6 +269,7 @@ def graph_kernel_fusion() -> Iterator[None]:
         if "MS_COMPILER_CACHE_PATH" not in os.environ:
             atexit.register(shutil.rmtree, _graph_kernel_dir, True)
         os.environ.setdefault("AKG_WHITE_LIST_PATH", os.path.dirname(ms.__file__))
+    os.makedirs(_graph_kernel_dir, exist_ok=True)  # a user's MS_COMPILER_CACHE_PATH: MindSpore creates it too
     cache_path, cwd = os.environ.get("MS_COMPILER_CACHE_PATH"), os.getcwd()
     os.environ["MS_COMPILER_CACHE_PATH"] = cache_path or _graph_kernel_dir
     os.chdir(_graph_kernel_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +265,21 @@ def test_graph_kernel_fusion_says_what_it_needs(monkeypatch):
             tiny_config(graph_kernel=True, **bad).validate()
     monkeypatch.setenv("PATH", "")
     assert "g++" in compat.graph_kernel_blocker()
+
+
+def test_graph_kernel_fusion_creates_a_kernel_directory_the_user_named(tmp_path, monkeypatch):
+    # It once failed with "No such file or directory" for an MS_COMPILER_CACHE_PATH that did not exist yet.
+    import mindspore as ms
+
+    from msrl_consistency import compat
+
+    named = tmp_path / "kernels" / "here"
+    monkeypatch.setattr(compat, "_graph_kernel_dir", None)
+    monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(named))
+    cwd = os.getcwd()
+    with compat.graph_kernel_fusion():
+        assert Path(os.getcwd()) == named and ms.get_context("enable_graph_kernel") is True
+    assert os.getcwd() == cwd and ms.get_context("enable_graph_kernel") is False
 
 
 def test_split_update_refuses_what_it_does_not_run():
