@@ -280,3 +280,7 @@ def test_profile_reports_where_the_time_went(tmp_path, capsys):
     total = sum(row["seconds"] for name, row in sections.items() if name != "other")
     assert 0 < total <= report["wall_seconds"] and sections["other"]["seconds"] >= 0
     assert report["peak_rss_mb"] > 100
+    marks = report["rss_mb"]  # RSS when the imports, the setup and the graphs were done, none above the peak
+    assert list(marks) == ["after imports", "after setup", "after compile"]
+    assert all(100 < mb <= report["peak_rss_mb"] + 1 for mb in marks.values())
+    assert f"after compile {marks['after compile']:.0f}" in out

@@ -146,6 +146,7 @@ class Trainer:
         comm: dist.Comm | None = None,
     ) -> None:
         self.profile = Profile()
+        self.profile.mark_rss("after imports")
         self.cfg, self.run_dir = cfg, run_dir
         self.comm = comm or dist.SingleProcess()
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
@@ -202,6 +203,7 @@ class Trainer:
         # Whether this run's graphs come from the compile cache (``use_compile_cache``), for run.json and the profile.
         self.compile_cache: dict[str, Any] = {"state": "off", "reason": "not opened for this process"}
         self.profile.add("setup", time.perf_counter() - self.profile.start)
+        self.profile.mark_rss("after setup")
 
     # -- one iteration ------------------------------------------------------------------------------
     def collect(self) -> dict[str, np.ndarray]:
@@ -569,6 +571,7 @@ class Trainer:
                 "resume_exact": self.resume_exact,
                 "env_backend": self.backend.to_dict(),
                 "peak_rss_mb": round(peak_rss_mb(), 1),
+                "rss_mb": self.profile.rss_marks(),
             },
             distributed={
                 "world_size": self.world_size,
@@ -627,6 +630,7 @@ class Trainer:
             graphs += 1
         self._compiled.update({"act", "train"})
         self.profile.add("compile", time.perf_counter() - t0, graphs)
+        self.profile.mark_rss("after compile")
 
     def _compile_training_graphs(self) -> None:
         cfg, spec = self.cfg, self.spec

@@ -7,10 +7,12 @@ bitwise the run without ``--profile``.
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 PROFILE_JSON = "profile.json"
@@ -38,6 +40,15 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def rss_mb() -> float | None:
+    """Resident set size now (Linux ``/proc/self/statm``); None where there is no procfs."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 class Profile:
     """Seconds and call counts per section."""
 
@@ -45,10 +56,20 @@ class Profile:
         self.start = time.perf_counter()
         self.seconds = dict.fromkeys(SECTIONS, 0.0)
         self.calls = dict.fromkeys(SECTIONS, 0)
+        # RSS at the run's milestones (``mark_rss``): what the imports, the graphs and the training itself hold.
+        self.rss: dict[str, float | None] = {}
+
+    def mark_rss(self, milestone: str) -> None:
+        """Record the RSS now under ``milestone`` (its first time in this process)."""
+        if milestone not in self.rss:
+            self.rss[milestone] = rss_mb()
 
     def add(self, name: str, seconds: float, calls: int = 1) -> None:
         self.seconds[name] += seconds
         self.calls[name] += calls
+
+    def rss_marks(self) -> dict[str, float | None]:
+        return {name: None if mb is None else round(mb, 1) for name, mb in self.rss.items()}
 
     @contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -84,6 +105,9 @@ class Profile:
                 "fraction_of_env_time_hidden": 0.0,
             },
             "peak_rss_mb": round(peak_rss_mb(), 1),
+            # MindSpore's import alone holds ~500 MB; a graph compiled (not loaded from the compile cache) keeps
+            # ~100 MB more of heap than a loaded one. These marks show which part a run's peak came from.
+            "rss_mb": self.rss_marks(),
             **(extra or {}),
         }
 
@@ -91,8 +115,8 @@ class Profile:
 def format_table(report: dict[str, Any]) -> str:
     """The console table ``train --profile`` prints at the end of a run."""
     lines = [f"profile: {report['wall_seconds']:.1f} s wall, {report['env_steps']:,} env steps "
-             f"({report['steps_per_second'] or 0:,.0f} steps/s), peak RSS {report['peak_rss_mb']:.0f} MB, "
-             f"compile cache {report.get('compile_cache', 'off')}",
+             f"({report['steps_per_second'] or 0:,.0f} steps/s), peak RSS {report['peak_rss_mb']:.0f} MB"
+             f"{_rss_marks(report.get('rss_mb', {}))}, compile cache {report.get('compile_cache', 'off')}",
              f"  {'section':<22} {'seconds':>9} {'share':>7} {'calls':>9} {'µs/call':>10}"]  # fmt: skip
     for name, row in sorted(report["sections"].items(), key=lambda kv: -kv[1]["seconds"]):
         per_call = "" if row["us_per_call"] is None else f"{row['us_per_call']:,.1f}"
@@ -101,3 +125,9 @@ def format_table(report: dict[str, Any]) -> str:
     lines.append(f"  overlap: {ov['env_seconds_hidden']:.3f} s of {ov['env_seconds_total']:.3f} s env stepping hidden "
                  f"behind acting ({ov['fraction_of_env_time_hidden']:.0%})")  # fmt: skip
     return "\n".join(lines)
+
+
+def _rss_marks(marks: dict[str, float | None]) -> str:
+    """`` (after setup 572, after compile 737)`` for the console line; empty without procfs."""
+    known = [f"{name} {mb:.0f}" for name, mb in marks.items() if mb is not None]
+    return f" ({', '.join(known)})" if known else ""
