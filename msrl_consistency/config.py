@@ -65,6 +65,11 @@ class TrainConfig:
     Evaluation, verify and play always use gymnasium."""
     env_threads: int = 0
     """EnvPool worker threads (0: 1 for classic control, else one per core up to num_envs)."""
+    cpu_pin: str = "auto"
+    """Keep the training process's threads on one CPU: auto (where every thread works in turn: the CPU device, one op
+    thread, an env engine stepping in at most one thread), off, or a CPU index. On a VM this saves waking another
+    vCPU at every hand-off inside a MindSpore call (CartPole and Pendulum ran 1.2-2.7x faster); no arithmetic
+    changes."""
     num_steps: int = 128
     """Rollout length per env per iteration."""
     learning_rate: float = 2.5e-4
@@ -213,6 +218,8 @@ class TrainConfig:
             raise UsageError(f"--device must be cpu, gpu or ascend, got {self.device!r}")
         if self.env_backend not in ("auto", "envpool", "gymnasium"):
             raise UsageError(f"--env-backend must be auto, envpool or gymnasium, got {self.env_backend!r}")
+        if self.cpu_pin not in ("auto", "off") and not (self.cpu_pin.isdigit() and int(self.cpu_pin) < 4096):
+            raise UsageError(f"--cpu-pin must be auto, off or a CPU index, got {self.cpu_pin!r}")
         if not 0 <= self.env_threads <= 1024:
             raise UsageError(f"--env-threads must be in [0, 1024], got {self.env_threads}")
         if self.adv_norm_scope not in ("global", "rank"):

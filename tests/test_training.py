@@ -47,7 +47,9 @@ def assert_same_weights(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> N
 def test_same_seed_gives_bitwise_identical_metrics_and_weights(tmp_path, env_id, backend):
     cfg = tiny_config(env_id=env_id, env_backend=backend)
     train(cfg, tmp_path / "a")
-    train(cfg, tmp_path / "b")
+    train(tiny_config(env_id=env_id, env_backend=backend, cpu_pin="off"), tmp_path / "b")  # threads on every CPU
+    pinned, free = (rd.read_run_json(tmp_path / run)["cpu_pin"] for run in ("a", "b"))
+    assert pinned["cpu"] is not None and free == {"cpu": None, "reason": "--cpu-pin off"}
     assert metrics_without_timing(tmp_path / "a") == metrics_without_timing(tmp_path / "b")
     assert_same_weights(weights(tmp_path / "a"), weights(tmp_path / "b"))
     other = tiny_config(env_id=env_id, env_backend=backend, seed=2)

@@ -36,6 +36,7 @@ from msrl_consistency.artifacts.provenance import git_commit, versions
 from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs import EnvInfo, describe_env, make_env
 from msrl_consistency.envs.engines import make_training_envs, resolve_backend
+from msrl_consistency.training import affinity
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training import precision as mp
 from msrl_consistency.training.compile_cache import CompileCache
@@ -198,6 +199,10 @@ class Trainer:
         self.recorder: rd.RunRecorder | rd.NullRecorder = (
             rd.RunRecorder(run_dir, LOG_FIELDS, keep, evals=cfg.eval_every > 0) if self.rank == 0 else rd.NullRecorder()
         )
+        # After the envs exist (their worker processes keep every CPU) and before the graphs compile.
+        env_threads = getattr(self.envs, "num_threads", 1)
+        self.pinning = affinity.pin(cfg.cpu_pin, self.comm.local_rank, self.world_size,
+                                    affinity.auto_reason(cfg.device, cfg.threads, env_threads))  # fmt: skip
         self._deterministic: compat.CompiledCall | None = None  # compiled once, on the first evaluation
         self._cache: CompileCache | None = None
         # Whether this run's graphs come from the compile cache (``use_compile_cache``), for run.json and the profile.
@@ -572,6 +577,7 @@ class Trainer:
                 "env_backend": self.backend.to_dict(),
                 "peak_rss_mb": round(peak_rss_mb(), 1),
                 "rss_mb": self.profile.rss_marks(),
+                "cpu_pin": self.pinning.describe(),
             },
             distributed={
                 "world_size": self.world_size,
@@ -679,7 +685,7 @@ class Trainer:
             "env_id": cfg.env_id, "env_backend": self.backend.to_dict(), "num_envs": cfg.num_envs,
             "num_steps": cfg.num_steps, "hidden_sizes": list(cfg.hidden_sizes), "world_size": self.world_size,
             "iterations": self.iteration, "act_calls_per_env_step": round(1 / cfg.num_envs, 4),
-            "compile_cache": self.compile_cache["state"],
+            "compile_cache": self.compile_cache["state"], "cpu_pin": self.pinning.describe(),
         })  # fmt: skip
 
     def write_profile(self) -> str:
@@ -714,6 +720,7 @@ class Trainer:
             self._cache.close()
         self.recorder.close()
         self.envs.close()
+        self.pinning.restore()  # a caller that goes on in this process gets its CPUs back
 
 
 def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:

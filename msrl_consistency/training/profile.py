@@ -116,7 +116,8 @@ def format_table(report: dict[str, Any]) -> str:
     """The console table ``train --profile`` prints at the end of a run."""
     lines = [f"profile: {report['wall_seconds']:.1f} s wall, {report['env_steps']:,} env steps "
              f"({report['steps_per_second'] or 0:,.0f} steps/s), peak RSS {report['peak_rss_mb']:.0f} MB"
-             f"{_rss_marks(report.get('rss_mb', {}))}, compile cache {report.get('compile_cache', 'off')}",
+             f"{_rss_marks(report.get('rss_mb', {}))}, compile cache {report.get('compile_cache', 'off')}"
+             f"{_pinned(report.get('cpu_pin'))}",
              f"  {'section':<22} {'seconds':>9} {'share':>7} {'calls':>9} {'µs/call':>10}"]  # fmt: skip
     for name, row in sorted(report["sections"].items(), key=lambda kv: -kv[1]["seconds"]):
         per_call = "" if row["us_per_call"] is None else f"{row['us_per_call']:,.1f}"
@@ -131,3 +132,7 @@ def _rss_marks(marks: dict[str, float | None]) -> str:
     """`` (after setup 572, after compile 737)`` for the console line; empty without procfs."""
     known = [f"{name} {mb:.0f}" for name, mb in marks.items() if mb is not None]
     return f" ({', '.join(known)})" if known else ""
+
+
+def _pinned(pin: dict[str, Any] | None) -> str:
+    return f", threads on CPU {pin['cpu']}" if pin and pin.get("cpu") is not None else ""
