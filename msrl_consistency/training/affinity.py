@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from inference.errors import UsageError
@@ -33,8 +34,7 @@ def supported() -> bool:
 def current_cpu() -> int | None:
     """The CPU this thread last ran on (field 39 of ``/proc/thread-self/stat``), None where unknown."""
     try:
-        stat = open("/proc/thread-self/stat").read()  # noqa: SIM115, PTH123  (one short read)
-        return int(stat.rsplit(")", 1)[1].split()[36])
+        return int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -76,8 +76,9 @@ class Pinning:
     caller: set[int] = field(default_factory=set)  # the mask of the thread that pinned
 
     def describe(self) -> dict[str, Any]:
-        return {"cpu": self.cpu, "threads": self.threads} if self.cpu is not None else {"cpu": None,
-                                                                                        "reason": self.reason}
+        if self.cpu is None:
+            return {"cpu": None, "reason": self.reason}
+        return {"cpu": self.cpu, "threads": self.threads}
 
     def restore(self) -> None:
         """Every thread back to its mask from before ``pin``; threads started since then get the caller's."""
