@@ -27,8 +27,8 @@ from msrl_consistency.training.compile_cache import (
 )
 
 SPEC = {"obs_dim": 4, "discrete": True}
-TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
-        "--update-epochs", "2", "--eval-episodes", "1", "--progress", "false"]  # fmt: skip
+TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2",
+        "--updates-per-call", "2", "--eval-episodes", "1", "--progress", "false"]  # fmt: skip
 TIMING = {"sps", "wall_time"}
 
 

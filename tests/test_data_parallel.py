@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 # its statistics, like the observation statistics, are merged over ranks, checked equal and resumed.
 ARGS = ["--env-id", "CartPole-v1", "--workers", "2", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
         "--update-epochs", "2", "--total-steps", "384", "--checkpoint-every", "2", "--eval-episodes", "2",
-        "--normalize-reward", "true", "--progress", "false"]  # fmt: skip
+        "--normalize-reward", "true", "--updates-per-call", "2", "--progress", "false"]  # fmt: skip
 TIMING_COLUMNS = {"sps", "wall_time"}
 
 

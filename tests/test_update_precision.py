@@ -24,8 +24,8 @@ from msrl_consistency.training import precision as mp
 from msrl_consistency.training.loop import Trainer
 from msrl_consistency.training.precision import LossScale
 
-TINY = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2, total_steps=192,
-            checkpoint_every=2, progress=False, eval_episodes=0)  # fmt: skip
+TINY = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2, updates_per_call=2,
+            total_steps=192, checkpoint_every=2, progress=False, eval_episodes=0)  # fmt: skip
 
 
 def train_run(run_dir: Path, precision: str, stop_at: int | None = None, state=None) -> Trainer:
