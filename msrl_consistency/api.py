@@ -58,6 +58,7 @@ def as_contract(contract: ContractLike) -> PolicyContract:
 
 
 # -- export -----------------------------------------------------------------------------------------------
+@compat.gc_frozen()
 def export_run(
     ckpt: Path, out: Path, options: ExportOptions, policy: ActorCritic | None = None, force: bool = False
 ) -> Bundle:
@@ -118,6 +119,7 @@ def export_run(
     return write_bundle(out, graphs, fields, options, _checker(options), force)
 
 
+@compat.gc_frozen()
 def export_policy(
     cell: CellLike,
     contract: ContractLike,
@@ -206,6 +208,7 @@ def _differs_on_rerun(cell: nn.Cell, io: G.GraphIO) -> bool:
 
 
 # -- verify -----------------------------------------------------------------------------------------------
+@compat.gc_frozen()
 def verify_run(
     bundle: Bundle,
     checkpoint: Path,
@@ -221,6 +224,7 @@ def verify_run(
     return verify(bundle, options, inputs, TrainerCells(checkpoint, bundle.policy_spec), checkpoint, **kwargs)
 
 
+@compat.gc_frozen()
 def verify_policy(
     cell: CellLike,
     contract: ContractLike | None,

@@ -15,6 +15,7 @@ report.md, junit.xml and action_diff.png, and exits 0 consistent, 1 inconsistent
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {message}", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
-    result, against = _run(args, options, progress)
+    with _gc_frozen_unless_golden(args):
+        result, against = _run(args, options, progress)
     if args.baseline:
         result.checks.append(check_baseline(args.baseline, result))
     if args.save_baseline:
@@ -130,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
 
         save_golden(args.save_golden, result.reference, result.bundle, result.inputs.get("env"))
     return finish(result, args.out, against, start, args.quiet)
+
+
+def _gc_frozen_unless_golden(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """``compat.gc_frozen`` (MindSpore collects garbage before each of a verify's ~30 compiles), except for the deploy
+    side's ``--golden`` check, which compiles nothing and must not import MindSpore."""
+    if args.golden:
+        return contextlib.nullcontext()
+    from msrl_consistency import compat
+
+    return compat.gc_frozen()
 
 
 def _run(

@@ -465,7 +465,8 @@ class Trainer:
 
     def _compile_deterministic(self) -> None:
         self._deterministic = compat.CompiledCall(DeterministicPolicy(self.policy))
-        self._deterministic(Tensor(np.zeros((1, self.spec.obs_dim), np.float32)))  # no state, no RNG
+        with compat.gc_frozen():
+            self._deterministic(Tensor(np.zeros((1, self.spec.obs_dim), np.float32)))  # no state, no RNG
 
     def _eval_episode(self, k: int) -> float:
         det = self._deterministic
@@ -623,17 +624,18 @@ class Trainer:
         if "act" in self._compiled:
             return
         t0 = time.perf_counter()
-        if self.cfg.graph_kernel:
-            if blocker := compat.graph_kernel_blocker():  # checked first: a compile's own errors stay as they are
-                raise UsageError(f"--graph-kernel true: {blocker}")
-            with compat.graph_kernel_fusion():
+        with compat.gc_frozen():  # MindSpore collects garbage before each compile: only new objects are looked at
+            if self.cfg.graph_kernel:
+                if blocker := compat.graph_kernel_blocker():  # checked first: a compile's own errors stay as they are
+                    raise UsageError(f"--graph-kernel true: {blocker}")
+                with compat.graph_kernel_fusion():
+                    self._compile_training_graphs()
+            else:
                 self._compile_training_graphs()
-        else:
-            self._compile_training_graphs()
-        graphs = 2 if self._split is None else 4
-        if self.cfg.eval_episodes > 0 and self._deterministic is None:
-            self._compile_deterministic()
-            graphs += 1
+            graphs = 2 if self._split is None else 4
+            if self.cfg.eval_episodes > 0 and self._deterministic is None:
+                self._compile_deterministic()
+                graphs += 1
         self._compiled.update({"act", "train"})
         self.profile.add("compile", time.perf_counter() - t0, graphs)
         self.profile.mark_rss("after compile")
