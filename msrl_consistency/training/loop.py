@@ -436,9 +436,10 @@ class Trainer:
         state["host.return_count"] = np.float64(self.ret_rms.count)
         return state
 
-    def check_consistency(self) -> list[str]:
-        """Compare every rank's state checksum; stop the run on any difference, naming ranks and parameter."""
-        per_rank = self.comm.gather(dist.state_digests(self.named_state()))
+    def check_consistency(self, named: dict[str, np.ndarray] | None = None) -> list[str]:
+        """Compare every rank's state checksum; stop the run on any difference, naming ranks and parameter.
+        ``named``: this rank's ``named_state()`` when the caller already holds it."""
+        per_rank = self.comm.gather(dist.state_digests(self.named_state() if named is None else named))
         problem = dist.find_divergence(per_rank)
         if problem:
             raise dist.RankDivergence(f"at iteration {self.iteration}: {problem}")
@@ -494,15 +495,15 @@ class Trainer:
         return seconds
 
     # -- persistence (the files themselves: artifacts/run_dir.py) ------------------------------------------
-    def shared_state(self) -> dict[str, Any]:
-        """What every rank holds identically (checked by ``check_consistency``)."""
+    def shared_state(self, named: dict[str, np.ndarray]) -> dict[str, Any]:
+        """What every rank holds identically (``named``: the ``named_state()`` that ``check_consistency`` checked)."""
         return {
             "env_id": self.cfg.env_id,
             "world_size": self.world_size,
             "iteration": self.iteration,
             "global_step": self.global_step,
             "episodes": self.episodes,
-            "params": {p.name: p.asnumpy() for p in self.train_step.get_parameters()},
+            "params": {p.name: named[p.name] for p in self.train_step.get_parameters()},
             "rms": (self.rms.mean, self.rms.var, self.rms.count),
             "ret_rms": (self.ret_rms.mean, self.ret_rms.var, self.ret_rms.count),
         }
@@ -523,10 +524,11 @@ class Trainer:
     def checkpoint(self, eval_returns: list[float] | None = None) -> None:
         """Check the ranks agree, gather every rank's own state, and let rank 0 write the checkpoint."""
         with self.profile.section("checkpoints"):
-            self.check_consistency()
+            named = self.named_state()  # one copy of the Parameters for the check and the checkpoint
+            self.check_consistency(named)
             ranks = self.comm.gather(self.local_state())
             if self.rank == 0:
-                state = {**self.shared_state(), "ranks": ranks}
+                state = {**self.shared_state(named), "ranks": ranks}
                 self.recorder.checkpoint(self.policy, state, self.run_info(eval_returns))
 
     def restore(self, state: dict[str, Any]) -> None:
