@@ -295,9 +295,13 @@ def gc_frozen() -> Iterator[None]:
     each in a fresh process (~180k objects after the imports), longer in a long-lived one, and a verify compiles
     ~30 graphs. Frozen objects are skipped by those passes, which then only look at what the block created. Nothing
     is lost: cyclic garbage from before the block is freed by the first pass after it, once ``gc.unfreeze`` has
-    handed every object back. Nested blocks unfreeze once, at the outermost end.
+    handed every object back. Nested blocks unfreeze once, at the outermost end; a program that froze objects
+    itself keeps them frozen (the block then does nothing).
     """
     global _gc_frozen_depth
+    if _gc_frozen_depth == 0 and gc.get_freeze_count():
+        yield  # the caller's own gc.freeze(): theirs to undo
+        return
     if _gc_frozen_depth == 0:
         gc.freeze()
     _gc_frozen_depth += 1

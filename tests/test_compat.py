@@ -95,5 +95,11 @@ def test_gc_frozen_hides_older_objects_from_collections_and_hands_them_back():
         assert gc.get_freeze_count() == 0
         gc.collect()
         assert ref() is None
+        gc.freeze()  # a program's own freeze is left as it is
+        frozen = gc.get_freeze_count()
+        with compat.gc_frozen():
+            pass
+        assert gc.get_freeze_count() == frozen
     finally:
+        gc.unfreeze()
         gc.enable()
