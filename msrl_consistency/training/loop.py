@@ -580,6 +580,7 @@ class Trainer:
                 "env_backend": self.backend.to_dict(),
                 "peak_rss_mb": round(peak_rss_mb(), 1),
                 "rss_mb": self.profile.rss_marks(),
+                "private_rss_mb": self.profile.private_rss_marks(),
                 "cpu_pin": self.pinning.describe(),
             },
             distributed={
