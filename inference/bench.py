@@ -26,6 +26,7 @@ from inference.bundle import Bundle, BundleError, load_bundle
 from inference.contract import ContractError
 from inference.lite_client import DEFAULT_MAX_ROWS, LiteRunner, LiteRunnerError
 from inference.play import mode_graph, run_episodes
+from inference.procfs import status_mb
 from inference.sdk import FORMATS, open_runner, runner_info
 from inference.tensors import FeedError
 
@@ -36,15 +37,7 @@ PERCENTILES = (50.0, 99.0, 99.9)
 
 def rss_mb(pid: int | None) -> float | None:
     """Resident set size of a process in MiB (Linux /proc), None if it cannot be read."""
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    return None if pid is None else status_mb("VmRSS", pid)
 
 
 def seeded_observations(bundle: Bundle, obs_dim: int, rows: int, seed: int) -> np.ndarray:

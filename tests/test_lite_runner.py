@@ -33,6 +33,7 @@ from inference.lite_client import (
     runner_available,
     runner_path,
 )
+from inference.procfs import status_mb
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -359,10 +360,9 @@ def test_closed_runner_is_not_restarted(mlp: Mlp) -> None:
 
 
 def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    mb = status_mb("VmRSS", pid)
+    assert mb is not None, "no VmRSS"
+    return mb
 
 
 def test_row_cap_refuses_oversized_batches_without_growing(mlp: Mlp) -> None:

@@ -7,13 +7,13 @@ bitwise the run without ``--profile``.
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
+
+from inference.procfs import status_mb
 
 PROFILE_JSON = "profile.json"
 SCHEMA = "msrl-consistency/profile"
@@ -40,28 +40,6 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def rss_mb() -> float | None:
-    """Resident set size now (Linux ``/proc/self/statm``); None where there is no procfs."""
-    try:
-        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def private_rss_mb() -> float | None:
-    """The process's own memory now (``RssAnon`` in ``/proc/self/status``): RSS without file-backed pages.
-
-    Most of the rest is MindSpore's libraries, mapped from the page cache: clean, shared pages the kernel can drop,
-    and more of them right after an install, when every library file is still cached (session 17: 368 MB in a fresh
-    venv, 250 MB in one installed hours before, with the same 159 MB of private memory)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024.0
-    except (OSError, IndexError, ValueError):
-        return None
-    return None
 
 
 class Profile:
@@ -71,15 +49,19 @@ class Profile:
         self.start = time.perf_counter()
         self.seconds = dict.fromkeys(SECTIONS, 0.0)
         self.calls = dict.fromkeys(SECTIONS, 0)
-        # RSS at the run's milestones (``mark_rss``): what the imports, the graphs and the training itself hold.
+        # RSS at the run's milestones (``mark_rss``): what the imports, the graphs and the training itself hold; and
+        # the private part of it (``RssAnon``), without file-backed pages. Most of those are MindSpore's libraries,
+        # mapped from the page cache: clean, shared pages the kernel can drop, and more of them right after an
+        # install, when every library file is still cached (session 17: 368 MB in a fresh venv, 250 MB in one
+        # installed hours before, with the same 159 MB of private memory).
         self.rss: dict[str, float | None] = {}
         self.private_rss: dict[str, float | None] = {}
 
     def mark_rss(self, milestone: str) -> None:
         """Record the RSS now under ``milestone`` (its first time in this process)."""
         if milestone not in self.rss:
-            self.rss[milestone] = rss_mb()
-            self.private_rss[milestone] = private_rss_mb()
+            self.rss[milestone] = status_mb("VmRSS")
+            self.private_rss[milestone] = status_mb("RssAnon")
 
     def add(self, name: str, seconds: float, calls: int = 1) -> None:
         self.seconds[name] += seconds
