@@ -9,6 +9,11 @@ gets: the first compiles the graphs, the second also builds the fused kernels th
 preset with graph-kernel fusion); ``ours-cold`` compiles them into a fresh cache dir per run (a config's first run).
 
     .venv/bin/python bench/train_throughput.py --envs CartPole-v1 --seeds 1,2,3 --frameworks ours,ours-cold,torch,sb3
+
+The host's speed drifts by up to 2x within minutes, so one run per framework and seed can hand a seed to whichever
+framework ran in a fast phase. ``--rounds N`` runs every (seed, framework) pair N times, the frameworks rotated
+round by round, and the tables compare the median of each pair's rounds (steps to target are the same in every
+round: a seed's run is deterministic on one host).
 """
 
 from __future__ import annotations
@@ -270,8 +275,9 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
 
 # -- driver ---------------------------------------------------------------------------------------------
 def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-            out_dir: Path) -> dict[str, Any]:  # fmt: skip
-    run_dir = out_dir / "runs" / f"{framework}-{env_id}-s{seed}"
+            out_dir: Path, round_: int = 1) -> dict[str, Any]:  # fmt: skip
+    suffix = "" if round_ == 1 else f"-r{round_}"
+    run_dir = out_dir / "runs" / f"{framework}-{env_id}-s{seed}{suffix}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
@@ -286,7 +292,7 @@ def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: i
     subprocess.run(cmd, cwd=REPO, check=True, env=env)
     result = json.loads((run_dir / "result.json").read_text())
     result["total_time"] = time.perf_counter() - start  # process wall: interpreter, imports, compile, eval
-    result.update(framework=framework, env_id=env_id, seed=seed)
+    result.update(framework=framework, env_id=env_id, seed=seed, round=round_)
     threshold = THRESHOLDS.get(env_id, float("inf"))
     result["steps_to_threshold"] = steps_to_threshold(result["episodes"], threshold)
     result["steps_to_eval_threshold"] = steps_to_eval_threshold(result.get("evals", []), threshold)
@@ -306,8 +312,49 @@ def fmt(value: float | None, digits: int = 0) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def median_or_none(values: list[float | None]) -> float | None:
+    """Median over a pair's rounds, a run that never got there counting as infinitely late; None if the median is."""
+    if not values:
+        return None
+    m = float(np.median([np.inf if v is None else v for v in values]))
+    return None if np.isinf(m) else m
+
+
+def by_seed(rs: list[dict[str, Any]], key: str) -> dict[int, list[Any]]:
+    """``key`` of each run, grouped by seed (a seed's rounds), seeds in first-run order."""
+    out: dict[int, list[Any]] = {}
+    for r in rs:
+        out.setdefault(r["seed"], []).append(r.get(key))
+    return out
+
+
+def leaders(results: list[dict[str, Any]]) -> list[str]:
+    """Per env and seed: each framework's median wall seconds to target (range over rounds) and which was first."""
+    frameworks = list(dict.fromkeys(r["framework"] for r in results))
+    head = "| env | seed | " + " | ".join(frameworks) + " | first |"
+    lines = [head, "|---|---:|" + "---:|" * len(frameworks) + "---|"]
+    pairs: dict[tuple[str, int], dict[str, list[float | None]]] = {}
+    for r in results:
+        pairs.setdefault((r["env_id"], r["seed"]), {}).setdefault(r["framework"], []).append(r.get("wall_to_target"))
+    for (env, seed), walls in pairs.items():
+        medians = {fw: median_or_none(walls[fw]) for fw in walls}
+        cells = []
+        for fw in frameworks:
+            runs = walls.get(fw, [])
+            cell = fmt(medians.get(fw), 1) if runs else ""
+            reached = [w for w in runs if w is not None]
+            if len(runs) > 1 and reached:
+                cell += f" ({min(reached):.1f}-{max(reached):.1f}, {len(reached)}/{len(runs)})"
+            cells.append(cell)
+        timed = {fw: m for fw, m in medians.items() if m is not None}
+        first = min(timed, key=timed.get) if timed else "none"
+        lines.append(f"| {env} | {seed} | " + " | ".join(cells) + f" | {first} |")
+    return lines
+
+
 def tables(results: list[dict[str, Any]]) -> str:
-    """Per-run table, then one summary row per (env, framework); ratios are against the lean PyTorch PPO.
+    """Per-run table, one summary row per (env, framework), then who reached the target first on each seed; ratios
+    are against the lean PyTorch PPO. With several rounds a seed's figures are the median over its rounds.
 
     The machine is shared, so wall-clock SPS moves with other people's load; the CPU-time ratio (CPU seconds
     the training loop itself used) is the steadier comparison and is shown next to it.
@@ -316,14 +363,15 @@ def tables(results: list[dict[str, Any]]) -> str:
     def cpu_sps(r: dict[str, Any]) -> float:
         return r["global_step"] / r["cpu_time"]
 
-    ref = {(r["env_id"], r["seed"]): r for r in results if r["framework"] == "torch"}
+    ref = {(r["env_id"], r["seed"], r.get("round", 1)): r for r in results if r["framework"] == "torch"}
     lines = [
-        "| framework | env | seed | train s/100k | CPU s/100k | total s | compile s | steady SPS | SPS vs torch "
-        "| CPU-SPS vs torch | steps to ≥thr | steps to eval ≥thr | wall s to target | eval mean | peak RSS MB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| framework | env | seed | round | train s/100k | CPU s/100k | total s | compile s | steady SPS "
+        "| SPS vs torch | CPU-SPS vs torch | steps to ≥thr | steps to eval ≥thr | wall s to target | eval mean "
+        "| peak RSS MB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        t = ref.get((r["env_id"], r["seed"]))
+        t = ref.get((r["env_id"], r["seed"], r.get("round", 1)))
         ratio = f"{r['sps_steady'] / t['sps_steady']:.2f}x" if t else "–"
         cpu_ratio = f"{cpu_sps(r) / cpu_sps(t):.2f}x" if t else "–"
         per_100k, cpu_100k = (r[k] / r["global_step"] * 100_000 for k in ("wall_time", "cpu_time"))
@@ -331,6 +379,7 @@ def tables(results: list[dict[str, Any]]) -> str:
             r["framework"],
             r["env_id"],
             r["seed"],
+            r.get("round", 1),
             f"{per_100k:.1f}",
             f"{cpu_100k:.1f}",
             f"{r['total_time']:.1f}",
@@ -347,9 +396,9 @@ def tables(results: list[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += [
         "",
-        "| framework | env | seeds | mean steady SPS | SPS vs torch | CPU-SPS vs torch | reached thr "
+        "| framework | env | seeds | runs | mean steady SPS | SPS vs torch | CPU-SPS vs torch | reached thr "
         "| median steps to thr | median steps to eval thr | wall s to target (per seed) | eval means | peak RSS MB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
@@ -359,18 +408,21 @@ def tables(results: list[dict[str, Any]]) -> str:
         ts = groups.get((env, "torch"))
         ratio = f"{sps / np.mean([r['sps_steady'] for r in ts]):.2f}x" if ts else "–"
         cpu_ratio = f"{csps / np.mean([cpu_sps(r) for r in ts]):.2f}x" if ts else "–"
-        reached = [r["steps_to_threshold"] for r in rs if r["steps_to_threshold"] is not None]
+        steps = {seed: median_or_none(v) for seed, v in by_seed(rs, "steps_to_threshold").items()}
+        reached = [v for v in steps.values() if v is not None]
         median = float(np.median(reached)) if reached else None
-        eval_reached = [r["steps_to_eval_threshold"] for r in rs if r.get("steps_to_eval_threshold") is not None]
+        eval_steps = map(median_or_none, by_seed(rs, "steps_to_eval_threshold").values())
+        eval_reached = [v for v in eval_steps if v is not None]
         eval_median = float(np.median(eval_reached)) if eval_reached else None
-        evals = ", ".join(fmt(r["eval_mean"], 1) for r in rs)
-        walls = ", ".join(fmt(r.get("wall_to_target"), 1) for r in rs)
+        evals = ", ".join(fmt(median_or_none(v), 1) for v in by_seed(rs, "eval_mean").values())
+        walls = ", ".join(fmt(median_or_none(v), 1) for v in by_seed(rs, "wall_to_target").values())
         rss = max((r.get("peak_rss_mb") or 0) for r in rs)
         lines.append(
-            f"| {fw} | {env} | {len(rs)} | {sps:,.0f} | {ratio} | {cpu_ratio} | {len(reached)}/{len(rs)} "
-            f"| {fmt(median)} | {fmt(eval_median)} | {walls} | {evals} | {rss:,.0f} |"
+            f"| {fw} | {env} | {len(steps)} | {len(rs)} | {sps:,.0f} | {ratio} | {cpu_ratio} "
+            f"| {len(reached)}/{len(steps)} | {fmt(median)} | {fmt(eval_median)} | {walls} | {evals} | {rss:,.0f} |"
         )
-    return "\n".join(lines)
+    lines += ["", "Wall seconds to target (median over rounds; range and how many rounds got there):", ""]
+    return "\n".join(lines + leaders(results))
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -408,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=0, help="env steps per run (default: the env preset's)")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--frameworks", default="ours,torch,sb3")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per (seed, framework), frameworks rotated")
     parser.add_argument("--eval-episodes", type=int, default=10, help="deterministic episodes of the final eval")
     periodic = f"also evaluate ({EVAL_EVERY_EPISODES} episodes) about every N env steps; 0: off"
     parser.add_argument("--eval-every-steps", type=int, default=2048, help=periodic)
@@ -420,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
         return write_outputs(merged, REPO / args.out)
     envs = [e for e in args.envs.split(",") if e]
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    frameworks = [fw for fw in args.frameworks.split(",") if fw]
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     if args.worker:
         steps = args.steps or int(preset(envs[0]).get("total_steps", 50_000))
         worker(args.worker, envs[0], steps, seeds[0], args.eval_episodes, args.eval_every_steps, Path(args.out))
@@ -431,22 +487,25 @@ def main(argv: list[str] | None = None) -> int:
     for env_id in envs:
         steps = args.steps or int(preset(env_id).get("total_steps", 50_000))
         one_iteration = parse_config(["--env-id", env_id]).batch_size
-        for fw in (fw for fw in args.frameworks.split(",") if fw in WARM_CACHE):
+        for fw in (fw for fw in frameworks if fw in WARM_CACHE):
             for _ in range(2):
                 run_one(fw, env_id, one_iteration, 0, args.eval_episodes, args.eval_every_steps, out_dir)
             print(f"{fw}: compile cache warmed for {env_id} (two one-iteration runs; not measured)", flush=True)
-        # Frameworks interleaved per seed, so a load change on the shared machine hits all of them alike.
+        # Frameworks interleaved per seed, so a load change on the shared machine hits all of them alike; rotated
+        # round by round, so none always runs first (right after the previous seed's last run).
         for seed in seeds:
-            for fw in args.frameworks.split(","):
-                r = run_one(fw, env_id, steps, seed, args.eval_episodes, args.eval_every_steps, out_dir)
-                print(
-                    f"{fw:5s} {env_id} seed {seed}: steady {r['sps_steady']:,.0f} SPS, total {r['total_time']:.1f}s, "
-                    f"steps to thr {fmt(r['steps_to_threshold'])}, to eval thr {fmt(r['steps_to_eval_threshold'])}, "
-                    f"eval {fmt(r['eval_mean'], 1)}",
-                    flush=True,
-                )
-                results.append(r)
-                (out_dir / "train_throughput.json").write_text(json.dumps({"results": results}, indent=1))
+            for k in range(args.rounds):
+                for fw in frameworks[k % len(frameworks) :] + frameworks[: k % len(frameworks)]:
+                    r = run_one(fw, env_id, steps, seed, args.eval_episodes, args.eval_every_steps, out_dir, k + 1)
+                    print(
+                        f"{fw:5s} {env_id} seed {seed} round {k + 1}: steady {r['sps_steady']:,.0f} SPS, "
+                        f"total {r['total_time']:.1f}s, steps to thr {fmt(r['steps_to_threshold'])}, "
+                        f"to eval thr {fmt(r['steps_to_eval_threshold'])}, eval {fmt(r['eval_mean'], 1)}, "
+                        f"wall to target {fmt(r['wall_to_target'], 1)}",
+                        flush=True,
+                    )
+                    results.append(r)
+                    (out_dir / "train_throughput.json").write_text(json.dumps({"results": results}, indent=1))
     return write_outputs(results, out_dir)
 
 
