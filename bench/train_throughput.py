@@ -259,10 +259,9 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
         with open(run_dir / "evals.csv", newline="") as fh:
             eval_rows = list(csv.DictReader(fh))
         evals = [(int(r["global_step"]), float(r["return_mean"])) for r in eval_rows]
-        # Excluded like metrics.csv's wall_time; the CPU side subtracts the same wall seconds (an approximation:
-        # evals.csv records wall time only, and an evaluation keeps about one core busy).
-        eval_seconds = sum(float(r["seconds"]) for r in eval_rows)
-        wall, cpu = wall - eval_seconds, cpu - eval_seconds
+        # Excluded like metrics.csv's wall_time, and their CPU seconds from the CPU time (as for torch and sb3).
+        wall -= sum(float(r["seconds"]) for r in eval_rows)
+        cpu -= sum(float(r["cpu_seconds"]) for r in eval_rows)
     # Steady state: everything after the first iteration, which also pays the act and train-step compiles.
     (step0, t0), (step1, t1) = rows[0], rows[-1]
     steady = (step1 - step0) / (t1 - t0) if len(rows) > 1 else step1 / t1

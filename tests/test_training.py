@@ -68,6 +68,7 @@ def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
         rows = list(csv.DictReader(fh))
     assert [int(r["global_step"]) for r in rows] == [64, 128]
     assert all(int(r["episodes"]) == 2 and float(r["return_mean"]) >= float(r["return_min"]) > 0 for r in rows)
+    assert all(float(r["seconds"]) > 0 and float(r["cpu_seconds"]) > 0 for r in rows)  # both leave the bench's SPS
     # Evaluation uses its own envs and seeds: the training itself is bitwise the same.
     assert metrics_without_timing(tmp_path / "plain") == metrics_without_timing(tmp_path / "evals")
     assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "evals"))
