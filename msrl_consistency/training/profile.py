@@ -40,8 +40,6 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-
-
 class Profile:
     """Seconds and call counts per section."""
 
