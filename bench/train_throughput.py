@@ -203,7 +203,7 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
 
 def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
            out: Path) -> None:  # fmt: skip
-    import resource
+    from msrl_consistency.training.profile import peak_rss_mb  # no MindSpore import: torch and SB3 workers use it too
 
     if framework.startswith("ours"):
         backend = {"ours": "auto", "ours-cold": "auto", "ours-gym": "gymnasium"}[framework]
@@ -221,7 +221,7 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
         result["hparams"] = hp
     else:
         result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps)
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    result["peak_rss_mb"] = peak_rss_mb()
     out.write_text(json.dumps(result))
 
 
