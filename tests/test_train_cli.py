@@ -89,7 +89,7 @@ def test_config_file_errors(tmp_path):
     good.write_text('env_id = "Pendulum-v1"\nnum_envs = 3\n')
     cfg = parse_config(["--config", str(good), "--num-steps", "8", "--num-minibatches", "2"])
     # preset < file < flags
-    assert (cfg.env_id, cfg.num_envs, cfg.num_steps, cfg.gamma) == ("Pendulum-v1", 3, 8, 0.9)
+    assert (cfg.env_id, cfg.num_envs, cfg.num_steps, cfg.gamma) == ("Pendulum-v1", 3, 8, 0.95)
 
 
 @pytest.mark.parametrize("env_id", available_presets())
