@@ -74,6 +74,23 @@ def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
     assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "evals"))
 
 
+
+def test_an_evaluation_episode_does_not_depend_on_how_many_are_played(tmp_path):
+    """Evaluation plays its episodes in lockstep, EVAL_BATCH rows per act call: episode k's return is the same
+    whether 1, 3 or 20 episodes (two calls' worth) are evaluated, to the last bit (Pendulum: float returns)."""
+    from msrl_consistency.training.loop import EVAL_BATCH
+
+    rd.prepare_new_run_dir(tmp_path / "run")
+    trainer = Trainer(tiny_config(env_id="Pendulum-v1", eval_episodes=3), tmp_path / "run")
+    try:
+        trainer.run()
+        one, three, many = trainer.evaluate(1), trainer.evaluate(3), trainer.evaluate(EVAL_BATCH + 4)
+    finally:
+        trainer.close()
+    assert len(three) == 3 and len(many) == EVAL_BATCH + 4
+    assert one == three[:1] and three == many[:3]
+    assert len(set(many)) == len(many)  # each episode its own seed, start and return
+
 # EnvPool's state is restored by replaying each env's resets and current episode (Box2D and MuJoCo included);
 # gymnasium's classic-control envs are pickled. Pendulum runs its preset's split update.
 @pytest.mark.parametrize(("env_id", "backend", "graphs"), [

@@ -53,6 +53,8 @@ EVAL_FIELDS = ["iteration", "global_step", "return_mean", "return_min", "episode
 LOG_FIELDS = {"metrics": METRIC_FIELDS, "episodes": EPISODE_FIELDS, "evals": EVAL_FIELDS}
 NOISE_STREAM, SHUFFLE_STREAM, RESUME_RESET_STREAM = 1, 2, 3
 REWARD_CLIP = 10.0  # --normalize-reward clips the normalised rewards, as CleanRL's wrapper does
+# Rows of an evaluation act call: episodes evaluated in lockstep (a MindSpore call's cost is flat in the batch).
+EVAL_BATCH = 16
 
 
 def stream_entropy(seed: int, stream: int, rank: int = 0) -> list[int]:
@@ -451,14 +453,19 @@ class Trainer:
         """Deterministic episodes (argmax / mean action) on seeds ``seed + 10_000 + k``, shared out over ranks.
 
         Touches no training RNG stream or env, so evaluating during a run leaves its training bitwise unchanged.
-        Rank r plays episodes k = r, r + W, ...; every rank returns all returns in episode order.
+        Rank r plays episodes k = r, r + W, ..., up to ``EVAL_BATCH`` of them at a time in lockstep; every rank
+        returns all returns in episode order.
         """
         if self._deterministic is None:
             t0 = time.perf_counter()
             self._compile_deterministic()
             self.profile.add("compile", time.perf_counter() - t0)
         with self.profile.section("evaluation"):
-            mine = {k: self._eval_episode(k) for k in range(self.rank, episodes, self.world_size)}
+            ks = list(range(self.rank, episodes, self.world_size))
+            mine: dict[int, float] = {}
+            for start in range(0, len(ks), EVAL_BATCH):
+                chunk = ks[start : start + EVAL_BATCH]
+                mine.update(zip(chunk, self._eval_episodes(chunk), strict=True))
             merged: dict[int, float] = {}
             for part in self.comm.gather(mine):
                 merged.update(part)
@@ -466,22 +473,34 @@ class Trainer:
 
     def _compile_deterministic(self) -> None:
         self._deterministic = compat.CompiledCall(DeterministicPolicy(self.policy))
-        with compat.gc_frozen():
-            self._deterministic(Tensor(np.zeros((1, self.spec.obs_dim), np.float32)))  # no state, no RNG
+        with compat.gc_frozen():  # no state, no RNG
+            self._deterministic(Tensor(np.zeros((EVAL_BATCH, self.spec.obs_dim), np.float32)))
 
-    def _eval_episode(self, k: int) -> float:
-        det = self._deterministic
-        env = make_env(self.cfg.env_id)
-        obs, _ = env.reset(seed=self.cfg.seed + 10_000 + k)
-        total, done = 0.0, False
-        while not done:
-            action, _ = det(Tensor(obs[None].astype(np.float32)))
-            a = action.asnumpy()[0]
-            obs, reward, terminated, truncated, _ = env.step(int(a) if self.spec.discrete else a)
-            total += float(reward)
-            done = terminated or truncated
-        env.close()
-        return total
+    def _eval_episodes(self, ks: list[int]) -> list[float]:
+        """Episodes ``ks`` (at most ``EVAL_BATCH``), each in its own env, with one act call per step for all of them.
+
+        Every call has ``EVAL_BATCH`` rows; a finished episode's row (and an unused one) holds a stale observation
+        whose action is dropped. The batch is fixed because MindSpore's CPU matmul rounds a row's last bits
+        differently for different batch sizes (a row does not depend on the other rows), so an episode's return
+        does not depend on how many episodes, or ranks, evaluate.
+        """
+        envs = [make_env(self.cfg.env_id) for _ in ks]
+        obs = np.zeros((EVAL_BATCH, self.spec.obs_dim), np.float32)
+        for i, (env, k) in enumerate(zip(envs, ks, strict=True)):
+            obs[i] = env.reset(seed=self.cfg.seed + 10_000 + k)[0]
+        totals, live = [0.0] * len(ks), [True] * len(ks)
+        while any(live):
+            actions = self._deterministic(Tensor(obs))[0].asnumpy()
+            for i, env in enumerate(envs):
+                if live[i]:
+                    obs[i], reward, terminated, truncated, _ = env.step(
+                        int(actions[i]) if self.spec.discrete else actions[i]
+                    )
+                    totals[i] += float(reward)
+                    live[i] = not (terminated or truncated)
+        for env in envs:
+            env.close()
+        return totals
 
     def _periodic_eval(self) -> float:
         """``evaluate`` during training, logged to evals.csv with its wall and CPU seconds (so that benchmarks can
