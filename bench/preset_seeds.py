@@ -12,7 +12,9 @@ many seeds reached the env's target and when: CartPole's training mean of 10 epi
     .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10                       # the preset
     .venv/bin/python bench/preset_seeds.py --env CartPole-v1 --seeds 1-10 --name 32x8 \\
         --set num_envs=32 --set num_steps=8                                                     # a candidate
-Results accumulate in ``--out`` (default reports/bench/preset_seeds/): results.json and preset_seeds.md.
+Results accumulate in ``--out`` (default reports/bench/preset_seeds/): results.json and preset_seeds.md. Each
+result keeps its evaluations, so ``--tabulate --threshold 200`` re-reads the stored runs against another bar (say
+BipedalWalker's learning bar, eval >= 200, beside its 300 target) without training again.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from train_throughput import (  # noqa: E402
     THRESHOLDS,
+    TRAINING_MEAN_TARGET,
     iterations_between,
     steps_to_eval_threshold,
     steps_to_threshold,
@@ -82,13 +85,23 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
     final = [float(x) for x in info["eval"]["returns"]] if info["eval"] else []
     return {"env_id": env_id, "name": name, "overrides": overrides, "seed": seed, "global_step": info["global_step"],
             "steps_to_threshold": steps_to_threshold(episodes, thr), "steps_to_eval_threshold":
-            steps_to_eval_threshold(evals, thr), "final_eval": float(np.mean(final)) if final else None,
+            steps_to_eval_threshold(evals, thr), "evals": evals, "final_eval": float(np.mean(final)) if final else None,
             "sps": float(rows[-1]["sps"]), "process_wall": wall, "backend": info["env_backend"]["name"],
             "peak_rss_mb": info.get("peak_rss_mb"),
             "progress": [(int(r["global_step"]), float(r["wall_time"])) for r in rows]}  # fmt: skip
 
 
-def table(results: list[dict[str, Any]]) -> str:
+def reached_at(result: dict[str, Any], threshold: float | None) -> int | None:
+    """The env step at which a run met its env's target, or first evaluated at or above ``threshold``."""
+    if threshold is None:
+        return target_step(result)
+    if result["env_id"] in TRAINING_MEAN_TARGET or "evals" not in result:
+        raise SystemExit(f"--threshold needs stored evaluations: {result['env_id']} {result['name']} seed "
+                         f"{result['seed']} has none (its target is the training mean, or it ran before they were)")
+    return steps_to_eval_threshold(result["evals"], threshold)
+
+
+def table(results: list[dict[str, Any]], threshold: float | None = None) -> str:
     lines = ["| env | candidate | overrides | seeds | reached | median steps to target | worst | per seed (k steps) "
              "| final eval: mean (min) | SPS (indicative) | median wall s to target (indicative) |",
              "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|"]  # fmt: skip
@@ -97,10 +110,10 @@ def table(results: list[dict[str, Any]]) -> str:
         groups.setdefault((r["env_id"], r["name"]), []).append(r)
     for (env, name), rs in groups.items():
         rs = sorted(rs, key=lambda r: r["seed"])
-        steps = [target_step(r) for r in rs]
+        steps = [reached_at(r, threshold) for r in rs]
         reached = [s for s in steps if s is not None]
-        med = f"{np.median(reached):,.0f}" if len(reached) == len(rs) else (
-            "–" if not reached else f"{np.median([np.inf if s is None else s for s in steps]):,.0f}")
+        med_step = np.median([np.inf if s is None else s for s in steps])  # a missed seed counts as never
+        med = f"{med_step:,.0f}" if np.isfinite(med_step) else "–"
         worst = "–" if len(reached) < len(rs) else f"{max(reached):,}"
         per_seed = ", ".join("–" if s is None else f"{s / 1000:.1f}" for s in steps)
         finals = [r["final_eval"] for r in rs if r["final_eval"] is not None]
@@ -124,11 +137,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every-steps", type=int, default=EVAL_EVERY_STEPS,
                         help="periodic evaluation cadence (Hopper's 1M steps: 51200, or evaluations dominate)")
     parser.add_argument("--out", default="reports/bench/preset_seeds")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="tabulate against this evaluation bar instead of the env's target")
+    parser.add_argument("--tabulate", action="store_true", help="only tabulate the runs stored in --out")
     args = parser.parse_args(argv)
     out = REPO / args.out
     out.mkdir(parents=True, exist_ok=True)
     store = out / "results.json"
     results = json.loads(store.read_text())["results"] if store.exists() else []
+    if args.tabulate:
+        if not results:
+            raise SystemExit(f"no stored runs in {store}")
+        bar = "each env's target" if args.threshold is None else f"the first evaluation >= {args.threshold:g}"
+        print(f"Target: {bar}.\n\n{table(results, args.threshold)}")
+        return 0
     seeds = parse_seeds(args.seeds)
     # A rerun replaces this candidate's results for these seeds; its other seeds are kept.
     results = [r for r in results if not (r["env_id"] == args.env and r["name"] == args.name and r["seed"] in seeds)]
@@ -141,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['sps']:,.0f} SPS", flush=True)  # fmt: skip
             results.append(r)
             store.write_text(json.dumps({"results": results}, indent=1))
-    text = table(results)
+    text = table(results, args.threshold)
     (out / "preset_seeds.md").write_text(text + "\n")
     print(text)
     return 0

@@ -1,0 +1,51 @@
+"""bench/preset_seeds.py's table: a stored run is judged against its env's target, or against another evaluation
+bar (``--threshold``) from the evaluations it keeps, without training again."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_preset_seeds():
+    spec = importlib.util.spec_from_file_location("preset_seeds", REPO / "bench" / "preset_seeds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports no MindSpore: the runs are CLI subprocesses
+    return module
+
+
+def stored_run(seed: int, evals: list[tuple[int, float]] | None) -> dict[str, Any]:
+    r = {"env_id": "BipedalWalker-v3", "name": "preset", "overrides": [], "seed": seed, "global_step": 3_000_000,
+         "steps_to_threshold": None, "steps_to_eval_threshold": next((s for s, m in evals or [] if m >= 300), None),
+         "final_eval": 280.0, "sps": 3000.0, "progress": [(400_000, 130.0), (2_000_000, 700.0)]}  # fmt: skip
+    if evals is not None:
+        r["evals"] = evals
+    return r
+
+
+def test_another_bar_is_read_from_the_stored_evaluations(tmp_path, capsys):
+    ps = load_preset_seeds()
+    runs = [stored_run(1, [(81_920, 120.0), (327_680, 210.0), (1_802_240, 305.0)]),
+            stored_run(2, [(81_920, 150.0), (163_840, 199.9), (245_760, 250.0)])]  # fmt: skip
+    target = ps.table(runs).splitlines()[-1]
+    assert "| 1/2 | – | – | 1802.2, – |" in target  # 300: seed 2 never gets there, so no median
+    bar = ps.table(runs, 200.0).splitlines()[-1]
+    assert "| 2/2 | 286,720 | 327,680 | 327.7, 245.8 |" in bar  # 200: the first evaluation at or above it
+    (tmp_path / "results.json").write_text(json.dumps({"results": runs}))
+    assert ps.main(["--out", str(tmp_path), "--tabulate", "--threshold", "200"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("Target: the first evaluation >= 200.") and "| 2/2 | 286,720 |" in printed
+
+
+def test_a_bar_needs_stored_evaluations(tmp_path):
+    ps = load_preset_seeds()
+    with pytest.raises(SystemExit, match="seed 3 has none"):
+        ps.table([stored_run(3, None)], 200.0)
+    with pytest.raises(SystemExit, match="no stored runs"):
+        ps.main(["--out", str(tmp_path), "--tabulate"])
