@@ -33,6 +33,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from inference.doctor import cpu_summary  # noqa: E402
 from msrl_consistency.config import load_toml, parse_config, preset_path  # noqa: E402  (no MindSpore import here)
 
 # "Solved" levels for the training curve: the moving average of the last WINDOW episodes must stay at or above.
@@ -291,7 +292,7 @@ def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: i
     subprocess.run(cmd, cwd=REPO, check=True, env=env)
     result = json.loads((run_dir / "result.json").read_text())
     result["total_time"] = time.perf_counter() - start  # process wall: interpreter, imports, compile, eval
-    result.update(framework=framework, env_id=env_id, seed=seed, round=round_)
+    result.update(framework=framework, env_id=env_id, seed=seed, round=round_, host=cpu_summary())
     threshold = THRESHOLDS.get(env_id, float("inf"))
     result["steps_to_threshold"] = steps_to_threshold(result["episodes"], threshold)
     result["steps_to_eval_threshold"] = steps_to_eval_threshold(result.get("evals", []), threshold)
@@ -511,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
 def write_outputs(results: list[dict[str, Any]], out_dir: Path) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "train_throughput.json").write_text(json.dumps({"results": results}, indent=1))
-    table = tables(results)
+    hosts = sorted({r.get("host", "not recorded") for r in results})
+    table = f"Host{'s' if len(hosts) > 1 else ''}: {'; '.join(hosts)}.\n\n{tables(results)}"
     (out_dir / "train_throughput.md").write_text(table + "\n")
     plot(results, out_dir / "reward_curves.png")
     print(table)

@@ -91,6 +91,16 @@ def simd_level(flags: set[str], machine: str) -> str:
     return "unknown"
 
 
+def cpu_summary() -> str:
+    """One line naming this host's CPU, e.g. ``Intel(R) Xeon(R) Processor, AVX-512, 2 CPUs``: the benchmarks record
+    it with each result, since float paths (PyTorch's, not ours) and speed ratios differ from one CPU to another."""
+    try:
+        model, flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        model, flags = "unknown", set()
+    return f"{model}, {simd_level(flags, platform.machine())}, {os.cpu_count()} CPUs"
+
+
 def _key_values(path: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     try:

@@ -68,3 +68,18 @@ def test_results_of_single_round_runs_tabulate_as_before():
     assert "| CartPole-v1 | 1 | 8.9 | 8.4 | – | torch |" in table
     assert "| ours | CartPole-v1 | 1 | 1 | 20.0 |" in table  # round 1 where the json predates rounds
     assert "| sb3 | CartPole-v1 | 1 | 1 | 5,000 | 1.00x | 1.00x | 0/1 | – |" in table
+
+
+def test_the_written_table_names_the_hosts_it_was_measured_on(tmp_path):
+    bench = load_bench()
+    results = [run("ours", 1, 1, 8.0, 24_000), run("torch", 1, 1, 8.5, 23_000), run("ours", 2, 1, 5.0, 12_000)]
+    hosts = ["Intel A, AVX-512, 2 CPUs", "Intel A, AVX-512, 2 CPUs", "AMD B, AVX2+FMA, 2 CPUs"]
+    for r, host in zip(results, hosts, strict=True):
+        r.update(host=host, episodes=[(1000, 100.0), (2000, 480.0)])
+    bench.write_outputs(results, tmp_path)
+    md = (tmp_path / "train_throughput.md").read_text()
+    assert md.startswith("Hosts: AMD B, AVX2+FMA, 2 CPUs; Intel A, AVX-512, 2 CPUs.\n")
+    del results[2]["host"]  # a json written before hosts were recorded
+    bench.write_outputs(results[2:], tmp_path)
+    assert (tmp_path / "train_throughput.md").read_text().startswith("Host: not recorded.\n")
+    assert bench.cpu_summary().endswith(" CPUs")
