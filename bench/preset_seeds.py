@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from train_throughput import (  # noqa: E402
     THRESHOLDS,
     TRAINING_MEAN_TARGET,
+    cpu_summary,
     iterations_between,
     steps_to_eval_threshold,
     steps_to_threshold,
@@ -87,7 +88,7 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
             "steps_to_threshold": steps_to_threshold(episodes, thr), "steps_to_eval_threshold":
             steps_to_eval_threshold(evals, thr), "evals": evals, "final_eval": float(np.mean(final)) if final else None,
             "sps": float(rows[-1]["sps"]), "process_wall": wall, "backend": info["env_backend"]["name"],
-            "peak_rss_mb": info.get("peak_rss_mb"),
+            "peak_rss_mb": info.get("peak_rss_mb"), "host": cpu_summary(),
             "progress": [(int(r["global_step"]), float(r["wall_time"])) for r in rows]}  # fmt: skip
 
 
