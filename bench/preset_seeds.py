@@ -143,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tabulate", action="store_true", help="only tabulate the runs stored in --out")
     args = parser.parse_args(argv)
     out = REPO / args.out
-    out.mkdir(parents=True, exist_ok=True)
     store = out / "results.json"
     results = json.loads(store.read_text())["results"] if store.exists() else []
     if args.tabulate:
@@ -152,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         bar = "each env's target" if args.threshold is None else f"the first evaluation >= {args.threshold:g}"
         print(f"Target: {bar}.\n\n{table(results, args.threshold)}")
         return 0
+    out.mkdir(parents=True, exist_ok=True)
     seeds = parse_seeds(args.seeds)
     # A rerun replaces this candidate's results for these seeds; its other seeds are kept.
     results = [r for r in results if not (r["env_id"] == args.env and r["name"] == args.name and r["seed"] in seeds)]

@@ -91,14 +91,20 @@ def simd_level(flags: set[str], machine: str) -> str:
     return "unknown"
 
 
-def cpu_summary() -> str:
-    """One line naming this host's CPU, e.g. ``Intel(R) Xeon(R) Processor, AVX-512, 2 CPUs``: the benchmarks record
-    it with each result, since float paths (PyTorch's, not ours) and speed ratios differ from one CPU to another."""
+def host_cpu() -> tuple[str, str]:
+    """This host's CPU model and SIMD level, from /proc/cpuinfo (``unknown`` without it)."""
     try:
         model, flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text(errors="replace"))
     except OSError:
         model, flags = "unknown", set()
-    return f"{model}, {simd_level(flags, platform.machine())}, {os.cpu_count()} CPUs"
+    return model, simd_level(flags, platform.machine())
+
+
+def cpu_summary() -> str:
+    """One line naming this host's CPU, e.g. ``Intel(R) Xeon(R) Processor, AVX-512, 2 CPUs``: the benchmarks record
+    it with each result, since float paths (PyTorch's, not ours) and speed ratios differ from one CPU to another."""
+    model, simd = host_cpu()
+    return f"{model}, {simd}, {os.cpu_count()} CPUs"
 
 
 def _key_values(path: Path) -> dict[str, str]:
@@ -132,10 +138,7 @@ def ascend_devices() -> list[str]:
 
 
 def environment(info: RunnerInfo | None) -> dict[str, Any]:
-    try:
-        model, flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text(errors="replace"))
-    except OSError:
-        model, flags = "unknown", set()
+    model, simd = host_cpu()
     machine = platform.machine()
     cann = cann_info()
     driver = _key_values(Path("/usr/local/Ascend/driver/version.info")).get("version")
@@ -146,7 +149,7 @@ def environment(info: RunnerInfo | None) -> dict[str, Any]:
         "mindspore": package_version("mindspore"),
         "machine": machine,
         "cpu_model": model,
-        "simd": simd_level(flags, machine),
+        "simd": simd,
         "lite": None
         if info is None
         else {
