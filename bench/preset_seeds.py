@@ -15,6 +15,13 @@ many seeds reached the env's target and when: CartPole's training mean of 10 epi
 Results accumulate in ``--out`` (default reports/bench/preset_seeds/): results.json and preset_seeds.md. Each
 result keeps its evaluations, so ``--tabulate --threshold 200`` re-reads the stored runs against another bar (say
 BipedalWalker's learning bar, eval >= 200, beside its 300 target) without training again.
+
+A screen is cheaper than a full judgement: ``--stop-at-target`` stops a run once an evaluation reaches the target and
+``--give-up-at STEPS`` stops one that has not by then (both checkpoint, so ``--resume`` goes on). The learning rate
+still anneals over the full run, so the steps to target are an unstopped run's:
+
+    .venv/bin/python bench/preset_seeds.py --env BipedalWalker-v3 --seeds 2 --name logstd-0.5 \
+        --set init_log_std=-0.5 --eval-every-steps 81920 --stop-at-target --give-up-at 1400000
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import csv
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +54,7 @@ from train_throughput import (  # noqa: E402
 )
 
 EVAL_EVERY_STEPS = 4096
+POLL_S = 5.0  # how often a stoppable run's logs are read
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -56,8 +65,40 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def read_logs(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]], list[dict[str, str]]]:
+    """A run's episodes (step, return), evaluations (step, mean) and metrics rows so far (empty before the first)."""
+
+    def rows(name: str) -> list[dict[str, str]]:
+        path = run_dir / name
+        if not path.exists():
+            return []
+        with open(path, newline="") as fh:
+            return list(csv.DictReader(fh))
+
+    episodes = [(int(r["global_step"]), float(r["return"])) for r in rows("episodes.csv")]
+    evals = [(int(r["global_step"]), float(r["return_mean"])) for r in rows("evals.csv")]
+    return episodes, evals, rows("metrics.csv")
+
+
+def stop_reason(env_id: str, run_dir: Path, stop_at_target: bool, give_up_at: int | None) -> str | None:
+    """Why a running run should stop now: it reached its target, or passed ``give_up_at`` steps without it."""
+    episodes, evals, metrics = read_logs(run_dir)
+    thr = THRESHOLDS.get(env_id, float("inf"))
+    if env_id in TRAINING_MEAN_TARGET:
+        return None  # "stays >= the bar" is only known at the end of a run
+    if stop_at_target and steps_to_eval_threshold(evals, thr) is not None:
+        return "target"
+    at = int(metrics[-1]["global_step"]) if metrics else 0
+    return "gave up" if give_up_at and at >= give_up_at else None
+
+
 def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | None, out: Path,
-        eval_every_steps: int = EVAL_EVERY_STEPS) -> dict[str, Any]:
+        eval_every_steps: int = EVAL_EVERY_STEPS, stop_at_target: bool = False,
+        give_up_at: int | None = None) -> dict[str, Any]:
+    """One training run of the real CLI. With ``stop_at_target`` / ``give_up_at`` it is stopped (SIGTERM: the
+    iteration finishes and is checkpointed, so ``--resume`` can go on) once its target is reached or once it has
+    passed ``give_up_at`` steps without it. The learning-rate schedule still spans the full run's steps, so the
+    steps to target are those of an unstopped run; a stopped run has no final evaluation."""
     run_dir = out / "runs" / f"{env_id}-{name}-s{seed}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -70,25 +111,31 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
     every = iterations_between(eval_every_steps, cfg.batch_size)
     cmd = [sys.executable, "-m", "msrl_consistency.train", *base, "--eval-every", str(every), "--eval-episodes", "5",
            "--progress", "false", "--compile-cache", "false", "--run-dir", str(run_dir)]  # fmt: skip
+    log_path = out / "runs" / f"{run_dir.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    stopped = None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            if stopped is None and (stop_at_target or give_up_at):
+                stopped = stop_reason(env_id, run_dir, stop_at_target, give_up_at)
+                if stopped is not None:
+                    proc.send_signal(signal.SIGTERM)
+    if proc.returncode != 0 and not (stopped and proc.returncode == 130):
+        tail = log_path.read_text()[-2000:]
+        raise SystemExit(f"{name} seed {seed} failed ({proc.returncode}):\n{tail}")
     wall = time.perf_counter() - start
-    with open(run_dir / "episodes.csv", newline="") as fh:
-        episodes = [(int(r["global_step"]), float(r["return"])) for r in csv.DictReader(fh)]
-    with open(run_dir / "evals.csv", newline="") as fh:
-        evals = [(int(r["global_step"]), float(r["return_mean"])) for r in csv.DictReader(fh)]
-    with open(run_dir / "metrics.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    episodes, evals, rows = read_logs(run_dir)
     info = json.loads((run_dir / "run.json").read_text())
     thr = THRESHOLDS.get(env_id, float("inf"))
-    final = [float(x) for x in info["eval"]["returns"]] if info["eval"] else []
+    final = [float(x) for x in info["eval"]["returns"]] if info.get("eval") else []
     return {"env_id": env_id, "name": name, "overrides": overrides, "seed": seed, "global_step": info["global_step"],
             "steps_to_threshold": steps_to_threshold(episodes, thr), "steps_to_eval_threshold":
             steps_to_eval_threshold(evals, thr), "evals": evals, "final_eval": float(np.mean(final)) if final else None,
-            "sps": float(rows[-1]["sps"]), "process_wall": wall, "backend": info["env_backend"]["name"],
-            "peak_rss_mb": info.get("peak_rss_mb"), "host": cpu_summary(),
+            "stopped": stopped, "sps": float(rows[-1]["sps"]), "process_wall": wall,
+            "backend": info["env_backend"]["name"], "peak_rss_mb": info.get("peak_rss_mb"), "host": cpu_summary(),
             "progress": [(int(r["global_step"]), float(r["wall_time"])) for r in rows]}  # fmt: skip
 
 
@@ -116,13 +163,16 @@ def table(results: list[dict[str, Any]], threshold: float | None = None) -> str:
         med_step = np.median([np.inf if s is None else s for s in steps])  # a missed seed counts as never
         med = f"{med_step:,.0f}" if np.isfinite(med_step) else "–"
         worst = "–" if len(reached) < len(rs) else f"{max(reached):,}"
-        per_seed = ", ".join("–" if s is None else f"{s / 1000:.1f}" for s in steps)
+        # A run given up on (--give-up-at) missed within fewer steps than its schedule's: "–@1.4M".
+        per_seed = ", ".join(f"{s / 1000:.1f}" if s is not None else f"–@{r['global_step'] / 1e6:.2f}M"
+                             if r.get("stopped") == "gave up" else "–" for r, s in zip(rs, steps, strict=True))
         finals = [r["final_eval"] for r in rs if r["final_eval"] is not None]
+        final = f"{np.mean(finals):.1f} ({np.min(finals):.1f})" if finals else "– (stopped)"
         walls = [wall_at_step(r.get("progress", []), s) for r, s in zip(rs, steps, strict=True)]
         wall = np.median([np.inf if w is None else w for w in walls])  # inf (shown as –) if most seeds missed
         lines.append(f"| {env} | {name} | {' '.join(rs[0]['overrides']) or 'preset'} | {len(rs)} | "
-                     f"{len(reached)}/{len(rs)} | {med} | {worst} | {per_seed} | {np.mean(finals):.1f} "
-                     f"({np.min(finals):.1f}) | {np.mean([r['sps'] for r in rs]):,.0f} | "
+                     f"{len(reached)}/{len(rs)} | {med} | {worst} | {per_seed} | {final} | "
+                     f"{np.mean([r['sps'] for r in rs]):,.0f} | "
                      f"{f'{wall:.1f}' if np.isfinite(wall) else '–'} |")  # fmt: skip
     return "\n".join(lines)
 
@@ -141,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=None,
                         help="tabulate against this evaluation bar instead of the env's target")
     parser.add_argument("--tabulate", action="store_true", help="only tabulate the runs stored in --out")
+    parser.add_argument("--stop-at-target", action="store_true",
+                        help="stop a run once an evaluation reaches the target (no final evaluation then)")
+    parser.add_argument("--give-up-at", type=int, default=0, metavar="STEPS",
+                        help="stop a run that has not reached its target after STEPS env steps (a screen)")
     args = parser.parse_args(argv)
     out = REPO / args.out
     store = out / "results.json"
@@ -156,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     # A rerun replaces this candidate's results for these seeds; its other seeds are kept.
     results = [r for r in results if not (r["env_id"] == args.env and r["name"] == args.name and r["seed"] in seeds)]
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(run, args.env, args.name, args.set, s, args.steps or None, out, args.eval_every_steps)
-                   for s in seeds]
+        futures = [pool.submit(run, args.env, args.name, args.set, s, args.steps or None, out, args.eval_every_steps,
+                               args.stop_at_target, args.give_up_at or None) for s in seeds]
         for f in futures:
             r = f.result()
-            print(f"{r['name']} seed {r['seed']}: target at {target_step(r)}, final eval {r['final_eval']:.1f}, "
-                  f"{r['sps']:,.0f} SPS", flush=True)  # fmt: skip
+            final = "–" if r["final_eval"] is None else f"{r['final_eval']:.1f}"
+            stopped = f" (stopped: {r['stopped']} at {r['global_step']:,})" if r["stopped"] else ""
+            print(f"{r['name']} seed {r['seed']}: target at {target_step(r)}, final eval {final}, "
+                  f"{r['sps']:,.0f} SPS{stopped}", flush=True)  # fmt: skip
             results.append(r)
             store.write_text(json.dumps({"results": results}, indent=1))
     text = table(results, args.threshold)

@@ -49,3 +49,33 @@ def test_a_bar_needs_stored_evaluations(tmp_path):
         ps.table([stored_run(3, None)], 200.0)
     with pytest.raises(SystemExit, match="no stored runs"):
         ps.main(["--out", str(tmp_path), "--tabulate"])
+
+
+def write_logs(run_dir: Path, step: int, evals: list[tuple[int, float]]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.csv").write_text(f"iteration,global_step,sps,wall_time\n1,{step},3000.0,1.0\n")
+    (run_dir / "evals.csv").write_text("iteration,global_step,return_mean\n"
+                                       + "".join(f"1,{s},{m}\n" for s, m in evals))  # fmt: skip
+
+
+def test_a_screen_stops_a_run_at_its_target_or_gives_up_on_it(tmp_path):
+    ps = load_preset_seeds()
+    run_dir = tmp_path / "run"
+    assert ps.stop_reason("BipedalWalker-v3", run_dir, True, 1_400_000) is None  # nothing logged yet
+    write_logs(run_dir, 901_120, [(819_200, 296.0), (901_120, 299.9)])
+    assert ps.stop_reason("BipedalWalker-v3", run_dir, True, 1_400_000) is None
+    write_logs(run_dir, 983_040, [(901_120, 299.9), (983_040, 300.0)])
+    assert ps.stop_reason("BipedalWalker-v3", run_dir, True, 1_400_000) == "target"
+    assert ps.stop_reason("BipedalWalker-v3", run_dir, False, 1_400_000) is None  # only giving up was asked for
+    write_logs(run_dir, 1_400_832, [(1_392_640, 297.0)])
+    assert ps.stop_reason("BipedalWalker-v3", run_dir, True, 1_400_000) == "gave up"
+    assert ps.stop_reason("CartPole-v1", run_dir, True, 1_400_000) is None  # a training-mean target needs the end
+
+
+def test_a_stopped_run_shows_where_it_was_given_up(tmp_path):
+    ps = load_preset_seeds()
+    given_up = {**stored_run(2, [(1_392_640, 297.0)]), "global_step": 1_400_832, "stopped": "gave up",
+                "final_eval": None}  # fmt: skip
+    reached = {**stored_run(3, [(983_040, 301.0)]), "stopped": "target", "final_eval": None}
+    row = ps.table([given_up, reached]).splitlines()[-1]
+    assert "| 1/2 | – | – | –@1.40M, 983.0 | – (stopped) |" in row
