@@ -65,29 +65,27 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def read_logs(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]], list[dict[str, str]]]:
-    """A run's episodes (step, return), evaluations (step, mean) and metrics rows so far (empty before the first)."""
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    """A run's CSV log as rows (empty before its first row is written)."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
 
-    def rows(name: str) -> list[dict[str, str]]:
-        path = run_dir / name
-        if not path.exists():
-            return []
-        with open(path, newline="") as fh:
-            return list(csv.DictReader(fh))
 
-    episodes = [(int(r["global_step"]), float(r["return"])) for r in rows("episodes.csv")]
-    evals = [(int(r["global_step"]), float(r["return_mean"])) for r in rows("evals.csv")]
-    return episodes, evals, rows("metrics.csv")
+def eval_means(run_dir: Path) -> list[tuple[int, float]]:
+    return [(int(r["global_step"]), float(r["return_mean"])) for r in csv_rows(run_dir / "evals.csv")]
 
 
 def stop_reason(env_id: str, run_dir: Path, stop_at_target: bool, give_up_at: int | None) -> str | None:
-    """Why a running run should stop now: it reached its target, or passed ``give_up_at`` steps without it."""
-    episodes, evals, metrics = read_logs(run_dir)
-    thr = THRESHOLDS.get(env_id, float("inf"))
+    """Why a running run should stop now: it reached its target, or passed ``give_up_at`` steps without it.
+    Reads only the small logs (evaluations, metrics): it runs every few seconds while the run trains."""
     if env_id in TRAINING_MEAN_TARGET:
         return None  # "stays >= the bar" is only known at the end of a run
-    if stop_at_target and steps_to_eval_threshold(evals, thr) is not None:
+    thr = THRESHOLDS.get(env_id, float("inf"))
+    if stop_at_target and steps_to_eval_threshold(eval_means(run_dir), thr) is not None:
         return "target"
+    metrics = csv_rows(run_dir / "metrics.csv")
     at = int(metrics[-1]["global_step"]) if metrics else 0
     return "gave up" if give_up_at and at >= give_up_at else None
 
@@ -127,7 +125,8 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
         tail = log_path.read_text()[-2000:]
         raise SystemExit(f"{name} seed {seed} failed ({proc.returncode}):\n{tail}")
     wall = time.perf_counter() - start
-    episodes, evals, rows = read_logs(run_dir)
+    episodes = [(int(r["global_step"]), float(r["return"])) for r in csv_rows(run_dir / "episodes.csv")]
+    evals, rows = eval_means(run_dir), csv_rows(run_dir / "metrics.csv")
     info = json.loads((run_dir / "run.json").read_text())
     thr = THRESHOLDS.get(env_id, float("inf"))
     final = [float(x) for x in info["eval"]["returns"]] if info.get("eval") else []
@@ -149,6 +148,13 @@ def reached_at(result: dict[str, Any], threshold: float | None) -> int | None:
     return steps_to_eval_threshold(result["evals"], threshold)
 
 
+def seed_cell(result: dict[str, Any], step: int | None) -> str:
+    """A seed's steps to target in k steps; a miss is "–", or "–@1.40M" if given up on (--give-up-at) that early."""
+    if step is not None:
+        return f"{step / 1000:.1f}"
+    return f"–@{result['global_step'] / 1e6:.2f}M" if result.get("stopped") == "gave up" else "–"
+
+
 def table(results: list[dict[str, Any]], threshold: float | None = None) -> str:
     lines = ["| env | candidate | overrides | seeds | reached | median steps to target | worst | per seed (k steps) "
              "| final eval: mean (min) | SPS (indicative) | median wall s to target (indicative) |",
@@ -163,9 +169,7 @@ def table(results: list[dict[str, Any]], threshold: float | None = None) -> str:
         med_step = np.median([np.inf if s is None else s for s in steps])  # a missed seed counts as never
         med = f"{med_step:,.0f}" if np.isfinite(med_step) else "–"
         worst = "–" if len(reached) < len(rs) else f"{max(reached):,}"
-        # A run given up on (--give-up-at) missed within fewer steps than its schedule's: "–@1.4M".
-        per_seed = ", ".join(f"{s / 1000:.1f}" if s is not None else f"–@{r['global_step'] / 1e6:.2f}M"
-                             if r.get("stopped") == "gave up" else "–" for r, s in zip(rs, steps, strict=True))
+        per_seed = ", ".join(seed_cell(r, s) for r, s in zip(rs, steps, strict=True))
         finals = [r["final_eval"] for r in rs if r["final_eval"] is not None]
         final = f"{np.mean(finals):.1f} ({np.min(finals):.1f})" if finals else "– (stopped)"
         walls = [wall_at_step(r.get("progress", []), s) for r, s in zip(rs, steps, strict=True)]
