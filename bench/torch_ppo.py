@@ -229,12 +229,14 @@ def train(
     eval_episodes: int = 10,
     eval_every: int = 0,
     eval_every_episodes: int = 5,
+    stop_at_eval: float | None = None,
     **hparams: Any,
 ) -> dict[str, Any]:
     """Train PPO; return wall and CPU time (training loop only), SPS, per-episode ``(global_step, return)`` and eval.
 
     ``eval_every`` > 0 also runs ``eval_every_episodes`` deterministic episodes every that many iterations
-    (``evals``: ``(global_step, mean return)``); their time is excluded from the timings.
+    (``evals``: ``(global_step, mean return)``); their time is excluded from the timings. ``stop_at_eval`` ends
+    training at the first of them whose mean reaches it (the learning rate still anneals over ``total_steps``).
     """
     hp = HParams.from_dict(hparams)
     torch.set_num_threads(1)
@@ -313,10 +315,12 @@ def train(
             t0, c0 = time.perf_counter(), time.process_time()
             evals.append((global_step, float(np.mean(evaluate(agent.env_action, env_id, seed, eval_every_episodes)))))
             eval_wall, eval_cpu = eval_wall + time.perf_counter() - t0, eval_cpu + time.process_time() - c0
+            if stop_at_eval is not None and evals[-1][1] >= stop_at_eval:
+                break
     end = time.perf_counter() - eval_wall
     wall, cpu = end - start, time.process_time() - cpu_start - eval_cpu
     envs.close()
-    steady = (global_step - batch) / (end - first_iter_end) if iterations > 1 else global_step / wall
+    steady = (global_step - batch) / (end - first_iter_end) if global_step > batch else global_step / wall
     return {
         "wall_time": wall,
         "cpu_time": cpu,

@@ -51,8 +51,9 @@ TORCH_BEST: dict[str, dict[str, Any]] = {
 WINDOW = 10
 # ours and ours-gym load their graphs from a compile cache warmed before the first measured run (what every run of
 # a config after its first gets); ours-cold compiles them, from a fresh cache dir per run (a config's first run).
-FRAMEWORKS = ("ours", "ours-cold", "ours-gym", "torch", "torch-best", "sb3")
-WARM_CACHE = ("ours", "ours-gym")
+FRAMEWORKS = ("ours", "ours-cold", "ours-gym", "ours-envpool", "torch", "torch-best", "sb3")
+WARM_CACHE = ("ours", "ours-gym", "ours-envpool")
+BACKENDS = {"ours": "auto", "ours-cold": "auto", "ours-gym": "gymnasium", "ours-envpool": "envpool"}
 EVAL_EVERY_EPISODES = 5  # deterministic episodes per periodic evaluation (the final one uses --eval-episodes)
 # rl-zoo3's tuned PPO settings (hyperparams/ppo.yml); Pendulum without gSDE so all three use a plain Gaussian.
 SB3_ZOO: dict[str, dict[str, Any]] = {
@@ -120,7 +121,8 @@ def sb3_hparams(env_id: str) -> dict[str, Any]:
     )
 
 
-def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int) -> dict[str, Any]:
+def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
+            stop_at: float | None = None) -> dict[str, Any]:  # fmt: skip
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -153,6 +155,7 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
             self.evals: list[tuple[int, float]] = []
             self.progress: list[tuple[int, float]] = []
             self.eval_wall = self.eval_cpu = 0.0
+            self.reached = False
 
         def _on_rollout_end(self) -> None:
             self.rollouts += 1
@@ -160,6 +163,7 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
             if self.eval_every and self.rollouts % self.eval_every == 0:
                 t0, c0 = time.perf_counter(), time.process_time()
                 self.evals.append((self.num_timesteps, float(np.mean(deterministic_returns(EVAL_EVERY_EPISODES)))))
+                self.reached = stop_at is not None and self.evals[-1][1] >= stop_at
                 self.eval_wall += time.perf_counter() - t0
                 self.eval_cpu += time.process_time() - c0
 
@@ -167,7 +171,7 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
             for info in self.locals["infos"]:
                 if "episode" in info:
                     self.episodes.append((self.num_timesteps, float(info["episode"]["r"])))
-            return True
+            return not self.reached  # False ends learn() (--stop-at-target)
 
         def _on_rollout_start(self) -> None:
             if self.first_rollout is None and self.num_timesteps > 0:
@@ -203,12 +207,14 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
 
 
 def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-           out: Path) -> None:  # fmt: skip
+           out: Path, stop_at_target: bool = False) -> None:  # fmt: skip
     from msrl_consistency.training.profile import peak_rss_mb  # no MindSpore import: torch and SB3 workers use it too
 
+    # --stop-at-target: end a run at its first evaluation reaching the target (the evaluation-target envs only).
+    stop_at = THRESHOLDS.get(env_id) if stop_at_target and env_id not in TRAINING_MEAN_TARGET else None
     if framework.startswith("ours"):
-        backend = {"ours": "auto", "ours-cold": "auto", "ours-gym": "gymnasium"}[framework]
-        result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent, backend)
+        result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent, BACKENDS[framework],
+                          stop_at)  # fmt: skip
     elif framework.startswith("torch"):
         import torch_ppo
 
@@ -218,16 +224,17 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
         batch = hparams.num_envs * hparams.num_steps
         result = torch_ppo.train(env_id, steps, seed, eval_episodes=eval_episodes,
                                  eval_every=iterations_between(eval_every_steps, batch),
-                                 eval_every_episodes=EVAL_EVERY_EPISODES, **hp)  # fmt: skip
+                                 eval_every_episodes=EVAL_EVERY_EPISODES, stop_at_eval=stop_at, **hp)  # fmt: skip
         result["hparams"] = hp
     else:
-        result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps)
+        result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps, stop_at)
+    result["stopped_at_target"] = stop_at is not None and result["global_step"] < steps
     result["peak_rss_mb"] = peak_rss_mb()
     out.write_text(json.dumps(result))
 
 
 def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-             run_dir: Path, backend: str = "auto") -> dict[str, Any]:  # fmt: skip
+             run_dir: Path, backend: str = "auto", stop_at: float | None = None) -> dict[str, Any]:  # fmt: skip
     """What ``python -m msrl_consistency.train`` does, through the Trainer API so the loop's CPU time is visible."""
     t_import = time.perf_counter()
     from msrl_consistency.artifacts import run_dir as rd
@@ -236,8 +243,10 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
     import_time = time.perf_counter() - t_import
     argv = ["--env-id", env_id, "--run-dir", str(run_dir), "--total-steps", str(steps), "--seed", str(seed),
             "--progress", "false", "--eval-episodes", str(EVAL_EVERY_EPISODES), "--env-backend", backend]  # fmt: skip
+    argv += ["--eval-every", str(iterations_between(eval_every_steps, parse_config(argv).batch_size))]
+    if stop_at is not None:
+        argv += ["--stop-at-return", repr(stop_at)]
     cfg = parse_config(argv)
-    cfg.eval_every = iterations_between(eval_every_steps, cfg.batch_size)
     rd.prepare_new_run_dir(run_dir)
     trainer = Trainer(cfg, run_dir)
     trainer.use_compile_cache()  # under $MSRL_COMPILE_CACHE_DIR, set by run_one
@@ -275,7 +284,7 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
 
 # -- driver ---------------------------------------------------------------------------------------------
 def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-            out_dir: Path, round_: int = 1) -> dict[str, Any]:  # fmt: skip
+            out_dir: Path, round_: int = 1, stop_at_target: bool = False) -> dict[str, Any]:  # fmt: skip
     suffix = "" if round_ == 1 else f"-r{round_}"
     run_dir = out_dir / "runs" / f"{framework}-{env_id}-s{seed}{suffix}"
     if run_dir.exists():
@@ -283,7 +292,7 @@ def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: i
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, __file__, "--worker", framework, "--envs", env_id, "--steps", str(steps), "--seeds",
            str(seed), "--eval-episodes", str(eval_episodes), "--eval-every-steps", str(eval_every_steps),
-           "--out", str(run_dir / "result.json")]  # fmt: skip
+           "--out", str(run_dir / "result.json")] + ["--stop-at-target"] * stop_at_target  # fmt: skip
     env = dict(os.environ)
     if framework.startswith("ours"):
         cache = out_dir / "graph-cache" if framework in WARM_CACHE else run_dir / "graph-cache"
@@ -466,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every-steps", type=int, default=2048, help=periodic)
     parser.add_argument("--out", default="reports/bench/train_throughput", help="output dir (json, md, png, runs)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="only tabulate and plot earlier runs' json files")
+    parser.add_argument("--stop-at-target", action="store_true",
+                        help="end each run at its first periodic evaluation reaching the env's target (Pendulum, "
+                        "BipedalWalker, Hopper; the learning rate still anneals over --steps): wall to target only")
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.merge:  # long runs go one seed at a time (or resume after a stop); one table for all of them
@@ -478,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be >= 1")
     if args.worker:
         steps = args.steps or int(preset(envs[0]).get("total_steps", 50_000))
-        worker(args.worker, envs[0], steps, seeds[0], args.eval_episodes, args.eval_every_steps, Path(args.out))
+        worker(args.worker, envs[0], steps, seeds[0], args.eval_episodes, args.eval_every_steps, Path(args.out),
+               args.stop_at_target)  # fmt: skip
         return 0
 
     out_dir = REPO / args.out
@@ -496,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             for k in range(args.rounds):
                 for fw in frameworks[k % len(frameworks) :] + frameworks[: k % len(frameworks)]:
-                    r = run_one(fw, env_id, steps, seed, args.eval_episodes, args.eval_every_steps, out_dir, k + 1)
+                    r = run_one(fw, env_id, steps, seed, args.eval_episodes, args.eval_every_steps, out_dir, k + 1,
+                                args.stop_at_target)  # fmt: skip
                     print(
                         f"{fw:5s} {env_id} seed {seed} round {k + 1}: steady {r['sps_steady']:,.0f} SPS, "
                         f"total {r['total_time']:.1f}s, steps to thr {fmt(r['steps_to_threshold'])}, "

@@ -64,7 +64,8 @@ class TrainConfig:
     env id: classic control, Box2D, MuJoCo; gymnasium otherwise). A run records the engine it resolved to.
     Evaluation, verify and play always use gymnasium."""
     env_threads: int = 0
-    """EnvPool worker threads (0: 1 for classic control, else one per core up to num_envs)."""
+    """Env steppers working at once: EnvPool's threads, or on gymnasium the processes that step its envs (this one
+    and spawned helpers). 0: one per core (up to num_envs) for Box2D and MuJoCo, whose steps are costly; else 1."""
     cpu_pin: str = "auto"
     """Keep the training process's threads on one CPU: auto (where every thread works in turn: the CPU device, one op
     thread, an env engine stepping in at most one thread), off, or a CPU index. On a VM this saves waking another
@@ -135,6 +136,10 @@ class TrainConfig:
     """Deterministic evaluation episodes at the end of training (and at every --eval-every)."""
     eval_every: int = 0
     """Also evaluate every N iterations (0: only at the end); logged to evals.csv, excluded from SPS."""
+    stop_at_return: str = ""
+    """Stop once a periodic evaluation's mean return reaches this number (needs --eval-every; empty: train all
+    total_steps). The run checkpoints and evaluates as at its end; the learning rate still anneals over total_steps,
+    so the steps to the target are those of an uninterrupted run."""
     progress: bool = True
     """Show a progress bar with live return and SPS."""
     profile: bool = False
@@ -208,6 +213,15 @@ class TrainConfig:
             raise UsageError(f"--eval-every must be 0 (off) or positive, got {self.eval_every}")
         if self.eval_every and self.eval_episodes <= 0:
             raise UsageError("--eval-every needs --eval-episodes > 0")
+        if self.stop_at_return:
+            try:
+                target = float(self.stop_at_return)
+            except ValueError:
+                raise UsageError(f"--stop-at-return must be a number, got {self.stop_at_return!r}") from None
+            if not math.isfinite(target):
+                raise UsageError(f"--stop-at-return must be a finite number, got {self.stop_at_return!r}")
+            if not self.eval_every:
+                raise UsageError("--stop-at-return needs --eval-every (the periodic evaluations it watches)")
         if self.activation not in ("tanh", "relu"):
             raise UsageError(f"--activation must be tanh or relu, got {self.activation!r}")
         if self.action_postprocess not in ("clip", "tanh"):

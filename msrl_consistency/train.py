@@ -203,6 +203,9 @@ def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
             plot_reward_curve(run_dir / rd.EPISODES_CSV, run_dir / rd.REWARD_PLOT, f"PPO on {cfg.env_id}")
     workers = f" with {comm.world_size} workers" if comm.world_size > 1 else ""
     summary = f"trained {cfg.env_id} for {trainer.global_step} steps{workers} → {run_dir}"
+    if trainer.reached_return is not None:
+        reached = trainer.reached_return["return_mean"]
+        summary += f" (stopped early: an evaluation reached {reached:.1f} ≥ {cfg.stop_at_return})"
     if eval_returns:
         summary += (
             f"; deterministic eval return {sum(eval_returns) / len(eval_returns):.1f} over {len(eval_returns)} ep"

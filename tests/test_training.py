@@ -12,6 +12,7 @@ import pytest
 from conftest import run_trainer as train
 from mindspore import Tensor
 
+from inference.errors import UsageError
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.checkpoint import load_policy, read_checkpoint
 from msrl_consistency.config import TrainConfig
@@ -148,11 +149,32 @@ def test_truncated_steps_bootstrap_the_final_value(tmp_path):
     np.testing.assert_array_equal(buf["rewards"][:49, 0], 1.0)
 
 
-def test_async_vector_envs_match_sync(tmp_path):
-    # Subprocess envs step the same seeded envs: identical metrics to the in-process vector env.
+def test_stop_at_return_ends_the_run_at_the_first_evaluation_reaching_it(tmp_path):
+    # CartPole's deterministic episodes last > 5 steps: the first evaluation (iteration 2 of 4) reaches 5.
+    early = train(tiny_config(eval_every=2, eval_episodes=1, stop_at_return="5"), tmp_path / "early")
+    assert (early.iteration, early.reached_return["iteration"]) == (2, 2)
+    assert rd.read_run_json(tmp_path / "early")["stopped_at_return"]["global_step"] == 64
+    # The learning rate anneals over the whole budget, so the iterations done are an unstopped run's, bit for bit.
+    full = train(tiny_config(eval_every=2, eval_episodes=1, stop_at_return="1e9"), tmp_path / "full")
+    assert full.iteration == 4 and full.reached_return is None
+    assert metrics_without_timing(tmp_path / "early") == metrics_without_timing(tmp_path / "full")[:2]
+    with pytest.raises(UsageError, match="needs --eval-every"):
+        tiny_config(stop_at_return="5").validate()
+    with pytest.raises(UsageError, match="must be a number"):
+        tiny_config(eval_every=2, eval_episodes=1, stop_at_return="high").validate()
+
+
+def test_async_and_sharded_vector_envs_match_sync(tmp_path):
+    # Subprocess envs (one per env, or a helper stepping a shard) step the same seeded envs: identical metrics to the
+    # in-process vector env.
     train(tiny_config(total_steps=64, env_backend="gymnasium"), tmp_path / "sync")
     train(tiny_config(total_steps=64, async_envs=True), tmp_path / "async")
+    train(tiny_config(total_steps=64, env_backend="gymnasium", env_threads=2), tmp_path / "sharded")
     assert metrics_without_timing(tmp_path / "sync") == metrics_without_timing(tmp_path / "async")
+    assert metrics_without_timing(tmp_path / "sync") == metrics_without_timing(tmp_path / "sharded")
+    steppers = rd.read_run_json(tmp_path / "sharded")["env_steppers"]
+    assert steppers["processes"] == 2 and len(steppers["helpers_peak_rss_mb"]) == 1
+    assert rd.read_run_json(tmp_path / "sync")["env_steppers"] == {"processes": 1, "helpers_peak_rss_mb": []}
 
 
 def test_gymnasium_box2d_resume_restarts_episodes_and_says_so(tmp_path):

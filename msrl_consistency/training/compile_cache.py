@@ -42,7 +42,7 @@ FUSED_KERNELS = "akg_kernel_meta/*.so"
 # Parameter set from the host), where and how the run is logged. Everything else is part of the key.
 HOST_ONLY = frozenset({
     "seed", "total_steps", "run_dir", "resume", "progress", "profile", "compile_cache", "checkpoint_every",
-    "check_every", "master_addr", "master_port", "env_threads", "cpu_pin",
+    "check_every", "master_addr", "master_port", "env_threads", "cpu_pin", "stop_at_return",
 })  # fmt: skip
 PACKAGE = Path(__file__).resolve().parents[1]
 KEEP = 32  # graph keys kept, most recently used first (a CartPole key is ~0.5 MB)

@@ -180,12 +180,14 @@ class Trainer:
         self.noise_rng, self.shuffle_rng = seed_streams(cfg.seed, self.rank)
         self.env_seed = cfg.seed + self.rank * cfg.num_envs  # env i resets with env_seed + i
 
-        self.envs = make_training_envs(cfg.env_id, cfg.num_envs, self.backend.name, cfg.async_envs, cfg.env_threads)
+        self.envs = make_training_envs(cfg.env_id, cfg.num_envs, self.backend.name, cfg.async_envs, cfg.env_threads,
+                                       self.world_size)  # fmt: skip
         self._compiled: set[str] = set()  # graphs whose first (compiling) call is done
         self.iteration, self.global_step, self.episodes = 0, 0, 0
         self.ep_return = np.zeros(cfg.num_envs)
         self.ep_length = np.zeros(cfg.num_envs, dtype=np.int64)
         self.resume_exact = True
+        self.reached_return: dict[str, Any] | None = None  # set when --stop-at-return ends the run early
         self.rank_checksums: list[str] = []
         # Once per run: git spawns subprocesses, and reading 4 packages' metadata took ~6 ms (a third of a checkpoint).
         self.git_commit = git_commit() if self.rank == 0 else None
@@ -419,14 +421,23 @@ class Trainer:
                     if len(finished):
                         progress.set_postfix(ret=f"{row['return_mean']:.1f}", sps=f"{sps:.0f}")
             if cfg.eval_every and self.iteration % cfg.eval_every == 0:
-                eval_time += self._periodic_eval()
-            if self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.num_iterations or merged["stop"]:
+                seconds, mean = self._periodic_eval()
+                eval_time += seconds
+                # Every rank evaluates the same weights on the same seeds, so every rank stops here alike.
+                if cfg.stop_at_return and mean >= float(cfg.stop_at_return):
+                    self.reached_return = {"return_mean": mean, "global_step": self.global_step,
+                                           "iteration": self.iteration}  # fmt: skip
+            done = self.reached_return is not None
+            if (self.iteration % cfg.checkpoint_every == 0 or self.iteration == cfg.num_iterations or merged["stop"]
+                    or done):  # fmt: skip
                 self.checkpoint()  # checks consistency first
             elif self.iteration % cfg.check_every == 0:
                 with self.profile.section("checkpoints"):
                     self.check_consistency()
             if merged["stop"]:
                 raise KeyboardInterrupt(f"interrupted after iteration {self.iteration}")
+            if done:
+                return
 
     # -- agreement between ranks ------------------------------------------------------------------------
     def named_state(self) -> dict[str, np.ndarray]:
@@ -502,9 +513,9 @@ class Trainer:
             env.close()
         return totals
 
-    def _periodic_eval(self) -> float:
+    def _periodic_eval(self) -> tuple[float, float]:
         """``evaluate`` during training, logged to evals.csv with its wall and CPU seconds (so that benchmarks can
-        take both out of the training's figures); returns the wall seconds."""
+        take both out of the training's figures); returns (wall seconds, mean return)."""
         start, cpu_start = time.perf_counter(), time.process_time()
         returns = self.evaluate(self.cfg.eval_episodes)
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
@@ -513,7 +524,7 @@ class Trainer:
              "return_min": float(np.min(returns)), "episodes": len(returns), "seconds": round(seconds, 3),
              "cpu_seconds": round(cpu_seconds, 3)}
         )  # fmt: skip
-        return seconds
+        return seconds, float(np.mean(returns))
 
     # -- persistence (the files themselves: artifacts/run_dir.py) ------------------------------------------
     def shared_state(self, named: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -599,6 +610,8 @@ class Trainer:
                 "episodes": self.episodes,
                 "resume_exact": self.resume_exact,
                 "env_backend": self.backend.to_dict(),
+                "env_steppers": self.env_steppers(),
+                "stopped_at_return": self.reached_return,
                 "peak_rss_mb": round(peak_rss_mb(), 1),
                 "rss_mb": self.profile.rss_marks(),
                 "private_rss_mb": self.profile.private_rss_marks(),
@@ -704,11 +717,20 @@ class Trainer:
             self._compiled.add(graph)
             self.profile.add("compile", seconds)
 
+    def env_steppers(self) -> dict[str, Any]:
+        """How the training envs step: EnvPool threads, or gymnasium processes (this one and helpers, with the
+        helpers' peak RSS, which ``peak_rss_mb`` of this process does not count)."""
+        if self.backend.name == "envpool":
+            return {"threads": self.envs.num_threads}
+        helpers = [round(m, 1) for m in getattr(self.envs, "helpers_peak_rss_mb", list)()]
+        return {"processes": getattr(self.envs, "num_workers", 1), "helpers_peak_rss_mb": helpers}
+
     def profile_report(self) -> dict[str, Any]:
         """profile.json's content (see ``training/profile.py``)."""
         cfg = self.cfg
         return self.profile.report(self.global_step, {
-            "env_id": cfg.env_id, "env_backend": self.backend.to_dict(), "num_envs": cfg.num_envs,
+            "env_id": cfg.env_id, "env_backend": self.backend.to_dict(), "env_steppers": self.env_steppers(),
+            "num_envs": cfg.num_envs,
             "num_steps": cfg.num_steps, "hidden_sizes": list(cfg.hidden_sizes), "world_size": self.world_size,
             "iterations": self.iteration, "act_calls_per_env_step": round(1 / cfg.num_envs, 4),
             "compile_cache": self.compile_cache["state"], "cpu_pin": self.pinning.describe(),
