@@ -7,6 +7,8 @@ from the same start state, and (with ``--runs``) trained policies evaluated on b
   from a clipped observation are not comparable and are skipped (counted in the table).
 * episodes: gymnasium starts from EnvPool's start state and both take the same random actions for the whole
   episode; the max |Δobs| shows how float32/float64 rounding compounds (chaotic envs amplify it).
+* statistics (``--statistics ENVS``): each engine's return, length and termination share under random actions, for
+  envs whose state cannot be set from EnvPool's (Box2D); mean ± standard error.
 * policies (``--runs DIR ...``, run dirs trained on EnvPool): deterministic returns on gymnasium (the deploy
   side's env, what ``Trainer.evaluate``, verify and play use) and on EnvPool, from the same start states for
   classic control; for Box2D (terrain from each engine's own RNG) from their own seeded starts.
@@ -121,6 +123,29 @@ def episodes(env_id: str, count: int) -> dict[str, Any]:
             "first_step_over_1e-3": first_big}  # fmt: skip
 
 
+def random_statistics(env_id: str, count: int, n: int = 16) -> dict[str, Any]:
+    """Each engine's episode statistics under uniform random actions (``count`` episodes of ``n`` envs): for envs whose
+    state a gymnasium env cannot be put into (Box2D: EnvPool draws the terrain from its own RNG)."""
+    from msrl_consistency.envs.make import make_vector_env
+
+    stats: dict[str, Any] = {}
+    for name, envs in (("envpool", EnvPoolVectorEnv(env_id, n)), ("gymnasium", make_vector_env(env_id, n))):
+        envs.reset(seed=0)
+        rng = np.random.default_rng(0)
+        ret, length, ended = np.zeros(n), np.zeros(n, int), []
+        while len(ended) < count:
+            _, r, term, trunc, _ = envs.step(random_actions(envs.single_action_space, rng, n))
+            ret, length = ret + r, length + 1
+            for i in np.flatnonzero(term | trunc):
+                ended.append((ret[i], length[i], bool(term[i])))
+                ret[i], length[i] = 0.0, 0
+        envs.close()
+        a = np.array(ended[:count], float)
+        stats[name] = {"return": a[:, 0].mean(), "return_se": a[:, 0].std() / np.sqrt(count), "length": a[:, 1].mean(),
+                       "length_se": a[:, 1].std() / np.sqrt(count), "terminated": a[:, 2].mean()}  # fmt: skip
+    return stats
+
+
 def policy_returns(run_dir: Path, episodes_: int) -> dict[str, Any]:
     from mindspore import Tensor
 
@@ -173,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=20, help="whole episodes per env")
     parser.add_argument("--runs", nargs="*", default=[], help="run dirs of policies trained on EnvPool")
     parser.add_argument("--policy-episodes", type=int, default=20)
+    parser.add_argument("--statistics", default="", help="envs to compare by random-action episode statistics")
+    parser.add_argument("--statistics-episodes", type=int, default=400)
     parser.add_argument("--out", default="reports/bench/engine_agreement.md")
     args = parser.parse_args(argv)
     lines = ["| env | one step: max abs Δobs | one step: max abs Δreward | termination disagreements | steps "
@@ -187,6 +214,16 @@ def main(argv: list[str] | None = None) -> int:
                      f"{e['episodes_same_length']}/{e['episodes']} | "
                      f"{'never' if not big else f'{len(big)} episodes, from step {min(big)}'} |")  # fmt: skip
         print(lines[-1], flush=True)
+    if args.statistics:
+        lines += ["", "| env, random actions | episodes | EnvPool return | gymnasium return | EnvPool length "
+                  "| gymnasium length | terminated (EnvPool / gymnasium) |", "|---|---:|---:|---:|---:|---:|---|"]
+        for env_id in [e for e in args.statistics.split(",") if e]:
+            st = random_statistics(env_id, args.statistics_episodes)
+            p, g = st["envpool"], st["gymnasium"]
+            lines.append(f"| {env_id} | {args.statistics_episodes} | {p['return']:.1f} ± {p['return_se']:.1f} | "
+                         f"{g['return']:.1f} ± {g['return_se']:.1f} | {p['length']:.0f} ± {p['length_se']:.0f} | "
+                         f"{g['length']:.0f} ± {g['length_se']:.0f} | {p['terminated']:.0%} / {g['terminated']:.0%} |")
+            print(lines[-1], flush=True)
     if args.runs:
         lines += ["", "| policy | trained on | starts | EnvPool return | gymnasium return | max per-episode Δ |",
                   "|---|---|---|---:|---:|---:|"]  # fmt: skip

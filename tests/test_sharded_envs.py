@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import numpy as np
 import pytest
 
@@ -60,6 +64,18 @@ def test_sharded_state_blobs_restore_every_shard():
     finally:
         a.close()
         b.close()
+
+
+def test_helpers_leave_ctrl_c_to_the_trainer():
+    # Ctrl-C signals the whole process group: the trainer finishes its iteration on it, so helpers must keep stepping.
+    sharded = ShardedVectorEnv("CartPole-v1", 4, 2)
+    try:
+        sharded.reset(seed=0)
+        os.kill(sharded._procs[0].pid, signal.SIGINT)
+        time.sleep(0.2)
+        assert sharded.step(np.zeros(4, np.int64))[0].shape == (4, 4)
+    finally:
+        sharded.close()
 
 
 def test_a_failing_helper_is_an_error_naming_it():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import signal
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -30,7 +31,12 @@ JOIN_TIMEOUT_S = 5.0
 
 
 def _serve(conn: Connection, env_id: str, num_envs: int) -> None:
-    """A helper's loop: one command in, one reply out, until ``close`` or the trainer is gone."""
+    """A helper's loop: one command in, one reply out, until ``close`` or the trainer is gone.
+
+    Ctrl-C reaches every process of the terminal's group; the trainer finishes its iteration and checkpoints on the
+    first one, so a helper ignores it and goes on stepping until the trainer closes it.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs = None
     try:
         envs = make_vector_env(env_id, num_envs)
@@ -52,7 +58,7 @@ def _serve(conn: Connection, env_id: str, num_envs: int) -> None:
             else:  # "close"
                 conn.send(("ok", None))
                 return
-    except (EOFError, KeyboardInterrupt):  # the trainer ended (or was interrupted): nothing to reply to
+    except EOFError:  # the trainer is gone: nothing to reply to
         return
     except Exception:  # noqa: BLE001 - any failure is reported to the trainer, which raises it
         with contextlib.suppress(BrokenPipeError, EOFError, OSError):
