@@ -122,7 +122,7 @@ def sb3_hparams(env_id: str) -> dict[str, Any]:
 
 
 def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-            stop_at: float | None = None) -> dict[str, Any]:  # fmt: skip
+            stop_at: float | None = None, give_up_at: int | None = None) -> dict[str, Any]:  # fmt: skip
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -171,7 +171,8 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
             for info in self.locals["infos"]:
                 if "episode" in info:
                     self.episodes.append((self.num_timesteps, float(info["episode"]["r"])))
-            return not self.reached  # False ends learn() (--stop-at-target)
+            given_up = give_up_at is not None and self.num_timesteps >= give_up_at
+            return not (self.reached or given_up)  # False ends learn() (--stop-at-target, --give-up-at)
 
         def _on_rollout_start(self) -> None:
             if self.first_rollout is None and self.num_timesteps > 0:
@@ -207,14 +208,14 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
 
 
 def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-           out: Path, stop_at_target: bool = False) -> None:  # fmt: skip
+           out: Path, stop_at_target: bool = False, give_up_at: int | None = None) -> None:  # fmt: skip
     from msrl_consistency.training.profile import peak_rss_mb  # no MindSpore import: torch and SB3 workers use it too
 
     # --stop-at-target: end a run at its first evaluation reaching the target (the evaluation-target envs only).
     stop_at = THRESHOLDS.get(env_id) if stop_at_target and env_id not in TRAINING_MEAN_TARGET else None
     if framework.startswith("ours"):
         result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent, BACKENDS[framework],
-                          stop_at)  # fmt: skip
+                          stop_at, give_up_at)  # fmt: skip
     elif framework.startswith("torch"):
         import torch_ppo
 
@@ -224,17 +225,19 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
         batch = hparams.num_envs * hparams.num_steps
         result = torch_ppo.train(env_id, steps, seed, eval_episodes=eval_episodes,
                                  eval_every=iterations_between(eval_every_steps, batch),
-                                 eval_every_episodes=EVAL_EVERY_EPISODES, stop_at_eval=stop_at, **hp)  # fmt: skip
+                                 eval_every_episodes=EVAL_EVERY_EPISODES, stop_at_eval=stop_at, give_up_at=give_up_at,
+                                 **hp)  # fmt: skip
         result["hparams"] = hp
     else:
-        result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps, stop_at)
+        result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps, stop_at, give_up_at)
     result["stopped_at_target"] = stop_at is not None and result["global_step"] < steps
     result["peak_rss_mb"] = peak_rss_mb()
     out.write_text(json.dumps(result))
 
 
 def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-             run_dir: Path, backend: str = "auto", stop_at: float | None = None) -> dict[str, Any]:  # fmt: skip
+             run_dir: Path, backend: str = "auto", stop_at: float | None = None,
+             give_up_at: int | None = None) -> dict[str, Any]:  # fmt: skip
     """What ``python -m msrl_consistency.train`` does, through the Trainer API so the loop's CPU time is visible."""
     t_import = time.perf_counter()
     from msrl_consistency.artifacts import run_dir as rd
@@ -253,7 +256,7 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
     try:
         trainer.checkpoint()
         start, cpu_start = time.perf_counter(), time.process_time()
-        trainer.run()
+        trainer.run(stop_at=None if give_up_at is None else -(-give_up_at // cfg.global_batch_size))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         eval_returns = trainer.evaluate(eval_episodes)
         trainer.checkpoint(eval_returns)
@@ -284,7 +287,8 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
 
 # -- driver ---------------------------------------------------------------------------------------------
 def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-            out_dir: Path, round_: int = 1, stop_at_target: bool = False) -> dict[str, Any]:  # fmt: skip
+            out_dir: Path, round_: int = 1, stop_at_target: bool = False,
+            give_up_at: int = 0) -> dict[str, Any]:  # fmt: skip
     suffix = "" if round_ == 1 else f"-r{round_}"
     run_dir = out_dir / "runs" / f"{framework}-{env_id}-s{seed}{suffix}"
     if run_dir.exists():
@@ -293,6 +297,7 @@ def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: i
     cmd = [sys.executable, __file__, "--worker", framework, "--envs", env_id, "--steps", str(steps), "--seeds",
            str(seed), "--eval-episodes", str(eval_episodes), "--eval-every-steps", str(eval_every_steps),
            "--out", str(run_dir / "result.json")] + ["--stop-at-target"] * stop_at_target  # fmt: skip
+    cmd += ["--give-up-at", str(give_up_at)] * bool(give_up_at)
     env = dict(os.environ)
     if framework.startswith("ours"):
         cache = out_dir / "graph-cache" if framework in WARM_CACHE else run_dir / "graph-cache"
@@ -478,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-at-target", action="store_true",
                         help="end each run at its first periodic evaluation reaching the env's target (Pendulum, "
                         "BipedalWalker, Hopper; the learning rate still anneals over --steps): wall to target only")
+    parser.add_argument("--give-up-at", type=int, default=0, metavar="STEPS",
+                        help="end each run after STEPS env steps (a screen; the learning rate anneals over --steps)")
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.merge:  # long runs go one seed at a time (or resume after a stop); one table for all of them
@@ -491,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         steps = args.steps or int(preset(envs[0]).get("total_steps", 50_000))
         worker(args.worker, envs[0], steps, seeds[0], args.eval_episodes, args.eval_every_steps, Path(args.out),
-               args.stop_at_target)  # fmt: skip
+               args.stop_at_target, args.give_up_at or None)  # fmt: skip
         return 0
 
     out_dir = REPO / args.out
@@ -510,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(args.rounds):
                 for fw in frameworks[k % len(frameworks) :] + frameworks[: k % len(frameworks)]:
                     r = run_one(fw, env_id, steps, seed, args.eval_episodes, args.eval_every_steps, out_dir, k + 1,
-                                args.stop_at_target)  # fmt: skip
+                                args.stop_at_target, args.give_up_at)  # fmt: skip
                     print(
                         f"{fw:5s} {env_id} seed {seed} round {k + 1}: steady {r['sps_steady']:,.0f} SPS, "
                         f"total {r['total_time']:.1f}s, steps to thr {fmt(r['steps_to_threshold'])}, "
