@@ -134,8 +134,10 @@ class ShardedVectorEnv:
         done = terminated | truncated
         out: dict[str, Any] = {}
         if done.any():
-            final = np.empty(self.num_envs, dtype=object)
-            final[np.flatnonzero(done)] = [row for p in parts if p[4] is not None for row in p[4]]
+            final = np.empty(self.num_envs, dtype=object)  # one row per env, as SyncVectorEnv's infos hold them
+            rows = [row for p in parts if p[4] is not None for row in p[4]]
+            for i, row in zip(np.flatnonzero(done), rows, strict=True):
+                final[i] = row
             out = {"final_obs": final, "_final_obs": done}
         return obs, reward, terminated, truncated, out
 
