@@ -230,7 +230,8 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
         result["hparams"] = hp
     else:
         result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps, stop_at, give_up_at)
-    result["stopped_at_target"] = stop_at is not None and result["global_step"] < steps
+    # Reached, not merely ended early: a run given up on (--give-up-at) also ends before ``steps``.
+    result["stopped_at_target"] = stop_at is not None and steps_to_eval_threshold(result["evals"], stop_at) is not None
     result["peak_rss_mb"] = peak_rss_mb()
     out.write_text(json.dumps(result))
 
@@ -246,10 +247,10 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
     import_time = time.perf_counter() - t_import
     argv = ["--env-id", env_id, "--run-dir", str(run_dir), "--total-steps", str(steps), "--seed", str(seed),
             "--progress", "false", "--eval-episodes", str(EVAL_EVERY_EPISODES), "--env-backend", backend]  # fmt: skip
-    argv += ["--eval-every", str(iterations_between(eval_every_steps, parse_config(argv).batch_size))]
-    if stop_at is not None:
-        argv += ["--stop-at-return", repr(stop_at)]
     cfg = parse_config(argv)
+    cfg.eval_every = iterations_between(eval_every_steps, cfg.batch_size)
+    cfg.stop_at_return = "" if stop_at is None else repr(stop_at)
+    cfg.validate()  # --stop-at-return needs the evaluations just set
     rd.prepare_new_run_dir(run_dir)
     trainer = Trainer(cfg, run_dir)
     trainer.use_compile_cache()  # under $MSRL_COMPILE_CACHE_DIR, set by run_one
