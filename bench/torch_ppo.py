@@ -231,6 +231,7 @@ def train(
     eval_every_episodes: int = 5,
     stop_at_eval: float | None = None,
     give_up_at: int | None = None,
+    give_up_after_s: float | None = None,
     **hparams: Any,
 ) -> dict[str, Any]:
     """Train PPO; return wall and CPU time (training loop only), SPS, per-episode ``(global_step, return)`` and eval.
@@ -238,7 +239,8 @@ def train(
     ``eval_every`` > 0 also runs ``eval_every_episodes`` deterministic episodes every that many iterations
     (``evals``: ``(global_step, mean return)``); their time is excluded from the timings. ``stop_at_eval`` ends
     training at the first of them whose mean reaches it, ``give_up_at`` after that many env steps without (the learning
-    rate still anneals over ``total_steps``).
+    rate still anneals over ``total_steps``), ``give_up_after_s`` after that many training wall seconds without (a
+    race: another framework's wall to the target).
     """
     hp = HParams.from_dict(hparams)
     torch.set_num_threads(1)
@@ -320,6 +322,8 @@ def train(
             if stop_at_eval is not None and evals[-1][1] >= stop_at_eval:
                 break
         if give_up_at is not None and global_step >= give_up_at:
+            break
+        if give_up_after_s is not None and progress[-1][1] >= give_up_after_s:
             break
     end = time.perf_counter() - eval_wall
     wall, cpu = end - start, time.process_time() - cpu_start - eval_cpu

@@ -122,7 +122,8 @@ def sb3_hparams(env_id: str) -> dict[str, Any]:
 
 
 def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-            stop_at: float | None = None, give_up_at: int | None = None) -> dict[str, Any]:  # fmt: skip
+            stop_at: float | None = None, give_up_at: int | None = None,
+            give_up_after_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -172,7 +173,9 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
                 if "episode" in info:
                     self.episodes.append((self.num_timesteps, float(info["episode"]["r"])))
             given_up = give_up_at is not None and self.num_timesteps >= give_up_at
-            return not (self.reached or given_up)  # False ends learn() (--stop-at-target, --give-up-at)
+            if give_up_after_s is not None:  # a race: another framework reached the target in this many seconds
+                given_up |= time.perf_counter() - start - self.eval_wall >= give_up_after_s
+            return not (self.reached or given_up)  # False ends learn() (--stop-at-target, --give-up-at, --race)
 
         def _on_rollout_start(self) -> None:
             if self.first_rollout is None and self.num_timesteps > 0:
@@ -208,11 +211,14 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_s
 
 
 def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
-           out: Path, stop_at_target: bool = False, give_up_at: int | None = None) -> None:  # fmt: skip
+           out: Path, stop_at_target: bool = False, give_up_at: int | None = None,
+           give_up_after_s: float | None = None) -> None:  # fmt: skip
     from msrl_consistency.training.profile import peak_rss_mb  # no MindSpore import: torch and SB3 workers use it too
 
     # --stop-at-target: end a run at its first evaluation reaching the target (the evaluation-target envs only).
     stop_at = THRESHOLDS.get(env_id) if stop_at_target and env_id not in TRAINING_MEAN_TARGET else None
+    if framework.startswith("ours") and give_up_after_s is not None:
+        raise SystemExit("--race: ours has no wall budget; list it first in --frameworks")
     if framework.startswith("ours"):
         result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent, BACKENDS[framework],
                           stop_at, give_up_at)  # fmt: skip
@@ -226,10 +232,10 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
         result = torch_ppo.train(env_id, steps, seed, eval_episodes=eval_episodes,
                                  eval_every=iterations_between(eval_every_steps, batch),
                                  eval_every_episodes=EVAL_EVERY_EPISODES, stop_at_eval=stop_at, give_up_at=give_up_at,
-                                 **hp)  # fmt: skip
+                                 give_up_after_s=give_up_after_s, **hp)  # fmt: skip
         result["hparams"] = hp
     else:
-        result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps, stop_at, give_up_at)
+        result = run_sb3(env_id, steps, seed, eval_episodes, eval_every_steps, stop_at, give_up_at, give_up_after_s)
     # Reached, not merely ended early: a run given up on (--give-up-at) also ends before ``steps``.
     result["stopped_at_target"] = stop_at is not None and steps_to_eval_threshold(result["evals"], stop_at) is not None
     result["peak_rss_mb"] = peak_rss_mb()
@@ -289,7 +295,7 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
 # -- driver ---------------------------------------------------------------------------------------------
 def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
             out_dir: Path, round_: int = 1, stop_at_target: bool = False,
-            give_up_at: int = 0) -> dict[str, Any]:  # fmt: skip
+            give_up_at: int = 0, give_up_after_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     suffix = "" if round_ == 1 else f"-r{round_}"
     run_dir = out_dir / "runs" / f"{framework}-{env_id}-s{seed}{suffix}"
     if run_dir.exists():
@@ -299,6 +305,7 @@ def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: i
            str(seed), "--eval-episodes", str(eval_episodes), "--eval-every-steps", str(eval_every_steps),
            "--out", str(run_dir / "result.json")] + ["--stop-at-target"] * stop_at_target  # fmt: skip
     cmd += ["--give-up-at", str(give_up_at)] * bool(give_up_at)
+    cmd += [] if give_up_after_s is None else ["--give-up-after-s", repr(give_up_after_s)]
     env = dict(os.environ)
     if framework.startswith("ours"):
         cache = out_dir / "graph-cache" if framework in WARM_CACHE else run_dir / "graph-cache"
@@ -313,6 +320,7 @@ def run_one(framework: str, env_id: str, steps: int, seed: int, eval_episodes: i
     result["steps_to_eval_threshold"] = steps_to_eval_threshold(result.get("evals", []), threshold)
     result["eval_mean"] = float(np.mean(result["eval_returns"])) if result["eval_returns"] else None
     result["wall_to_target"] = wall_at_step(result.get("progress", []), target_step(result))
+    result["gave_up_after_s"] = give_up_after_s
     return result
 
 
@@ -321,6 +329,13 @@ def wall_at_step(progress: list[tuple[int, float]], step: int | None) -> float |
     if step is None:
         return None
     return next((float(wall) for s, wall in progress if s >= step), None)
+
+
+def race_cell(r: dict[str, Any]) -> str:
+    """Wall to target, or how long a raced run (``--race``) trained without reaching it."""
+    if r.get("wall_to_target") is None and r.get("gave_up_after_s") is not None:
+        return f"– (raced: none in {r['wall_time']:.1f})"
+    return fmt(r.get("wall_to_target"), 1)
 
 
 def fmt(value: float | None, digits: int = 0) -> str:
@@ -348,15 +363,18 @@ def leaders(results: list[dict[str, Any]]) -> list[str]:
     frameworks = list(dict.fromkeys(r["framework"] for r in results))
     head = "| env | seed | " + " | ".join(frameworks) + " | first |"
     lines = [head, "|---|---:|" + "---:|" * len(frameworks) + "---|"]
-    pairs: dict[tuple[str, int], dict[str, list[float | None]]] = {}
+    pairs: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = {}
     for r in results:
-        pairs.setdefault((r["env_id"], r["seed"]), {}).setdefault(r["framework"], []).append(r.get("wall_to_target"))
-    for (env, seed), walls in pairs.items():
-        medians = {fw: median_or_none(walls[fw]) for fw in walls}
+        pairs.setdefault((r["env_id"], r["seed"]), {}).setdefault(r["framework"], []).append(r)
+    for (env, seed), by_fw in pairs.items():
+        medians = {fw: median_or_none([r.get("wall_to_target") for r in rs]) for fw, rs in by_fw.items()}
         cells = []
         for fw in frameworks:
-            runs = walls.get(fw, [])
+            runs = [r.get("wall_to_target") for r in by_fw.get(fw, [])]
             cell = fmt(medians.get(fw), 1) if runs else ""
+            raced = [r["wall_time"] for r in by_fw.get(fw, []) if r.get("gave_up_after_s") is not None]
+            if medians.get(fw) is None and raced:  # stopped by --race: not there by the leader's time
+                cell = f"> {min(raced):.1f} (raced)"
             reached = [w for w in runs if w is not None]
             if len(runs) > 1 and reached:
                 cell += f" ({min(reached):.1f}-{max(reached):.1f}, {len(reached)}/{len(runs)})"
@@ -404,7 +422,7 @@ def tables(results: list[dict[str, Any]]) -> str:
             cpu_ratio,
             fmt(r["steps_to_threshold"]),
             fmt(r.get("steps_to_eval_threshold")),
-            fmt(r.get("wall_to_target"), 1),
+            race_cell(r),
             fmt(r["eval_mean"], 1),
             fmt(r.get("peak_rss_mb")),
         ]
@@ -486,6 +504,11 @@ def main(argv: list[str] | None = None) -> int:
                         "BipedalWalker, Hopper; the learning rate still anneals over --steps): wall to target only")
     parser.add_argument("--give-up-at", type=int, default=0, metavar="STEPS",
                         help="end each run after STEPS env steps (a screen; the learning rate anneals over --steps)")
+    parser.add_argument("--race", action="store_true",
+                        help="with --stop-at-target: per seed and round, run the frameworks in the given order (not "
+                        "rotated) and stop each later run once its training wall passes the best wall to target so "
+                        "far (it cannot come first then; SB3's rl-zoo3 BipedalWalker needs millions of steps)")
+    parser.add_argument("--give-up-after-s", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.merge:  # long runs go one seed at a time (or resume after a stop); one table for all of them
@@ -496,10 +519,12 @@ def main(argv: list[str] | None = None) -> int:
     frameworks = [fw for fw in args.frameworks.split(",") if fw]
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    if args.race and not args.stop_at_target:
+        parser.error("--race needs --stop-at-target")
     if args.worker:
         steps = args.steps or int(preset(envs[0]).get("total_steps", 50_000))
         worker(args.worker, envs[0], steps, seeds[0], args.eval_episodes, args.eval_every_steps, Path(args.out),
-               args.stop_at_target, args.give_up_at or None)  # fmt: skip
+               args.stop_at_target, args.give_up_at or None, args.give_up_after_s)  # fmt: skip
         return 0
 
     out_dir = REPO / args.out
@@ -516,9 +541,14 @@ def main(argv: list[str] | None = None) -> int:
         # round by round, so none always runs first (right after the previous seed's last run).
         for seed in seeds:
             for k in range(args.rounds):
-                for fw in frameworks[k % len(frameworks) :] + frameworks[: k % len(frameworks)]:
+                turn = 0 if args.race else k % len(frameworks)
+                order = frameworks[turn:] + frameworks[:turn]
+                best: float | None = None  # --race: the best wall to target of this seed and round so far
+                for fw in order:
                     r = run_one(fw, env_id, steps, seed, args.eval_episodes, args.eval_every_steps, out_dir, k + 1,
-                                args.stop_at_target, args.give_up_at)  # fmt: skip
+                                args.stop_at_target, args.give_up_at, best)  # fmt: skip
+                    if args.race and r["wall_to_target"] is not None:
+                        best = r["wall_to_target"] if best is None else min(best, r["wall_to_target"])
                     print(
                         f"{fw:5s} {env_id} seed {seed} round {k + 1}: steady {r['sps_steady']:,.0f} SPS, "
                         f"total {r['total_time']:.1f}s, steps to thr {fmt(r['steps_to_threshold'])}, "

@@ -83,3 +83,13 @@ def test_the_written_table_names_the_hosts_it_was_measured_on(tmp_path):
     bench.write_outputs(results[2:], tmp_path)
     assert (tmp_path / "train_throughput.md").read_text().startswith("Host: not recorded.\n")
     assert bench.cpu_summary().endswith(" CPUs")
+
+
+def test_a_run_stopped_by_the_race_is_shown_as_not_there_by_the_leaders_time():
+    bench = load_bench()
+    raced = run("sb3", 1, 1, None, None)
+    raced.update(gave_up_after_s=8.0, wall_time=8.3)  # stopped at the first check past ours' 8.0 s
+    unraced = run("torch", 1, 1, None, None)  # never reached it in its whole run: no race cell
+    table = bench.tables([run("ours", 1, 1, 8.0, 24_000), unraced, raced])
+    assert "| CartPole-v1 | 1 | 8.0 | – | > 8.3 (raced) | ours |" in table
+    assert "| – (raced: none in 8.3) |" in next(line for line in table.splitlines() if line.startswith("| sb3 |"))
