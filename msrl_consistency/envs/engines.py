@@ -149,12 +149,17 @@ def resolve_backend(env_id: str, requested: str, async_envs: bool = False) -> Ba
     return Backend("envpool", "auto: EnvPool runs it with gymnasium's dynamics (verified)", version)
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (a taskset or container's CPU set), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def default_env_threads(env_id: str, num_envs: int) -> int:
     """Classic-control steps cost ~1 µs: threads only add hand-offs (measured: CartPole x64 66 µs with one thread,
     85 µs with two). Box2D and MuJoCo steps are worth spreading over the cores."""
     if _envpool().registry.specs[env_id][0] == "envpool.classic_control":
         return 1
-    return max(1, min(num_envs, os.cpu_count() or 1))
+    return max(1, min(num_envs, usable_cpus()))
 
 
 @contextlib.contextmanager
@@ -304,8 +309,7 @@ def gymnasium_env_workers(env_id: str, num_envs: int, world_size: int = 1) -> in
         return 1
     if not entry.startswith(("gymnasium.envs.box2d", "gymnasium.envs.mujoco")):
         return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(num_envs, cpus // max(1, world_size)))
+    return max(1, min(num_envs, usable_cpus() // max(1, world_size)))
 
 
 def make_training_envs(env_id: str, num_envs: int, backend: str, async_envs: bool = False,
