@@ -391,5 +391,6 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     cfg = from_dict(values)
     if not cfg.run_dir and not cfg.resume:
         cfg.run_dir = f"runs/{cfg.env_id}-s{cfg.seed}"
-    cfg.validate()
+    if not cfg.resume:  # a resumed run's config is its stored one: validated with the flags that may change applied
+        cfg.validate()
     return cfg

@@ -21,12 +21,12 @@ from inference.errors import MsrlError, UsageError, first_line, run_cli
 from msrl_consistency.config import TrainConfig, explicit_flags, from_dict, parse_config
 
 RESUME_MAY_CHANGE = {"resume", "total_steps", "progress", "master_addr", "master_port", "workers", "profile",
-                     "env_threads", "compile_cache"}
+                     "env_threads", "compile_cache", "stop_at_return"}
 
 
 def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None) -> tuple[TrainConfig, Path, dict]:
-    """The resumed run keeps its stored config and world size; only --total-steps, --progress and the master
-    address and port may change."""
+    """The resumed run keeps its stored config and world size; only what leaves the training stream alone may change
+    (``RESUME_MAY_CHANGE``: the step budget, a target to stop at, progress, profile, env threads, the rendezvous)."""
     from msrl_consistency.artifacts import run_dir as rd
 
     run_dir = Path(cfg_cli.resume)
@@ -54,6 +54,7 @@ def _resume_config(cfg_cli: TrainConfig, argv: list[str], world_size: int | None
     stored.progress, stored.master_addr, stored.master_port = cfg_cli.progress, cfg_cli.master_addr, cfg_cli.master_port
     stored.profile, stored.env_threads = cfg_cli.profile, flags.get("env_threads", stored.env_threads)
     stored.compile_cache = flags.get("compile_cache", stored.compile_cache)
+    stored.stop_at_return = flags.get("stop_at_return", stored.stop_at_return)  # e.g. a run given up on, given a goal
     stored.workers = state["world_size"]
     stored.resume, stored.run_dir = str(run_dir), str(run_dir)
     stored.validate()

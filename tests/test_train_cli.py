@@ -245,6 +245,18 @@ def test_resume_refuses_flags_that_cannot_change(tmp_path, flag, value):
         run_main("--resume", str(run_dir), flag, value)
 
 
+def test_a_resumed_run_may_be_given_a_return_to_stop_at(tmp_path):
+    # A run given up on (its step budget spent) goes on with a target: it stops at the first evaluation reaching it.
+    run_dir = tmp_path / "run"
+    evals = ["--eval-every", "1", "--eval-episodes", "1"]
+    assert run_main("--env-id", "CartPole-v1", "--run-dir", str(run_dir), "--total-steps", "64", *TINY, *evals) == 0
+    assert rd.read_run_json(run_dir).get("stopped_at_return") is None
+    assert run_main("--resume", str(run_dir), "--total-steps", "256", "--stop-at-return", "5") == 0
+    info = rd.read_run_json(run_dir)
+    assert info["config"]["stop_at_return"] == "5"
+    assert (info["iteration"], info["stopped_at_return"]["global_step"]) == (3, 96)  # 2 iterations of 32, then one
+
+
 def test_a_full_disk_is_a_one_line_error_and_leaves_no_temp_file(tmp_path):
     """Files may not grow past 20 kB (RLIMIT_FSIZE: writes fail like on a full disk): the checkpoint cannot be
     written, the run stops with exit 2 and one line, and no half-written file is left."""
