@@ -14,6 +14,13 @@ The host's speed drifts by up to 2x within minutes, so one run per framework and
 framework ran in a fast phase. ``--rounds N`` runs every (seed, framework) pair N times, the frameworks rotated
 round by round, and the tables compare the median of each pair's rounds (steps to target are the same in every
 round: a seed's run is deterministic on one host).
+
+Wall seconds to target only (``--stop-at-target``), and some frameworks need millions of steps (SB3's rl-zoo3
+BipedalWalker settings): ``--race`` runs each seed's frameworks in the order given and stops a later one once its
+training wall passes the best wall to target so far. It could not have come first; the table shows "> s (raced)".
+
+    .venv/bin/python bench/train_throughput.py --envs BipedalWalker-v3 --seeds 1,2,3 --frameworks ours,torch,sb3 \
+        --eval-every-steps 81920 --stop-at-target --race --give-up-at 1500000
 """
 
 from __future__ import annotations
