@@ -224,9 +224,9 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
 
     # --stop-at-target: end a run at its first evaluation reaching the target (the evaluation-target envs only).
     stop_at = THRESHOLDS.get(env_id) if stop_at_target and env_id not in TRAINING_MEAN_TARGET else None
-    if framework.startswith("ours") and give_up_after_s is not None:
-        raise SystemExit("--race: ours has no wall budget; list it first in --frameworks")
     if framework.startswith("ours"):
+        if give_up_after_s is not None:
+            raise SystemExit("--race: ours has no wall budget; list it first in --frameworks")
         result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent, BACKENDS[framework],
                           stop_at, give_up_at)  # fmt: skip
     elif framework.startswith("torch"):
@@ -338,11 +338,15 @@ def wall_at_step(progress: list[tuple[int, float]], step: int | None) -> float |
     return next((float(wall) for s, wall in progress if s >= step), None)
 
 
+def raced_out(r: dict[str, Any]) -> float | None:
+    """How long a run stopped by ``--race`` trained without reaching the target (``None``: not raced out)."""
+    return r["wall_time"] if r.get("wall_to_target") is None and r.get("gave_up_after_s") is not None else None
+
+
 def race_cell(r: dict[str, Any]) -> str:
     """Wall to target, or how long a raced run (``--race``) trained without reaching it."""
-    if r.get("wall_to_target") is None and r.get("gave_up_after_s") is not None:
-        return f"– (raced: none in {r['wall_time']:.1f})"
-    return fmt(r.get("wall_to_target"), 1)
+    out = raced_out(r)
+    return fmt(r.get("wall_to_target"), 1) if out is None else f"– (raced: none in {out:.1f})"
 
 
 def fmt(value: float | None, digits: int = 0) -> str:
@@ -379,7 +383,7 @@ def leaders(results: list[dict[str, Any]]) -> list[str]:
         for fw in frameworks:
             runs = [r.get("wall_to_target") for r in by_fw.get(fw, [])]
             cell = fmt(medians.get(fw), 1) if runs else ""
-            raced = [r["wall_time"] for r in by_fw.get(fw, []) if r.get("gave_up_after_s") is not None]
+            raced = [w for w in map(raced_out, by_fw.get(fw, [])) if w is not None]
             if medians.get(fw) is None and raced:  # stopped by --race: not there by the leader's time
                 cell = f"> {min(raced):.1f} (raced)"
             reached = [w for w in runs if w is not None]
