@@ -128,7 +128,7 @@ def _run_rank(cfg: TrainConfig, argv: list[str]) -> int:
     from msrl_consistency.training import distributed as dist
 
     try:
-        comm = dist.join_cluster(cfg.device)
+        comm = dist.join_cluster(rank_device(cfg))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     dist.write_rank_status(comm.rank, pid=os.getpid(), host=socket.gethostname())
@@ -156,6 +156,19 @@ def _run_rank(cfg: TrainConfig, argv: list[str]) -> int:
         raise
     dist.write_rank_status(comm.rank, exit_code=code)
     return code
+
+
+def rank_device(cfg: TrainConfig) -> str:
+    """The device a rank joins the cluster on, before rank 0 has read the run: a resumed run's own (its run.json),
+    not the command line's default. A rank that cannot see the run dir (another machine) keeps the command line's."""
+    if cfg.resume:
+        from msrl_consistency.artifacts import run_dir as rd
+
+        try:
+            return str(rd.read_run_json(Path(cfg.resume))["config"].get("device", cfg.device))
+        except UsageError:
+            pass  # rank 0's prepare_run reports a missing or corrupt run dir to every rank
+    return cfg.device
 
 
 def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:

@@ -13,7 +13,7 @@ from inference.errors import UsageError
 from msrl_consistency import train
 from msrl_consistency.agent.preprocess import RunningMeanStd, batch_moments, merge_moments
 from msrl_consistency.artifacts import run_dir as rd
-from msrl_consistency.config import TrainConfig, build_parser
+from msrl_consistency.config import TrainConfig, build_parser, parse_config
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training import launch
 from msrl_consistency.training.loop import Trainer
@@ -157,6 +157,16 @@ def test_device_per_rank_and_its_clear_error(tmp_path):
     with pytest.raises(UsageError, match="device 'ascend' is not available"):
         train.main(["--device", "ascend", "--workers", "2", "--run-dir", str(tmp_path / "run")])
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resumed_rank_joins_on_the_runs_own_device_not_the_command_lines(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / rd.RUN_JSON).write_text(json.dumps({"schema": rd.RUN_SCHEMA, "config": {"device": "Ascend"}}))
+    assert train.rank_device(parse_config(["--resume", str(run)])) == "Ascend"  # the CLI default is CPU
+    # A rank that cannot read the run (another machine's disk) keeps the command line's; rank 0 reports the run.
+    assert train.rank_device(parse_config(["--resume", str(tmp_path / "elsewhere"), "--device", "GPU"])) == "GPU"
+    assert train.rank_device(parse_config(["--device", "GPU"])) == "GPU"
 
 
 def test_bad_data_parallel_flags_fail_before_writing(tmp_path):
