@@ -27,7 +27,6 @@ still anneals over the full run, so the steps to target are an unstopped run's:
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 import signal
@@ -53,6 +52,8 @@ from train_throughput import (  # noqa: E402
     wall_at_step,
 )
 
+from msrl_consistency.artifacts import run_dir as rd  # noqa: E402  (the run dir's CSV logs; no MindSpore import)
+
 EVAL_EVERY_STEPS = 4096
 POLL_S = 5.0  # how often a stoppable run's logs are read
 
@@ -65,27 +66,15 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def csv_rows(path: Path) -> list[dict[str, str]]:
-    """A run's CSV log as rows (empty before its first row is written)."""
-    if not path.exists():
-        return []
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def eval_means(run_dir: Path) -> list[tuple[int, float]]:
-    return [(int(r["global_step"]), float(r["return_mean"])) for r in csv_rows(run_dir / "evals.csv")]
-
-
 def stop_reason(env_id: str, run_dir: Path, stop_at_target: bool, give_up_at: int | None) -> str | None:
     """Why a running run should stop now: it reached its target, or passed ``give_up_at`` steps without it.
     Reads only the small logs (evaluations, metrics): it runs every few seconds while the run trains."""
     if env_id in TRAINING_MEAN_TARGET:
         return None  # "stays >= the bar" is only known at the end of a run
     thr = THRESHOLDS.get(env_id, float("inf"))
-    if stop_at_target and steps_to_eval_threshold(eval_means(run_dir), thr) is not None:
+    if stop_at_target and steps_to_eval_threshold(rd.eval_means(run_dir), thr) is not None:
         return "target"
-    metrics = csv_rows(run_dir / "metrics.csv")
+    metrics = rd.read_log(run_dir / rd.METRICS_CSV)
     at = int(metrics[-1]["global_step"]) if metrics else 0
     return "gave up" if give_up_at and at >= give_up_at else None
 
@@ -125,8 +114,8 @@ def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | No
         tail = log_path.read_text()[-2000:]
         raise SystemExit(f"{name} seed {seed} failed ({proc.returncode}):\n{tail}")
     wall = time.perf_counter() - start
-    episodes = [(int(r["global_step"]), float(r["return"])) for r in csv_rows(run_dir / "episodes.csv")]
-    evals, rows = eval_means(run_dir), csv_rows(run_dir / "metrics.csv")
+    episodes = rd.episode_returns(run_dir)
+    evals, rows = rd.eval_means(run_dir), rd.read_log(run_dir / rd.METRICS_CSV)
     info = json.loads((run_dir / "run.json").read_text())
     thr = THRESHOLDS.get(env_id, float("inf"))
     final = [float(x) for x in info["eval"]["returns"]] if info.get("eval") else []

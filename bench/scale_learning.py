@@ -13,7 +13,6 @@ the moving mean of the last 10 training episodes stays >= 475 from some step <= 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 import subprocess
@@ -27,6 +26,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from train_throughput import THRESHOLDS, steps_to_threshold  # noqa: E402
+
+from msrl_consistency.artifacts import run_dir as rd  # noqa: E402
 
 LAYOUTS = {
     "1x8": ["--workers", "1", "--num-envs", "8"],
@@ -48,10 +49,7 @@ def run(layout: str, seed: int, steps: int, out: Path) -> dict[str, Any]:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{layout} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    with open(run_dir / "episodes.csv", newline="") as fh:
-        episodes = [(int(r["global_step"]), float(r["return"])) for r in csv.DictReader(fh)]
-    with open(run_dir / "metrics.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    episodes, rows = rd.episode_returns(run_dir), rd.read_log(run_dir / rd.METRICS_CSV)
     info = json.loads((run_dir / "run.json").read_text())
     return {
         "layout": layout,

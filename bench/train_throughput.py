@@ -26,7 +26,6 @@ training wall passes the best wall to target so far. It could not have come firs
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -276,19 +275,13 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
         trainer.checkpoint(eval_returns)
     finally:
         trainer.close()
-    with open(run_dir / "metrics.csv", newline="") as fh:
-        rows = [(int(r["global_step"]), float(r["wall_time"])) for r in csv.DictReader(fh)]
+    rows = [(int(r["global_step"]), float(r["wall_time"])) for r in rd.read_log(run_dir / rd.METRICS_CSV)]
     profile = trainer.profile_report()
-    with open(run_dir / "episodes.csv", newline="") as fh:
-        episodes = [(int(r["global_step"]), float(r["return"])) for r in csv.DictReader(fh)]
-    evals: list[tuple[int, float]] = []
-    if cfg.eval_every:
-        with open(run_dir / "evals.csv", newline="") as fh:
-            eval_rows = list(csv.DictReader(fh))
-        evals = [(int(r["global_step"]), float(r["return_mean"])) for r in eval_rows]
-        # Excluded like metrics.csv's wall_time, and their CPU seconds from the CPU time (as for torch and sb3).
-        wall -= sum(float(r["seconds"]) for r in eval_rows)
-        cpu -= sum(float(r["cpu_seconds"]) for r in eval_rows)
+    episodes, evals = rd.episode_returns(run_dir), rd.eval_means(run_dir)
+    eval_rows = rd.read_log(run_dir / rd.EVALS_CSV)  # none without periodic evaluations
+    # Excluded like metrics.csv's wall_time, and their CPU seconds from the CPU time (as for torch and sb3).
+    wall -= sum(float(r["seconds"]) for r in eval_rows)
+    cpu -= sum(float(r["cpu_seconds"]) for r in eval_rows)
     # Steady state: everything after the first iteration, which also pays the act and train-step compiles.
     (step0, t0), (step1, t1) = rows[0], rows[-1]
     steady = (step1 - step0) / (t1 - t0) if len(rows) > 1 else step1 / t1

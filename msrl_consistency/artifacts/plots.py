@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import matplotlib
@@ -12,14 +11,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from inference.files import atomic_path  # noqa: E402
+from msrl_consistency.artifacts.run_dir import read_log  # noqa: E402
 
 
 def plot_reward_curve(episodes_csv: Path, out: Path, title: str) -> bool:
     """Episode returns against env steps, with a moving average; False when there is nothing to plot."""
-    if not episodes_csv.exists():
-        return False
-    with open(episodes_csv, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = read_log(episodes_csv)
     if not rows:
         return False
     steps = np.array([int(r["global_step"]) for r in rows])

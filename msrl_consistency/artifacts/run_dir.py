@@ -232,15 +232,31 @@ class NullRecorder:
         pass
 
 
+def read_log(path: Path) -> list[dict[str, str]]:
+    """One of a run's CSV logs as rows: empty before its first row is written (a run still starting)."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def episode_returns(run_dir: Path) -> list[tuple[int, float]]:
+    """``(global step, return)`` of each finished training episode (episodes.csv)."""
+    return [(int(r["global_step"]), float(r["return"])) for r in read_log(run_dir / EPISODES_CSV)]
+
+
+def eval_means(run_dir: Path) -> list[tuple[int, float]]:
+    """``(global step, mean return)`` of each periodic evaluation (evals.csv)."""
+    return [(int(r["global_step"]), float(r["return_mean"])) for r in read_log(run_dir / EVALS_CSV)]
+
+
 class CsvLog:
     """Append-only CSV flushed every row (nothing lost on a crash); on resume, rows past the checkpoint go."""
 
     def __init__(self, path: Path, fields: list[str], keep_until_step: int | None = None) -> None:
         self.path, self.fields = path, fields
         if keep_until_step is not None and path.exists():
-            with open(path, newline="") as fh:
-                rows = [r for r in csv.DictReader(fh) if int(r["global_step"]) <= keep_until_step]
-            self._rewrite(rows)
+            self._rewrite([r for r in read_log(path) if int(r["global_step"]) <= keep_until_step])
         elif keep_until_step is None or not path.exists():
             self._rewrite([])
         self._fh = open(path, "a", newline="")  # noqa: SIM115 - kept open for the run
