@@ -53,6 +53,10 @@ TORCH_BEST: dict[str, dict[str, Any]] = {
                         gamma=0.99, gae_lambda=0.8, ent_coef=0.0, clip_vloss=False),
     "Pendulum-v1": dict(num_envs=4, num_steps=512, num_minibatches=32, update_epochs=10, learning_rate=1e-3,
                         gamma=0.9, gae_lambda=0.95, ent_coef=0.0, reward_scale=0.1, init_log_std=-0.5),
+    # Our preset before session 27 (value loss clipped): the twin's faster setting in the session-25 race.
+    "BipedalWalker-v3": dict(num_envs=16, num_steps=256, num_minibatches=8, update_epochs=10, learning_rate=3e-4,
+                             gamma=0.99, gae_lambda=0.95, ent_coef=0.0, hidden_sizes=[256, 256, 128],
+                             reward_scale=0.1, init_log_std=-0.5, clip_vloss=True),
 }  # fmt: skip
 WINDOW = 10
 # ours and ours-gym load their graphs from a compile cache warmed before the first measured run (what every run of
