@@ -24,6 +24,7 @@ import numpy as np
 
 from inference.bundle import Bundle, BundleError, load_bundle
 from inference.contract import ContractError
+from inference.errors import UsageError
 from inference.lite_client import DEFAULT_MAX_ROWS, LiteRunner, LiteRunnerError
 from inference.play import mode_graph, run_episodes
 from inference.procfs import status_mb
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    except (BundleError, ContractError, FeedError, LiteRunnerError) as exc:
+    except (BundleError, ContractError, FeedError, LiteRunnerError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:

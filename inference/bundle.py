@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from inference import schema
 from inference.contract import ContractError, PolicyContract, trainer_contracts
 
 MANIFEST = "manifest.json"
@@ -60,6 +61,11 @@ class Bundle:
     def precision(self) -> str:
         return self.manifest.get("precision", "fp32")
 
+    def defaults(self) -> dict[str, str]:
+        """Optional manifest fields this bundle leaves out, with what the verifier assumes instead (the schema's
+        ``default``); the report lists them."""
+        return schema.optional_defaults(self.manifest, schema.load_schema())
+
     @property
     def graphs(self) -> list[str]:
         return list(self.manifest["graphs"])
@@ -99,10 +105,20 @@ class Bundle:
     def file(self, graph: str, fmt: str) -> Path:
         """Path of ``graph`` in format ``mindir`` | ``onnx`` | ``ms``; BundleError if it was not exported."""
         entry = self.graph(graph)["files"].get(fmt)
+        if entry and "failed" in entry:
+            raise BundleError(f"bundle {self.root}: {graph}.{fmt} failed at export ({entry['failed']})")
         if not entry or "file" not in entry:
             reason = (entry or {}).get("skipped", "not exported")
             raise BundleError(f"bundle {self.root}: no {fmt} file for {graph} ({reason})")
         return self.root / entry["file"]
+
+    def export_failure(self, fmt: str) -> str | None:
+        """Why format ``fmt`` failed at export (could not be produced, or disagreed with its Cell), if it did."""
+        for graph in self.graphs:
+            entry = self.graph(graph)["files"].get(fmt) or {}
+            if "failed" in entry:
+                return f"{graph}.{fmt} failed at export: {entry['failed']}"
+        return None
 
     def output_shape(self, graph: str, output: str) -> tuple[int, ...]:
         for entry in self.graph(graph)["outputs"]:
@@ -123,7 +139,8 @@ class Bundle:
 
 
 def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
-    """Open a bundle directory (or any file inside it) and check its manifest and hashes."""
+    """Open a bundle directory (or any file inside it): its manifest valid against the published schema (v2:
+    ``manifest.schema.json``), every graph file inside the bundle directory, every hash matching."""
     path = Path(path)
     root = path if path.is_dir() else path.parent
     manifest_path = root / MANIFEST
@@ -133,10 +150,22 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{manifest_path} is corrupt: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{manifest_path} is not a manifest (a JSON object)")
     if manifest.get("schema") != SCHEMA or manifest.get("schema_version") not in READABLE_VERSIONS:
         raise BundleError(
             f"{manifest_path}: unsupported schema {manifest.get('schema')!r} v{manifest.get('schema_version')!r}"
         )
+    for graph_name, graph in _graph_files(manifest):  # files outside the bundle: said as such, before the schema
+        for fmt, entry in graph.items():
+            if isinstance(entry, dict) and "file" in entry:
+                _inside(root, entry["file"], f"{graph_name}.{fmt}")
+    if manifest["schema_version"] == SCHEMA_VERSION:
+        problems = schema.errors(manifest, schema.load_schema())
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            where = schema.MANIFEST_SCHEMA.name
+            raise BundleError(f"{manifest_path}: field {problems[0]}{more}; the schema is {where}")
     graphs = manifest.get("graphs")
     if not isinstance(graphs, dict) or not graphs:
         raise BundleError(f"{manifest_path}: the manifest lists no graphs")
@@ -147,16 +176,37 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     bundle = Bundle(root, manifest)
     for graph_name in graphs:
         bundle.contract(graph_name)  # every contract parses now, or one line says which does not
-    if verify_hashes:
-        for graph_name, graph in manifest["graphs"].items():
-            for fmt, entry in graph["files"].items():
-                if "file" not in entry:
-                    continue
-                file = root / entry["file"]
-                if not file.is_file():
-                    raise BundleError(f"bundle {root}: {graph_name} {fmt} file {entry['file']} is missing")
-                if sha256_file(file) != entry["sha256"]:
-                    raise BundleError(
-                        f"bundle {root}: {entry['file']} does not match the manifest's sha256 (modified or truncated)"
-                    )
+    for graph_name, graph in graphs.items():
+        for fmt, entry in graph["files"].items():
+            if "file" not in entry:
+                continue
+            file = _inside(root, entry["file"], f"{graph_name}.{fmt}")
+            if not verify_hashes:
+                continue
+            if not file.is_file():
+                raise BundleError(f"bundle {root}: {graph_name} {fmt} file {entry['file']} is missing")
+            if sha256_file(file) != entry["sha256"]:
+                raise BundleError(
+                    f"bundle {root}: {entry['file']} does not match the manifest's sha256 (modified or truncated)"
+                )
     return bundle
+
+
+def _graph_files(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    graphs = manifest.get("graphs")
+    if not isinstance(graphs, dict):
+        return []
+    return [(name, g["files"]) for name, g in graphs.items()
+            if isinstance(g, dict) and isinstance(g.get("files"), dict)]  # fmt: skip
+
+
+def _inside(root: Path, name: object, where: str) -> Path:
+    """A graph file of the bundle, which must be a file of the bundle directory itself: a manifest naming
+    ``../x.onnx`` or ``/abs/x.onnx``, or a graph file that is a symlink leading elsewhere, is refused (its hash
+    would be checked on, and its graph run from, a file the bundle does not hold)."""
+    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        raise BundleError(f"bundle {root}: {where} names {name!r}, not a file inside the bundle directory")
+    file = root / name
+    if file.is_symlink() or (file.exists() and file.resolve().parent != root.resolve()):
+        raise BundleError(f"bundle {root}: {where} file {name} is a link to {file.resolve()}, outside the bundle")
+    return file

@@ -20,7 +20,7 @@ from inference.bundle import Bundle, BundleError, load_bundle
 from inference.compare.checks import VerifyResult
 from inference.compare.stats import PRESETS, Tolerance
 from inference.compare.verifier import VerifyOptions
-from inference.errors import UsageError, run_cli
+from inference.errors import EXIT_CODES, UsageError, run_cli
 
 DEPLOY_SIDE_RUNTIMES = ("lite", "onnxruntime")  # what a golden check runs by default: no MindSpore needed
 
@@ -72,24 +72,24 @@ def finish(result: VerifyResult, out: Path, against: str, started: float, quiet:
     paths = result.write_reports(out)
     if not quiet:
         print(result.console_table())
-    verdict = "consistent" if result.ok else "INCONSISTENT"
+    verdict = "consistent" if result.ok else result.verdict
     print(f"{verdict}: {against}; reports in {out}/ ({', '.join(p.name for p in paths.values())}); "
           f"{time.perf_counter() - started:.1f} s")  # fmt: skip
     return result.exit_code
 
 
 def prepare_out(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create the report directory {out}: {exc.strerror or exc}") from None
+    """The report directory can be written (checked before any work; created only with the reports)."""
+    from inference.report.writers import check_report_dir
+
+    check_report_dir(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m inference.check",
         description=__doc__.splitlines()[0],
-        epilog="exit codes: 0 consistent, 1 inconsistent, 2 usage/input error, 3 required runtime unavailable",
+        epilog=EXIT_CODES,
     )
     p.add_argument("bundle", type=Path, help="bundle directory")
     p.add_argument("--golden", type=Path, required=True, help="golden file written by verify --save-golden")

@@ -375,10 +375,17 @@ def gumbel_argmax(logits: np.ndarray, uniform: np.ndarray) -> np.ndarray:
     return argmax_int32(np.asarray(logits, np.float32) + gumbel(uniform))
 
 
-def top2_margin(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: the gap between the two largest scores, and the larger magnitude of the two."""
-    top2 = np.sort(np.asarray(scores, np.float64), -1)[..., -2:]
-    return top2[..., 1] - top2[..., 0], np.abs(top2).max(-1)
+def top2_margin(scores: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+    """Per row ``[margin, |v1|, |v2|, max |v|]``: the gap between the two largest scores, the magnitude of the
+    judged output (``values``: logits or Q-values without any Gumbel noise; default the scores) at those two
+    entries, and the row's largest magnitude. What a flip between the two is judged with."""
+    scores = np.asarray(scores, np.float64)
+    values = scores if values is None else np.asarray(values, np.float64)
+    order = np.argsort(scores, -1)[..., -2:]
+    top = np.take_along_axis(scores, order, -1)
+    magnitude = np.abs(np.take_along_axis(values, order, -1))
+    row_max = np.where(np.isfinite(values), np.abs(values), 0.0).max(-1)
+    return np.stack([top[..., 1] - top[..., 0], magnitude[..., 1], magnitude[..., 0], row_max], -1)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

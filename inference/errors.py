@@ -3,7 +3,8 @@
 The rule every CLI follows: exit 1 means "the runtimes disagree" (verify) or "the written graphs disagree with
 their Cell" (export), and only a verdict can produce it: a CLI returns 1 from ``main`` or raises one of the
 exception types it declares as ``verdicts``. Everything else a user can cause is 2 (bad input, unwritable
-output, a full disk), 3 a required runtime is unavailable, 130 interrupted.
+output, a full disk), 3 not verified (a required runtime is unavailable, no runtime was compared, or a runtime
+could not be judged), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ EXIT_USAGE = 2
 EXIT_RUNTIME_UNAVAILABLE = 3
 EXIT_INTERRUPTED = 130
 _INPUT_CODES = (EXIT_USAGE, EXIT_RUNTIME_UNAVAILABLE)
+EXIT_CODES = (
+    "exit codes: 0 consistent, 1 inconsistent, 2 usage/input error, 3 not verified (nothing compared, a required "
+    "runtime unavailable, or a runtime that could not be judged), 130 interrupted"
+)
 
 
 class MsrlError(Exception):

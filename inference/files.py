@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +13,10 @@ from typing import Any
 
 from inference.bundle import sha256_file  # the deploy side's copy is the one home
 
-__all__ = ["atomic_path", "sha256_file", "write_atomic", "write_bytes_atomic", "write_json_atomic"]
+__all__ = [
+    "atomic_path", "json_default", "replace_dir", "sha256_file", "write_atomic", "write_bytes_atomic",
+    "write_json_atomic",
+]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -40,11 +44,23 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    text = json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n"
+    text = json.dumps(data, indent=2, sort_keys=False, default=json_default) + "\n"
     write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
-def _json_default(obj: Any) -> Any:
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Swap a finished directory into place; an existing one is moved aside first and removed after."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def json_default(obj: Any) -> Any:
     import numpy as np
 
     if isinstance(obj, np.generic):

@@ -106,9 +106,19 @@ class RunnerTimeout(LiteRunnerError, TimeoutError):
 
 
 class RunnerCrashed(LiteRunnerError):
-    """The runner exited unexpectedly (crash, signal, protocol breakage)."""
+    """The runner exited unexpectedly (crash, signal, protocol breakage); ``signal`` is the signal that ended it."""
 
     exit_code = 9
+    signal: int | None = None
+
+    @property
+    def killed_from_outside(self) -> bool:
+        """Ended by a signal a model cannot raise itself (SIGKILL, SIGTERM, SIGHUP, SIGINT): another process, the
+        OOM killer or the user, not the graph (a crashing kernel dies of SIGSEGV, SIGABRT, SIGBUS or SIGFPE)."""
+        return self.signal in EXTERNAL_SIGNALS
+
+
+EXTERNAL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
 
 
 class InferenceError(LiteRunnerError):
@@ -405,6 +415,8 @@ class LiteRunner:
                 self._fill(deadline, what=f"loading {self.model_path}")
         except RunnerCrashed as exc:
             self._discard()
+            if exc.killed_from_outside:
+                raise
             raise ModelLoadError(f"runner died while loading {self.model_path}: {exc}") from None
         except LiteRunnerError:
             self._discard()
@@ -499,18 +511,22 @@ class LiteRunner:
     def _crashed(self, why: str = "") -> NoReturn:
         proc = self._proc
         assert proc is not None
+        ours = False  # this client killed it (it hung after breaking the protocol): not a kill from outside
         try:
             code = proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             self._kill(proc)
-            code = proc.returncode
+            code, ours = proc.returncode, True
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with code {code}"
+        how += " (by this client, after it stopped answering)" if ours else ""
         tail = self._stderr_tail()
         self._discard()
         self._last_failure = f"runner {how}{': ' + why if why else ''}"
-        raise RunnerCrashed(
+        error = RunnerCrashed(
             f"runner (pid {proc.pid}) {how}{': ' + why if why else ''}{'; stderr: ' + tail if tail else ''}"
         )
+        error.signal = -code if code is not None and code < 0 and not ours else None
+        raise error
 
     def _stderr_tail(self, lines: int = 5) -> str:
         if self._stderr is None or self._stderr.closed:

@@ -17,8 +17,10 @@ import numpy as np
 
 from inference.bundle import Bundle, BundleError, load_bundle
 from inference.contract import ContractError
+from inference.errors import UsageError
 from inference.lite_client import LiteRunner, LiteRunnerError
 from inference.sdk import FORMATS, open_runner
+from inference.spaces import check_env_spaces
 from inference.tensors import FeedError
 
 PLAY_NOISE_STREAM = 21
@@ -67,6 +69,12 @@ def run_episodes(
     env_id = bundle_env_id(bundle)
     contract = bundle.contract(graph)
     discrete = contract.action.is_discrete
+    probe = make_env(env_id)
+    try:
+        width = lambda name: bundle.output_shape(graph, name)[-1]  # noqa: E731
+        check_env_spaces(contract, probe.observation_space, probe.action_space, width, f"bundle vs env {env_id}")
+    finally:
+        probe.close()
     rng = np.random.default_rng([seed, PLAY_NOISE_STREAM])
     returns = []
     for k in range(episodes):
@@ -123,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, args.device, args.device_id)
-    except (BundleError, ContractError, FeedError, LiteRunnerError) as exc:
+    except (BundleError, ContractError, FeedError, LiteRunnerError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0

@@ -137,6 +137,13 @@ def export_policy(
     compat.set_device("cpu")
     contract = _contract_or_usage(contract)
     cells = UserCells(cell, checkpoint)
+    with cells.caller_mode_kept():
+        return _export_cells(cells, contract, out, checkpoint, options, force)
+
+
+def _export_cells(
+    cells: UserCells, contract: PolicyContract, out: Path, checkpoint: Path | None, options: ExportOptions, force: bool
+) -> Bundle:
     built = cells()
     io = _probe(built, contract, "the Cell")
     if _differs_on_rerun(built, io):
@@ -249,9 +256,10 @@ def verify_policy(
     options = options or VerifyOptions()
     compat.select_device(options.device, options.device_id)
     cells = UserCells(cell, checkpoint)
-    bundle = open_model(model, contract, cells)
-    inputs = resolve_inputs(bundle, env_id, env, observations)
-    return verify(bundle, options, inputs, cells, checkpoint, reference, progress=progress)
+    with cells.caller_mode_kept():
+        bundle = open_model(model, contract, cells)
+        inputs = resolve_inputs(bundle, env_id, env, observations)
+        return verify(bundle, options, inputs, cells, checkpoint, reference, progress=progress)
 
 
 def open_model(model: str | Path, contract: ContractLike | None, cells: UserCells | None = None) -> Bundle:

@@ -5,16 +5,22 @@
 
 Writes MindIR (dynamic batch), ONNX and MindSpore Lite ``.ms`` graphs plus ``manifest.json`` (hashes, shapes,
 versions, seeds, the policy contract), after running each graph against the Cell. Exit codes: 0 ok,
-1 self-check failed (no bundle written), 2 bad input.
+1 a format could not be produced or failed its check against the Cell (the others are written, the failed one
+marked in the manifest; nothing is written when no format of a graph passed), 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inference.errors import UsageError, run_cli
 from msrl_consistency.artifacts import run_dir as rd
+
+if TYPE_CHECKING:
+    from inference.bundle import Bundle
+    from msrl_consistency.artifacts.bundle import ExportOptions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m msrl_consistency.export",
         description=__doc__.split("\n", 1)[1].strip().replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="exit codes: 0 ok, 1 self-check failed (nothing written), 2 usage/input error",
+        epilog="exit codes: 0 ok, 1 a format failed (the rest is written, the failure marked in the manifest), "
+        "2 usage/input error",
     )
     p.add_argument("--ckpt", type=Path, help="a training run directory (or its checkpoint.ckpt), or your Cell's .ckpt")
     p.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell: FACTORY() returns it (MODULE "
@@ -56,6 +63,19 @@ def main(argv: list[str] | None = None) -> int:
         args.ckpt = rd.checkpoint_path(args.ckpt)
     if args.contract is not None and not args.contract.is_file():
         raise UsageError(f"file not found: {args.contract}")
+    from msrl_consistency.artifacts.bundle import ExportCheckFailed
+
+    try:
+        bundle = _export(args, options)
+    except ExportCheckFailed as exc:
+        if exc.bundle is not None:  # written, with the format that failed marked: show what is there
+            print(describe(exc.bundle))
+        raise
+    print(describe(bundle))
+    return 0
+
+
+def _export(args: argparse.Namespace, options: ExportOptions) -> Bundle:
     from msrl_consistency import api
 
     if args.cell is not None:
@@ -69,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--contract describes your own Cell: pass it with --cell (runs of ours carry theirs)")
         out = args.out or Path("bundles") / args.ckpt.resolve().parent.name
         bundle = api.export_run(args.ckpt, out, options, force=args.force)
-    print(describe(bundle))
-    return 0
+    return bundle
 
 
 if __name__ == "__main__":

@@ -60,5 +60,6 @@ def assert_policy_consistent(
     if report_dir is not None:
         result.write_reports(report_dir)
     if not result.ok:
-        raise AssertionError(f"{model} does not act like the training path:\n{result.console_table(only_failed=True)}")
+        what = "does not act like the training path" if result.failed else "could not be verified"
+        raise AssertionError(f"{model} {what}:\n{result.console_table(only_failed=True)}")
     return result

@@ -3,7 +3,8 @@
 Three ways in:
 
 * a run of ours: ``--mindir BUNDLE/policy.mindir --ckpt RUN/checkpoint.ckpt``;
-* a bundle exported from your own Cell: ``--bundle BUNDLE --cell MODULE:FACTORY --ckpt CKPT``;
+* a bundle exported from your own Cell: ``--bundle BUNDLE --cell MODULE:FACTORY --ckpt CKPT`` (the bundle names
+  its Cell's factory, but only ``--cell`` or ``--trust-bundle-cell`` lets code run);
 * a MindIR you exported yourself: ``--mindir USER.mindir --cell MODULE:FACTORY --ckpt CKPT --contract C.toml``.
 
 Observations come from ``--env-id`` / ``--env MODULE:FACTORY`` (seeded episodes) or ``--observations-file``
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inference.check import DEPLOY_SIDE_RUNTIMES, check_golden, finish, names, parse_tolerance, prepare_out
-from inference.errors import UsageError, run_cli
+from inference.errors import EXIT_CODES, UsageError, run_cli
 from msrl_consistency.artifacts import run_dir as rd
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m msrl_consistency.verify",
         description=__doc__.split("\n", 1)[1].strip().replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="exit codes: 0 consistent, 1 inconsistent, 2 usage/input error, 3 required runtime unavailable",
+        epilog=EXIT_CODES,
     )
     model = p.add_argument_group("what to verify")
     model.add_argument("--mindir", type=Path, help="a .mindir: inside a bundle, or exported by you (with --contract)")
@@ -49,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell: FACTORY() returns it (MODULE "
                        "importable from the current directory)")  # fmt: skip
     model.add_argument("--contract", type=Path, help="policy contract TOML (needed for a MindIR outside a bundle)")
+    model.add_argument("--trust-bundle-cell", action="store_true", help="import and run the MODULE:FACTORY the "
+                       "bundle's manifest names (otherwise only --cell chooses the code that runs)")  # fmt: skip
     inputs = p.add_argument_group("observations (one source; default: the env the bundle or contract names)")
     inputs.add_argument("--env-id", help="any registered gymnasium id")
     inputs.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor (gymnasium API)")
@@ -163,11 +166,17 @@ def _run(
     if args.cell:
         from msrl_consistency import api
 
-        cells = _user_cells(args.cell, args.ckpt)
+        checkpoint = args.ckpt
+        if checkpoint is None and ((location if location.is_dir() else location.parent) / "manifest.json").is_file():
+            checkpoint = _manifest_checkpoint(api.open_model(location, args.contract).manifest.get("source") or {}, say)
+        cells = _user_cells(args.cell, checkpoint)
         bundle = api.open_model(location, args.contract, cells)
-        say(f"verifying {location} against {args.cell} ...")
+        recorded = (bundle.manifest.get("source") or {}).get("cell")
+        if recorded and ":" in recorded and recorded != args.cell:
+            say(f"note: the bundle was exported from {recorded}; verifying against --cell {args.cell} as asked")
         inputs = resolve_inputs(bundle, **observation_args)
-        return verify(bundle, options, inputs, cells, args.ckpt, progress=progress), f"{location} vs {args.cell}"
+        say(f"verifying {location} on {inputs.label} against {args.cell} ...")
+        return verify(bundle, options, inputs, cells, checkpoint, progress=progress), f"{location} vs {args.cell}"
     try:
         bundle = load_bundle(location)
     except BundleError as exc:
@@ -182,10 +191,11 @@ def _run(
         result = check_golden(bundle, args.golden, options, observation_args, progress)
         return result, f"golden {args.golden.name}"
     source = bundle.manifest.get("source") or {}
-    checkpoint = args.ckpt or (Path(source["checkpoint"]) if source.get("checkpoint") else None)
-    if checkpoint is not None and not checkpoint.is_file():
-        raise UsageError(f"pass --ckpt: the manifest's checkpoint {checkpoint} does not exist here")
+    checkpoint = args.ckpt or _manifest_checkpoint(source, say)
     if source.get("kind") == "cell":
+        if not args.trust_bundle_cell:
+            raise UsageError(f"the bundle was exported from {source.get('cell')!r}: pass --cell {source.get('cell')} "
+                             "to run that code (or --trust-bundle-cell to let the manifest choose it)")  # fmt: skip
         cells = _user_cells(source["cell"], checkpoint)
     else:
         if checkpoint is None:
@@ -195,8 +205,26 @@ def _run(
 
         cells = TrainerCells(checkpoint, bundle.policy_spec or {})
     inputs = resolve_inputs(bundle, **observation_args)
-    say(f"verifying {bundle.root} ({bundle.env_id or inputs.describe()['env']}) against {checkpoint} ...")
-    return verify(bundle, options, inputs, cells, checkpoint, progress=progress), f"{bundle.root} vs {checkpoint}"
+    against = checkpoint or source.get("cell")
+    say(f"verifying {bundle.root} on {inputs.label} against {against} ...")
+    return verify(bundle, options, inputs, cells, checkpoint, progress=progress), f"{bundle.root} vs {against}"
+
+
+def _manifest_checkpoint(source: dict, say: Callable[[str], None]) -> Path | None:
+    """The checkpoint the manifest names, used only when it is here and is the very file the bundle was exported
+    from (its sha256 matches): a path from another machine is a hint, never trusted."""
+    from inference.bundle import sha256_file
+
+    if not source.get("checkpoint"):
+        return None
+    path = Path(source["checkpoint"])
+    if not path.is_file():
+        raise UsageError(f"pass --ckpt: the manifest's checkpoint {path} does not exist here")
+    if sha256_file(path) != source.get("checkpoint_sha256"):
+        raise UsageError(f"pass --ckpt: {path} (named by the manifest) is not the checkpoint the bundle was exported "
+                         "from (sha256 differs)")  # fmt: skip
+    say(f"using the checkpoint the manifest names, {path} (sha256 matches)")
+    return path
 
 
 def _user_cells(factory: str, checkpoint: Path | None) -> UserCells:

@@ -11,6 +11,17 @@ import pytest  # noqa: E402
 from msrl_consistency import compat  # noqa: E402
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under CI a runner build that broke fails the suite at once: the Lite path's tests never skip there."""
+    import lite_build
+
+    missing = [p for p in (lite_build.runner_path(), *(lite_build.runner_path().with_name(n) for n in
+               ("msrl-lite-runner-test", "msrl-lite-convert"))) if not p.is_file()]  # fmt: skip
+    if lite_build.required() and (missing or not lite_build.BUILT):
+        why = lite_build.WHY_NOT if not lite_build.BUILT else f"{missing[0]} not built"
+        raise pytest.UsageError(f"the Lite runner is required here (CI / MSRL_REQUIRE_RUNNER=1): {why}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _mindspore_cpu() -> None:
     compat.set_device("cpu")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import lite_build
 import numpy as np
 import pytest
 
@@ -30,8 +31,9 @@ def test_bench_writes_table_and_json(cartpole_bundle, tmp_path):
                  "600", "--soak-inputs", "7", "--episodes", "2", "--seed", "5", "--json", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    assert result["lite_version"] == "2.0.0" and result["lite_sdk"]["max_mind_ir_version"] == 1
-    assert result["format"] == "ms" and "MindIR v3" in result["format_reason"]
+    assert result["lite_version"] == lite_build.VERSION
+    assert result["lite_sdk"]["max_mind_ir_version"] == lite_build.MAX_MINDIR
+    assert result["format"] == ("ms" if lite_build.MAX_MINDIR < 3 else "mindir")
     assert [r["batch"] for r in result["batches"]] == [1, 4, 32]
     for row in result["batches"]:
         assert 0 < row["p50_us"] <= row["p99_us"] <= row["p99.9_us"] and row["obs_per_s"] > 0

@@ -79,8 +79,8 @@ def test_export_cell_bundle_runs_everywhere_and_on_the_deploy_side(pendulum):
     assert manifest["schema_version"] == 2 and manifest["source"]["kind"] == "cell"
     assert manifest["graphs"]["policy"]["outputs"][1]["shape"] == [1]  # std kept its batch-free shape
     assert {"mindir", "onnx", "ms"} <= {f for f, e in manifest["graphs"]["policy"]["files"].items() if "file" in e}
-    # The manifest names the Cell and the checkpoint: verify needs only the bundle.
-    proc = run(pendulum, "--bundle", "bundle", *SMALL, "--out", "r-bundle")
+    # The manifest names the checkpoint (used as its sha256 matches); the code that runs is the user's to name.
+    proc = run(pendulum, "--bundle", "bundle", "--cell", "policy:make_policy", *SMALL, "--out", "r-bundle")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     ran = {name for name, info in report(pendulum / "r-bundle")["runtimes"].items() if info["status"] == "ran"}
     assert {"ms-mindir", "onnxruntime", "lite"} <= ran
@@ -215,7 +215,8 @@ def test_dqn_example_verifies_with_argmax_metrics(dqn):
     exported = run(dqn, "--cell", "qnet:make_qnet", "--ckpt", "qnet.ckpt", "--contract", "contract.toml", "--out",
                    "bundle", module="msrl_consistency.export")  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-2000:]
-    proc = run(dqn, "--bundle", "bundle", "--runtimes", "lite,onnxruntime", *SMALL, "--out", "r-dqn-bundle")
+    proc = run(dqn, "--bundle", "bundle", "--cell", "qnet:make_qnet", "--runtimes", "lite,onnxruntime", *SMALL,
+               "--out", "r-dqn-bundle")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
@@ -277,15 +278,63 @@ def test_recorded_observations_replace_episodes(dqn):
     assert rep["inputs"]["recorded_observations"].startswith("recorded.npz (301)")
 
 
-HANGING_POLICY = '''
+def test_a_runtime_that_hangs_is_stopped_and_reported(pendulum, monkeypatch):
+    """Lite hangs in Predict (the test runner's fault hook): its watchdog kills it and verify fails that runtime at
+    stage runtime, while the others are compared."""
+    import lite_build
+
+    from inference.compare.verifier import VerifyOptions
+    from inference.runtimes.lite import LiteRuntime
+    from msrl_consistency.api import verify_policy
+
+    monkeypatch.setenv("MSRL_LITE_RUNNER", str(lite_build.runner_path().with_name("msrl-lite-runner-test")))
+    monkeypatch.setenv("MSRL_LITE_RUNNER_FAULT", "hang")
+    monkeypatch.setattr(LiteRuntime, "timeout", 3.0)
+    monkeypatch.chdir(pendulum)
+    monkeypatch.syspath_prepend(str(pendulum))
+    import policy
+
+    options = VerifyOptions(observations=64, episodes=1, runtimes=("lite", "ms-mindir"))
+    result = verify_policy(policy.make_policy(), None, pendulum / "bundle", checkpoint=pendulum / "policy.ckpt",
+                           options=options)  # fmt: skip
+    lite = {c.name: c for c in result.checks if c.runtime == "lite"}
+    assert lite["inference"].status == "fail" and "timeout" in lite["inference"].summary
+    assert lite["inference"].diagnosis["stage"] == "runtime"
+    assert result.runtimes["ms-mindir"]["status"] == "ran" and result.exit_code == 1
+
+
+def test_a_std_broadcast_with_ones_like_runs_in_lite(tmp_path, monkeypatch):
+    """``std = exp(log_std) * ones_like(mean)``, both an output and an input of the action, hung Lite 2.0.0's
+    Predict when the ONNX carried ``ones_like`` as a batch-1 constant; exported with a symbolic batch it runs."""
+    from inference.compare.verifier import VerifyOptions
+    from msrl_consistency.api import export_policy, verify_policy
+
+    (tmp_path / "ones_like_std.py").write_text(ONES_LIKE_STD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import ones_like_std
+
+    contract = {
+        "env_id": "Pendulum-v1", "input": {"obs": [3], "noise": [1], "noise_kind": "normal"},
+        "outputs": {"names": ["action", "std"]},
+        "action": {"kind": "deterministic", "action": "action", "squash": "clip", "low": [-2.0], "high": [2.0]},
+    }  # fmt: skip
+    bundle = export_policy(ones_like_std.Policy(), contract, tmp_path / "bundle")
+    files = bundle.manifest["graphs"]["policy"]["files"]
+    assert {f for f, e in files.items() if "file" in e} == {"mindir", "onnx", "ms"}
+    options = VerifyOptions(observations=200, episodes=1, required=("lite", "onnxruntime"))
+    result = verify_policy(ones_like_std.Policy(), None, bundle.root, options=options)
+    assert result.exit_code == 0, result.console_table(only_failed=True)
+
+
+ONES_LIKE_STD = '''
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-class HangingPolicy(nn.Cell):
-    """std = exp(log_std) * ones_like(mean), both an output and an input of the action: hangs Lite 2.0.0."""
+
+class Policy(nn.Cell):
     def __init__(self):
         super().__init__()
-        self.fc = nn.Dense(3, 1)
+        self.fc = nn.Dense(3, 1, weight_init="ones", bias_init="zeros")
         self.log_std = Parameter(Tensor(np.zeros(1, np.float32)), name="log_std")
 
     def construct(self, obs, noise):
@@ -293,35 +342,3 @@ class HangingPolicy(nn.Cell):
         std = ops.exp(self.log_std) * ops.ones_like(mean)
         return mean + std * noise, std
 '''
-
-
-def test_a_runtime_that_hangs_is_stopped_and_reported(tmp_path, monkeypatch):
-    """Lite 2.0.0's Predict hangs on this graph: the watchdog kills it and verify reports that runtime's failure."""
-    from inference.compare.verifier import VerifyOptions
-    from inference.contract import PolicyContract
-    from inference.runtimes.lite import LiteRuntime
-    from msrl_consistency.api import verify_policy
-    from msrl_consistency.artifacts import bundle as B
-    from msrl_consistency.artifacts import graphs as G
-
-    (tmp_path / "hanging.py").write_text(HANGING_POLICY)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import hanging
-
-    cell = hanging.HangingPolicy()
-    contract = PolicyContract.from_dict({
-        "env_id": "Pendulum-v1", "input": {"obs": [3], "noise": [1], "noise_kind": "normal"},
-        "outputs": {"names": ["action", "std"]},
-        "action": {"kind": "deterministic", "action": "action", "squash": "clip", "low": [-2.0], "high": [2.0]},
-    })  # fmt: skip
-    # Written without the self-check (which would refuse it, as export does): a bundle from elsewhere.
-    unchecked = lambda _bundle, _cells: {"passed": True, "samples": 0, "results": [], "failures": []}  # noqa: E731
-    graphs = {"policy": B.GraphExport(G.probe_graph(cell, contract), cell, contract)}
-    bundle = B.write_bundle(tmp_path / "bundle", graphs, {"env_id": "Pendulum-v1"}, B.ExportOptions(), unchecked)
-    monkeypatch.setattr(LiteRuntime, "timeout", 3.0)
-    options = VerifyOptions(observations=64, episodes=1, runtimes=("lite", "ms-mindir"))
-    result = verify_policy(cell, None, bundle.root, options=options)
-    lite = {c.name: c for c in result.checks if c.runtime == "lite"}
-    assert lite["inference"].status == "fail" and "timeout" in lite["inference"].summary
-    assert lite["inference"].diagnosis["stage"] == "runtime"
-    assert result.runtimes["ms-mindir"]["status"] == "ran" and result.exit_code == 1

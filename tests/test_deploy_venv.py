@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lite_build
+
 REPO = Path(__file__).resolve().parents[1]
 # What `pip install ./inference` may bring, besides pip/setuptools that come with the venv itself.
 DEPLOY_PACKAGES = {"msrl-consistency-deploy", "numpy", "gymnasium", "cloudpickle", "farama-notifications",
@@ -74,18 +76,18 @@ def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, cartpo
     report = json.loads(doctor.stdout)
     assert report["compatible"] and report["environment"]["mindspore"] is None
     assert report["environment"]["lite"]["runner"] == str(venv / "bin" / "msrl-lite-runner")
-    assert report["environment"]["lite"]["lite_version"] == "2.0.0"
+    assert report["environment"]["lite"]["lite_version"] == lite_build.VERSION
 
     out = work / "bench.json"
     bench = [py, "-m", "inference.bench", str(cartpole_bundle.root), "--batch", "1,16", "--loops", "20",
              "--warmup", "2", "--soak", "300", "--episodes", "1", "--json", str(out)]  # fmt: skip
     _run(bench, "bench", work, env)
     result = json.loads(out.read_text())
-    assert result["lite_version"] == "2.0.0" and result["lite_sdk"]["lite_version"] == "2.0.0"
+    assert result["lite_version"] == lite_build.VERSION and result["lite_sdk"]["lite_version"] == lite_build.VERSION
     assert result["soak"]["drifted_requests"] == 0 and [b["batch"] for b in result["batches"]] == [1, 16]
 
     play = _run([py, "-m", "inference.play", str(cartpole_bundle.root), "--episodes", "1"], "play", work, env)
-    assert "mean return" in play.stdout and "Lite 2.0.0" in play.stdout
+    assert "mean return" in play.stdout and f"Lite {lite_build.VERSION}" in play.stdout
     assert float(play.stdout.split("return ")[1].split()[0]) == result["episodes"]["returns"][0]
 
     # The on-device check: a golden file recorded here (the training side), checked there with the deploy side only.

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import lite_build
 import pytest
 
 from inference.lite_client import runner_available
@@ -23,7 +24,7 @@ def play(*args: str) -> subprocess.CompletedProcess[str]:
 def test_play_runs_seeded_episodes_without_mindspore(cartpole_bundle):
     first = play(str(cartpole_bundle.root), "--episodes", "2", "--stochastic", "--seed", "4")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.count("episode ") == 2 and "Lite 2.0.0" in first.stdout
+    assert first.stdout.count("episode ") == 2 and f"Lite {lite_build.VERSION}" in first.stdout
     again = play(str(cartpole_bundle.root), "--episodes", "2", "--stochastic", "--seed", "4")
     assert again.stdout == first.stdout  # seeded noise: the same episodes
 
@@ -47,11 +48,19 @@ def _copy_with_manifest(bundle_root, tmp_path, edit):
 
 
 def test_play_without_env_id_is_a_one_line_usage_error(cartpole_bundle, tmp_path):
-    copy = _copy_with_manifest(cartpole_bundle.root, tmp_path, lambda m: m.pop("env_id"))
+    def cell_bundle_without_env(m):  # a Cell's bundle may leave the env out (the schema: optional there)
+        m.pop("env_id")
+        m["source"] = {"kind": "cell", "cell": "team:make"}
+
+    copy = _copy_with_manifest(cartpole_bundle.root, tmp_path, cell_bundle_without_env)
     proc = play(str(copy), "--episodes", "1")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "no env_id" in proc.stderr
     assert proc.stderr.startswith("error: ")
+    shutil.rmtree(copy)
+    copy = _copy_with_manifest(cartpole_bundle.root, tmp_path, lambda m: m.pop("env_id"))  # our trainer's: required
+    proc = play(str(copy), "--episodes", "1")
+    assert proc.returncode == 2 and "field env_id: required field is missing" in proc.stderr
 
 
 def test_play_refuses_zero_episodes(cartpole_bundle):
@@ -60,10 +69,13 @@ def test_play_refuses_zero_episodes(cartpole_bundle):
     assert proc.stderr.strip() == "error: --episodes must be >= 1, got 0"
 
 
+@pytest.mark.skipif(lite_build.MAX_MINDIR >= 3, reason="this Lite reads the MindIR v3 MindSpore 2.10 writes")
 def test_play_auto_format_falls_back_to_ms_for_a_newer_mindir(cartpole_bundle):
-    """Lite 2.0.0 reads MindIR <= v1 and MindSpore 2.10 writes v3: auto must say so and use the .ms."""
+    """A Lite older than the exporter's MindIR (2.0.0 reads <= v1, MindSpore 2.10 writes v3): auto says so and uses
+    the .ms."""
     proc = play(str(cartpole_bundle.root), "--episodes", "1")
     assert proc.returncode == 0, proc.stderr
-    assert ".ms on Lite 2.0.0: fallback to .ms: MindIR v3, Lite 2.0.0 reads <= v1" in proc.stdout
+    v, m = lite_build.VERSION, lite_build.MAX_MINDIR
+    assert f".ms on Lite {v}: fallback to .ms: MindIR v3, Lite {v} reads <= v{m}" in proc.stdout
     forced = play(str(cartpole_bundle.root), "--episodes", "1", "--format", "mindir")
     assert forced.returncode == 5 and "MindIR v3 written by MindSpore" in forced.stderr

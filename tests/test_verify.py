@@ -104,27 +104,37 @@ def test_fp16_preset_still_fails_a_real_fault(pendulum_ckpt, tmp_path):
     assert result.exit_code == 1 and "postprocessing" in stages(result), result.console_table()
 
 
-def test_flips_are_forgiven_only_at_near_ties_and_rarely():
+def test_a_flip_is_judged_against_the_tolerance_granted_to_the_scores():
+    """Under every preset: a flip is forgiven exactly when the two scores may move that far within the tolerance
+    their output is granted (atol of the row, which grows with the row's magnitude, or rtol), and rarely."""
     from inference.compare.runtime_check import judge_flips
-    from inference.compare.stats import PRESETS
+    from inference.compare.stats import PRESETS, Tolerance
     from inference.contract import PolicyContract
 
     contract = PolicyContract.from_dict({"input": {"obs": [2]}, "outputs": {"names": ["logits"]},
                                          "action": {"kind": "categorical", "logits": "logits"}})  # fmt: skip
-    ref = np.tile([[1.0, 0.0]], (1000, 1)).astype(np.float32)
-    got = ref.copy()
-    near, far = ref.copy(), ref.copy()
-    near[0], got[0] = [0.5, 0.499], [0.499, 0.5]  # margin 1e-3: two fp16 logits can swap
     fp16, fp32 = PRESETS["fp16"], PRESETS["fp32"]
-    verdict = judge_flips(contract, {"logits": near}, {"logits": got}, None, fp16, fp16.tolerance)
-    assert verdict["ok"] and verdict["flips"] == verdict["explained"] == 1
-    assert not judge_flips(contract, {"logits": near}, {"logits": got}, None, fp32, fp32.tolerance)["ok"]
-    far[0], got[0] = [0.9, 0.1], [0.1, 0.9]  # margin 0.8: not a near-tie
-    assert not judge_flips(contract, {"logits": far}, {"logits": got}, None, fp16, fp16.tolerance)["ok"]
-    many_ref, many_got = near.copy(), got.copy()
-    many_ref[:10], many_got[:10] = [0.5, 0.499], [0.499, 0.5]  # 1% of rows flip, each a near-tie
-    verdict = judge_flips(contract, {"logits": many_ref}, {"logits": many_got}, None, fp16, fp16.tolerance)
-    assert verdict["explained"] == 10 and not verdict["ok"]  # over the 0.5% rate the preset allows
+
+    def verdict(ref_row, got_row, preset, tol, rows=1000, flips=1, row_atol=None):
+        ref = np.tile([[1.0, 0.0]], (rows, 1)).astype(np.float32)
+        got = ref.copy()
+        ref[:flips], got[:flips] = ref_row, got_row
+        return judge_flips(contract, {"logits": ref}, {"logits": got}, None, preset, tol, row_atol)[0]
+
+    near, swapped = [0.5, 0.499], [0.499, 0.5]  # margin 1e-3
+    assert verdict(near, swapped, fp16, fp16.tolerance)["ok"]  # fp16 lets each score move 5e-3 (1% of 0.5)
+    assert not verdict(near, swapped, fp32, fp32.tolerance)["ok"]  # fp32: 1e-4 each, 2e-4 < 1e-3
+    tie = verdict([0.5, 0.49995], [0.49995, 0.5], fp32, fp32.tolerance)  # margin 5e-5 <= 2e-4: fp32 forgives it
+    assert tie["ok"] and tie["explained"] == tie["flips"] == 1
+    assert not verdict([0.9, 0.1], [0.1, 0.9], fp16, fp16.tolerance)["ok"]  # margin 0.8: not a near-tie
+    many = verdict(near, swapped, fp16, fp16.tolerance, flips=10)  # 1% of the rows, each a near-tie
+    assert many["explained"] == 10 and not many["ok"]  # over the 0.5% rate the preset allows
+    # The atol a runtime grants grows with the row's magnitude (scale): a flip within that grant is forgiven (logits
+    # of a row of magnitude 3.4 may each move by 3.5e-2 under fp16; a 6.2e-3 margin is within it), one beyond not.
+    grown = Tolerance(1e-3, 1e-2, scale=1e-2)
+    row = [0.2, 0.2 - 6.2e-3]
+    assert verdict(row, row[::-1], fp16, grown, row_atol=np.full(1000, 1e-3 + 1e-2 * 3.4))["ok"]
+    assert not verdict(row, row[::-1], fp16, grown, row_atol=np.full(1000, 1e-3))["ok"]  # 2 x 2e-3 < 6.2e-3
 
 
 def test_returns_rule_of_the_fp16_preset():

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inference.bundle import Bundle
-from inference.errors import EXIT_INCONSISTENT, EXIT_OK
+from inference.errors import EXIT_INCONSISTENT, EXIT_OK, EXIT_RUNTIME_UNAVAILABLE
 
 if TYPE_CHECKING:
     from inference.compare.reference import Reference
@@ -27,7 +27,7 @@ REPORT_SCHEMA_VERSION = 2
 class Check:
     runtime: str
     name: str
-    status: str  # pass | fail | warn | skip
+    status: str  # pass | fail | warn | skip | error (could not be judged: never a pass, never a verdict)
     summary: str
     metrics: dict[str, Any] = field(default_factory=dict)
     diagnosis: dict[str, str] | None = None
@@ -51,12 +51,38 @@ class VerifyResult:
         return [c for c in self.checks if c.status == "fail"]
 
     @property
+    def undecided(self) -> list[Check]:
+        """Checks that could not be judged (nothing compared, a runtime killed from outside)."""
+        return [c for c in self.checks if c.status == "error"]
+
+    @property
+    def compared(self) -> list[str]:
+        """Runtimes that produced comparisons against the reference."""
+        return [name for name, info in self.runtimes.items() if info.get("status") == "ran"]
+
+    @property
     def ok(self) -> bool:
-        return not self.failed
+        return self.exit_code == EXIT_OK
 
     @property
     def exit_code(self) -> int:
-        return EXIT_OK if self.ok else EXIT_INCONSISTENT
+        """1 on any failed check (a verdict); else 3 when something could not be judged; else 0."""
+        if self.failed:
+            return EXIT_INCONSISTENT
+        return EXIT_RUNTIME_UNAVAILABLE if self.undecided else EXIT_OK
+
+    @property
+    def verdict(self) -> str:
+        """One word for the outcome, as the console and the reports say it."""
+        return {EXIT_OK: "CONSISTENT", EXIT_INCONSISTENT: "INCONSISTENT"}.get(self.exit_code, "NOT VERIFIED")
+
+    def verdict_line(self) -> str:
+        """The verdict with its count: failed checks, or what could not be judged."""
+        if self.failed:
+            return f"INCONSISTENT ({len(self.failed)} failed check(s))"
+        if self.undecided:
+            return "NOT VERIFIED: " + "; ".join(c.summary for c in self.undecided)
+        return "CONSISTENT"
 
     def console_table(self, only_failed: bool = False) -> str:
         from inference.report.writers import console_table

@@ -1,10 +1,13 @@
 """Localise the first stage at which a runtime departs from the training path.
 
-Runtimes expose only graph outputs, so each stage is tested as a hypothesis against the reference
-Cell's pieces: preprocessing (does the runtime match the policy *without* normalisation?),
-network (actor and critic outputs), post-processing (same logits/mean, different action), sampling
-(deterministic graph agrees, stochastic graph does not under the same noise), precision (small,
-uniform relative error of a half-precision export) and provenance (another checkpoint).
+Runtimes expose only graph outputs, so each stage is tested as a hypothesis against evidence from the
+reference Cell: preprocessing (does the runtime match the policy *without* its normalisation, or the policy on
+observations scaled by 255 or 1/255?), network (actor and critic outputs), post-processing (same logits/mean,
+different action; an action that equals the raw mean or the unsquashed sample), sampling (deterministic outputs
+agree, sampled actions do not under the same noise), precision (a half-precision export), training mode (a graph
+that is not repeatable or depends on its batch) and provenance (another checkpoint). A rule names a stage only
+when its evidence says so; the network rule never claims weights differ when the bundle says it was exported
+from this very checkpoint.
 """
 
 from __future__ import annotations
@@ -16,62 +19,104 @@ import numpy as np
 
 @dataclass
 class Diagnosis:
-    stage: str  # provenance | preprocessing | network | postprocessing | sampling | precision | version | unknown
+    # provenance | preprocessing | network | postprocessing | sampling | precision | training-mode | version |
+    # runtime | unknown
+    stage: str
     detail: str
 
     def to_dict(self) -> dict[str, str]:
         return {"stage": self.stage, "detail": self.detail}
 
 
-def _close(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
+@dataclass
+class Evidence:
+    """What one failing runtime's outputs say, gathered by ``runtime_check``; every field is about the graph that
+    decides the action (the deterministic one, else the only one) unless named otherwise."""
+
+    param_ok: bool  # the decision output (logits, Q-values, mean, or the action itself) within tolerance
+    action_ok: bool  # the deterministic env action agrees (True when every graph samples)
+    sample_ok: bool  # sampled actions agree under identical noise (True when nothing samples)
+    value_ok: bool
+    max_rel_param: float
+    cosine_param: float
+    precision: str  # the bundle's
+    checkpoint_matches: bool | None
+    without_norm_matches: bool = False  # the runtime equals the policy without its observation normalisation
+    input_scale: float | None = None  # the runtime equals the policy on observations x this factor
+    raw_mean_action: bool = False  # actions equal the raw mean: scaling to the bounds is missing
+    unsquashed_sample: bool = False  # in-graph samples equal mean + std * noise: the squash is missing
+    separate_sampling_graph: bool = False  # the sampled action comes from a graph of its own
+
+
+def close(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
+    """Equal within tolerance where both are finite (the hypotheses' "equals")."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return False
     mask = np.isfinite(a) & np.isfinite(b)
-    return bool(a.shape == b.shape and np.allclose(a[mask], b[mask], atol=atol, rtol=rtol))
+    return bool(mask.any() and np.allclose(a[mask], b[mask], atol=atol, rtol=rtol))
 
 
-def diagnose(
-    *,
-    det_param_ok: bool,
-    det_action_ok: bool,
-    sample_ok: bool,
-    value_ok: bool,
-    got_param: np.ndarray,
-    param_without_norm: np.ndarray | None,
-    got_action: np.ndarray,
-    unscaled_action: np.ndarray | None,
-    max_rel_param: float,
-    cosine_param: float,
-    bundle_precision: str,
-    checkpoint_matches: bool | None,
-    atol: float = 1e-4,
-    rtol: float = 1e-4,
-) -> Diagnosis:
-    """Rules ordered from the most specific explanation to the most general; ``atol``/``rtol`` (the preset's)
-    decide when the runtime's outputs "equal" a hypothesis (a half-precision graph is only that close)."""
-    if checkpoint_matches is False:
+def diagnose(e: Evidence) -> Diagnosis:
+    """Rules ordered from the most specific explanation to the most general."""
+    if e.checkpoint_matches is False:
         return Diagnosis("provenance", "the bundle was exported from a different checkpoint (sha256 differs)")
-    if det_param_ok and det_action_ok and not sample_ok:
-        return Diagnosis(
-            "sampling",
-            "deterministic outputs agree but sampled actions differ under identical noise: the noise "
-            "stream or its transformation differs",
-        )
-    if det_param_ok and not det_action_ok:
-        if unscaled_action is not None and _close(got_action, unscaled_action, atol, rtol):
+    half = e.precision == "fp16"
+    if not e.param_ok:
+        if e.without_norm_matches:
+            return Diagnosis("preprocessing", "outputs match the policy without observation normalisation: the graph "
+                             "does not normalise observations")  # fmt: skip
+        if e.input_scale is not None:
+            factor = "x255" if e.input_scale > 1 else "/255"
+            missing = "lacks the Cell's /255 input scaling" if e.input_scale > 1 else "scales its input by 1/255 twice"
+            return Diagnosis("preprocessing", f"outputs equal the Cell's on observations {factor}: the graph {missing}")
+        if half:
+            return Diagnosis("precision", f"an fp16 export: max relative difference {e.max_rel_param:.1e}, cosine "
+                             f"{e.cosine_param:.6f}; use the fp16 tolerance preset or export fp32")  # fmt: skip
+        which = "actor" if e.value_ok else "actor and critic"
+        if e.checkpoint_matches:
+            return Diagnosis("network", f"{which} outputs differ although the bundle was exported from this "
+                             "checkpoint and preprocessing is ruled out: the graph computes something other than the "
+                             "Cell (a changed layer, preprocessing inside the Cell, another architecture)")  # fmt: skip
+        return Diagnosis("network", f"{which} outputs differ with preprocessing ruled out: weights or layers differ")
+    if not e.action_ok:
+        if e.raw_mean_action:
             return Diagnosis("postprocessing", "actions equal the raw mean: scaling to the action bounds is missing")
+        if half:
+            return Diagnosis("precision", "an fp16 export: the logits/mean agree within the fp16 tolerance, the "
+                             "actions differ where the outputs' fp16 error moves them")  # fmt: skip
         return Diagnosis("postprocessing", "same logits/mean but different actions: action post-processing differs")
-    if not det_param_ok:
-        if param_without_norm is not None and _close(got_param, param_without_norm, atol, rtol):
-            return Diagnosis(
-                "preprocessing",
-                "outputs match the policy without observation normalisation: the graph does not normalise observations",
-            )
-        if bundle_precision == "fp16":
-            return Diagnosis(
-                "precision",
-                f"an fp16 export: max relative difference {max_rel_param:.1e}, cosine "
-                f"{cosine_param:.6f}; use the fp16 tolerance preset or export fp32",
-            )
-        stage = "network (actor)" if value_ok else "network (actor and critic)"
-        return Diagnosis("network", f"{stage} outputs differ with preprocessing ruled out: weights differ")
+    if not e.sample_ok:
+        if e.unsquashed_sample:
+            return Diagnosis("postprocessing", "sampled actions equal the unsquashed sample mean + std x noise: the "
+                             "squash to the action bounds is missing from the sampling graph")  # fmt: skip
+        if half:
+            return Diagnosis("precision", "an fp16 export: deterministic outputs agree, sampled actions differ "
+                             "where fp16 error moves a sample (near-ties, or noise transformed in half precision)")
+        where = "the sampling graph's outputs differ" if e.separate_sampling_graph else "sampled actions differ"
+        return Diagnosis("sampling", f"deterministic outputs agree but {where} under identical noise: the noise "
+                         "stream or its transformation differs")  # fmt: skip
     return Diagnosis("unknown", "no single stage explains the difference")
+
+
+TRAINING_MODE_OPS = (b"Dropout", b"BatchNorm")
+
+
+def training_mode_ops(graph_file: bytes) -> list[str]:
+    """Ops in a serialised graph (MindIR or ONNX protobuf: op types are plain strings) that behave differently in
+    training mode; empty for formats that do not name ops as strings (``.ms``)."""
+    return [op.decode() for op in TRAINING_MODE_OPS if op in graph_file]
+
+
+def not_repeatable(ops: list[str], batch_dependent: bool, what: str) -> Diagnosis:
+    """A runtime whose graph gives other outputs for the same input, or for the same row in another batch."""
+    symptom = "outputs of a row depend on the other rows of its batch" if batch_dependent else (
+        "the same input gives different outputs"
+    )  # fmt: skip
+    if ops or batch_dependent:
+        found = f"the graph contains {', '.join(ops)}" if ops else "BatchNorm batch statistics would do this"
+        return Diagnosis("training-mode", f"{symptom} and {found}: {what} was exported while the Cell was in "
+                         "training mode (call set_train(False) before export, in a process that never compiled it "
+                         "in training mode); the reference was put in eval mode")  # fmt: skip
+    return Diagnosis("sampling", f"{symptom}: sampling inside the graph cannot be reproduced by another runtime; "
+                     "take the noise as an input")  # fmt: skip

@@ -10,17 +10,18 @@ import numpy as np
 from inference.bundle import Bundle
 from inference.compare import episodes as E
 from inference.compare.checks import Check
-from inference.compare.stats import Preset, Tolerance, ks_two_sample
+from inference.compare.stats import Preset, Tolerance, flip_bound, ks_two_sample
 
 
 def near_ties(
-    preset: Preset, top2: np.ndarray | None, tolerance: Mapping[str, Tolerance], bundle: Bundle, mode: str
+    top2: np.ndarray | None, tolerance: Mapping[str, Tolerance], bundle: Bundle, mode: str
 ) -> np.ndarray | None:
-    """Per step, whether a differing discrete action is a near-tie the preset forgives (None: none forgiven)."""
-    if not preset.allow_flips or top2 is None:
+    """Per step, whether a differing discrete action is a near-tie within the tolerance granted to the scores
+    (None: the policy has no discrete scores, so nothing is forgiven)."""
+    if top2 is None:
         return None
     action = bundle.contract(bundle.mode_graph(mode)).action  # type: ignore[arg-type]
-    return top2[..., 0] <= preset.flip_bound(top2[..., 1], tolerance[action.distribution_output])
+    return top2[..., 0] <= flip_bound(top2, tolerance[action.distribution_output])
 
 
 def teacher_forced_check(
@@ -53,13 +54,15 @@ def teacher_forced_check(
 
 
 def free_running_check(
-    runtime: str, mode: str, diff: dict, trace: E.EpisodeTrace, own: E.EpisodeTrace, teacher_ok: bool, preset: Preset
-) -> Check:
+    runtime: str, mode: str, diff: dict, trace: E.EpisodeTrace, own: E.EpisodeTrace, teacher_ok: bool, preset: Preset,
+    near_tie: np.ndarray | None = None,
+) -> Check:  # fmt: skip
     """Each path drives its own env.
 
-    ``exact`` presets: divergence is a failure unless it is the env amplifying differences below tolerance
-    (observations drifted first and the policy agrees step by step when teacher-forced). ``returns`` presets
-    judge the distribution of episode returns instead.
+    ``exact`` presets: divergence is a failure unless it is explained while the teacher-forced check agrees: the
+    env amplifying differences below tolerance (observations drifted first), or a discrete action that flipped at
+    a near-tie within the scores' tolerance (``near_tie``, per reference step), after which the episodes part
+    ways. ``returns`` presets judge the distribution of episode returns instead.
     """
     first = [f for f in diff["first_divergent_step"] if f is not None]
     drift = [d for d in diff["first_observation_drift"] if d is not None]
@@ -83,13 +86,18 @@ def free_running_check(
     )
     if preset.free_running == "returns":
         return returns_check(runtime, name, summary, metrics, trace.returns, own.returns, preset)
-    diverged = [k for k, f in enumerate(diff["first_divergent_step"]) if f is not None]
-    if teacher_ok and all(diff["amplified"][k] for k in diverged):
-        summary += (
-            f"; observations drifted first (step {min(drift)}) from action differences below tolerance and the "
-            "teacher-forced check agrees: the env amplifies them (chaotic dynamics), not a policy mismatch"
-        )
-        return Check(runtime, name, "warn", summary, metrics)
+    firsts = diff["first_divergent_step"]
+    diverged = [k for k, f in enumerate(firsts) if f is not None]
+    at_tie = [near_tie is not None and firsts[k] < len(near_tie) and bool(near_tie[firsts[k], k]) for k in diverged]
+    amplified = [diff["amplified"][k] for k in diverged]
+    if teacher_ok and diverged and all(a or t for a, t in zip(amplified, at_tie, strict=True)):
+        if any(amplified):
+            summary += (f"; observations drifted first (step {min(drift)}) from action differences below tolerance "
+                        "and the teacher-forced check agrees: the env amplifies them (chaotic dynamics)")  # fmt: skip
+        if any(at_tie):
+            summary += ("; an action flipped at a near-tie within the tolerance of the scores and the teacher-forced "
+                        "check agrees: the episodes part ways there")  # fmt: skip
+        return Check(runtime, name, "warn", summary + ", not a policy mismatch", metrics)
     return Check(runtime, name, "fail", summary, metrics)
 
 

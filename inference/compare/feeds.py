@@ -34,6 +34,22 @@ class Feeds:
         """Rows without NaN (NaN rows are checked separately: argmax of NaN is undefined)."""
         return ~np.isnan(self.obs.reshape(len(self.obs), -1)).any(1)
 
+    @property
+    def ordinary(self) -> np.ndarray:
+        """Rows a policy could see: not the synthetic extremes (``edge``) or NaN rows, which a tolerance that grows
+        with magnitude judges on their own (``stats.Tolerance.row_atol``)."""
+        return ~np.isin(self.source, ("edge", "nan"))
+
+    def describe(self, rows: np.ndarray | None = None) -> str:
+        """Where the rows came from, e.g. "410 recorded + 9590 synthetic"."""
+        labels = self.source if rows is None else self.source[rows]
+        real = [(kind, int(np.sum(labels == kind))) for kind in ("recorded", "episode")]
+        parts = [f"{n} {kind}" for kind, n in real if n]
+        synthetic = int(np.isin(labels, ("stats", "bounds", "edge")).sum())
+        if synthetic:
+            parts.append(f"{synthetic} synthetic")
+        return " + ".join(parts) or "0"
+
     def graph_inputs(self, bundle: Bundle, graph: str) -> list[np.ndarray]:
         """The arrays ``graph`` takes: the observations, plus its noise if the graph samples inside."""
         if bundle.contract(graph).takes_noise:

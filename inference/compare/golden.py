@@ -3,10 +3,11 @@
 Recorded on the training box (``verify --save-golden``) and compared on a deploy box without MindSpore
 (``verify --golden``), Polygraphy's ``--save-outputs`` / ``--load-outputs`` for policies.
 
-Layout (v2): ``obs``, ``source``, ``noise/<graph>``, ``out/<graph>/<output>``, ``episode_noise/<mode>``,
-``trace/<mode>/{obs,actions,rewards,alive}``, ``top2/<mode>`` (the reference's score margin and scale at each
-step, for discrete actions) and ``meta`` (JSON: format, version, env, seed, episodes,
-manifest_sha256). v1 files (two fixed graphs) still load.
+Layout (v3): ``obs``, ``source``, ``noise/<graph>``, ``out/<graph>/<output>``, ``episode_noise/<mode>``,
+``trace/<mode>/{obs,actions,rewards,alive}``, ``top2/<mode>`` (discrete actions: per step the reference's margin
+between its two best scores, the magnitudes of those two scores and the row's largest, ``contract.top2_margin``)
+and ``meta`` (JSON: format, version, env, seed, episodes, manifest_sha256). v2 files (``top2`` as margin and
+scale) and v1 files (two fixed graphs) still load.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from inference.compare.reference import Reference
 from inference.errors import UsageError
 
 GOLDEN_FORMAT = "msrl-consistency/golden"
-GOLDEN_VERSION = 2
+GOLDEN_VERSION = 3
 TRACE_FIELDS = ("obs", "actions", "rewards", "alive")
 _V1_GRAPHS = {"det": "policy", "sto": "policy_sample"}
 

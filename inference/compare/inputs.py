@@ -36,6 +36,15 @@ class Inputs:
             "recorded_observations": None if self.recorded is None else f"{self.recorded_from} ({len(self.recorded)})",
         }
 
+    @property
+    def label(self) -> str:
+        """What the observations are, in a few words: the env, or the recorded file."""
+        if self.env is not None:
+            return self.env.label
+        if self.recorded is not None:
+            return f"recorded observations {self.recorded_from}"
+        return "the golden file's observations"
+
 
 def check_same_contract(bundle: Bundle, given: PolicyContract) -> None:
     """A contract passed with a bundle must be the one the bundle recorded (its env id aside)."""
@@ -111,7 +120,11 @@ def load_observations(source: str | Path | np.ndarray, bundle: Bundle) -> np.nda
                 key = "obs" if "obs" in keys else (keys[0] if len(keys) == 1 else None)
                 if key is None:
                     raise UsageError(f"{path}: an .npz needs an 'obs' array or exactly one array (has {keys})")
-                data = loaded[key]
+                try:
+                    data = loaded[key]
+                except ValueError as exc:  # an object array: never unpickled
+                    why = first_line(exc)
+                    raise UsageError(f"{path}: array {key!r} holds Python objects, not numbers ({why})") from None
         else:
             data = loaded
         where = str(path)

@@ -21,7 +21,9 @@ from inference.runtimes.base import Runtime
 from inference.runtimes.registry import REFERENCE
 
 OBS_STREAM = 17
-
+# Input-scaling hypotheses the diagnosis tests: a graph that lacks the Cell's ``/255`` acts like the Cell on
+# observations x255; a graph that scales twice acts like it on observations /255.
+INPUT_SCALES = (255.0, 1.0 / 255.0)
 
 
 @dataclass
@@ -37,9 +39,10 @@ class Reference:
     without_norm: dict[str, np.ndarray] | None = None  # graph -> outputs of the policy without its normalisation
     origin: str = REFERENCE
     skipped_episodes: str | None = None  # why no episodes were replayed
-    top2: dict[str, np.ndarray] = field(default_factory=dict)  # mode -> [T, K, 2] (margin, scale) of discrete actions
+    top2: dict[str, np.ndarray] = field(default_factory=dict)  # mode -> [T, K, 4] ``contract.top2_margin`` per step
     episodes_by: str = REFERENCE  # the runner that played the reference episodes
     repeat_differs: dict[str, list[str]] = field(default_factory=dict)  # graph -> outputs that changed on a re-run
+    input_scaled: dict[float, np.ndarray] = field(default_factory=dict)  # k -> decision output on obs x k
 
 
 def build_reference(
@@ -92,7 +95,26 @@ def build_reference(
     if without_norm:
         evidence = {g: rt.infer(*feeds.graph_inputs(bundle, g))[bundle.contract(g).action.distribution_output]
                     for g, rt in without_norm.items()}  # fmt: skip
-    return Reference(feeds, outputs, traces, noises, seed, episodes, evidence, skipped_episodes=skipped, top2=top2)
+    reference = Reference(feeds, outputs, traces, noises, seed, episodes, evidence, skipped_episodes=skipped, top2=top2)
+    reference.input_scaled = _input_scaled(bundle, runtimes, feeds)
+    return reference
+
+
+def _input_scaled(bundle: Bundle, runtimes: Mapping[str, Runtime], feeds: Feeds) -> dict[float, np.ndarray]:
+    """The deciding graph's decision output on the finite feeds with the observations scaled by each of
+    ``INPUT_SCALES``: the evidence that names a graph missing (or repeating) the Cell's input scaling."""
+    graph = bundle.mode_graph("deterministic") or bundle.graphs[0]
+    decision = bundle.contract(graph).action.distribution_output
+    inputs = feeds.graph_inputs(bundle, graph)
+    if inputs[0].dtype.kind != "f":
+        return {}
+    rows = feeds.finite
+    scaled = {}
+    with np.errstate(over="ignore"):
+        for k in INPUT_SCALES:
+            feed = [(inputs[0][rows] * np.float32(k)).astype(inputs[0].dtype), *(x[rows] for x in inputs[1:])]
+            scaled[k] = runtimes[graph].infer(*feed)[decision]
+    return scaled
 
 
 def _trace_margins(
@@ -109,8 +131,8 @@ def _trace_margins(
     flat_noise = None if noise is None else noise[:steps].reshape(steps * k, -1)
     inputs = [obs, flat_noise] if contract.takes_noise else [obs]
     outputs = runtimes[graph].infer(*inputs)  # type: ignore[index]
-    margin, scale = top2_margin(contract.decision_scores(outputs, flat_noise))  # type: ignore[misc]
-    return np.stack([margin, scale], -1).reshape(steps, k, 2)
+    scores = contract.decision_scores(outputs, flat_noise)
+    return top2_margin(scores, outputs[contract.action.distribution_output]).reshape(steps, k, -1)  # type: ignore
 
 
 def changed_on_rerun(bundle: Bundle, graph: str, runtime: Runtime, feeds: Feeds) -> list[str]:

@@ -1,8 +1,9 @@
 """Check one runtime (one ``Runtime`` per bundle graph) against the reference.
 
-Per graph: every output on the same feeds (Polygraphy-style statistics), the discrete action as the preset
-judges flips, the contract's policy-level metrics, NaN handling and repeatability; a failure gets a diagnosis.
-Per mode: teacher-forced and free-running episodes, judged in ``episode_checks``.
+Per graph: every output on the same feeds (Polygraphy-style statistics), discrete actions judged as flips
+against the tolerance granted to their scores, the contract's policy-level metrics, NaN handling and
+repeatability; a failure gets a diagnosis (``diagnose``). Per mode: teacher-forced and free-running episodes,
+judged in ``episode_checks``. A runtime that was killed from outside is not judged (status ``error``).
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ from inference.bundle import Bundle, BundleError
 from inference.compare import episodes as E
 from inference.compare.acting import is_discrete, mode_policy
 from inference.compare.checks import Check
-from inference.compare.diagnose import diagnose
+from inference.compare.diagnose import Diagnosis, Evidence, close, diagnose, not_repeatable, training_mode_ops
 from inference.compare.episode_checks import free_running_check, near_ties, teacher_forced_check
 from inference.compare.feeds import Feeds
 from inference.compare.policy_level import policy_metrics
 from inference.compare.reference import Inputs, Reference, changed_on_rerun
 from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays
-from inference.contract import PolicyContract, top2_margin
+from inference.contract import PolicyContract
 from inference.errors import MsrlError
-from inference.runtimes.base import Runtime
+from inference.runtimes.base import Runtime, RuntimeDied
 
 
 @dataclass
@@ -35,6 +36,17 @@ class RuntimeReport:
     info: dict[str, Any]
     checks: list[Check]
     episode_diffs: dict[str, np.ndarray]
+
+
+RUNTIME_FAILURE = {
+    "stage": "runtime",
+    "detail": "the runtime failed or hung on this graph: a runtime defect or an unsupported pattern, not a "
+    "numerical difference",
+}
+IN_GRAPH_RANDOMNESS = {
+    "stage": "sampling",
+    "detail": "sampling inside the graph cannot be reproduced by another runtime; take the noise as an input",
+}
 
 
 def check_runtime(
@@ -50,7 +62,7 @@ def check_runtime(
     env_deterministic: bool = False,
 ) -> RuntimeReport:
     """Open, compare, close. ``tolerance`` maps every output name to its tolerance for this runtime; ``preset``
-    says what else the tolerance promises (flips at near-ties, episodes judged by their returns).
+    says what else the tolerance promises (the flip rate, episodes judged by their returns).
 
     ``env_deterministic`` (the env passed its determinism check) lets free-running episodes skip the env steps
     where the runtime acts exactly like the reference (``episodes.run_episodes(follow=...)``): same results.
@@ -66,12 +78,16 @@ def check_runtime(
         diagnosis = {"stage": "version", "detail": "the format is newer than this runtime reads"}
         checks.append(Check(name, "version_contract", "fail" if required else "warn", str(exc), diagnosis=diagnosis))
         return RuntimeReport({"status": "incompatible", "reason": str(exc)}, checks, {})
+    except RuntimeDied as exc:
+        _close(runtimes)
+        return RuntimeReport({"status": "died", "reason": str(exc)}, [_died(name, exc)], {})
     except (MsrlError, BundleError) as exc:
         _close(runtimes)
-        checks.append(Check(name, "load", "fail", str(exc)))
+        checks.append(Check(name, "load", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
         return RuntimeReport({"status": "error", "reason": str(exc)}, checks, {})
     first = next(iter(runtimes.values()))
-    info = {"status": "ran", "versions": first.versions(), "tolerance": {k: v.to_dict() for k, v in tolerance.items()}}
+    info = {"status": "ran", "versions": first.versions(),
+            "tolerance": {k: {**v.to_dict(), "rule": v.describe()} for k, v in tolerance.items()}}  # fmt: skip
     diffs: dict[str, np.ndarray] = {}
     try:
         got = {g: rt.infer(*ref.feeds.graph_inputs(bundle, g)) for g, rt in runtimes.items()}
@@ -80,17 +96,18 @@ def check_runtime(
             check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance, preset)
             checks.append(check)
         checks.append(_nan_check(name, bundle, ref, got))
-        checks.append(_repeat_check(name, bundle, runtimes, ref.feeds))
+        repeat = _repeat_check(name, bundle, runtimes, ref.feeds, tolerance)
+        checks.append(repeat)
         failed = [c for c in checks if c.name.startswith("observations.") and c.status == "fail"]
         if failed:
-            diagnosis = _diagnose(bundle, ref, got, comparisons, tolerance, checkpoint_matches).to_dict()
+            diagnosis = repeat.diagnosis or _diagnose(bundle, ref, got, comparisons, tolerance, checkpoint_matches)
             for c in failed:
-                c.diagnosis = diagnosis
+                c.diagnosis = dict(diagnosis)
         for mode, trace in ref.traces.items():
             policy = mode_policy(bundle, runtimes, mode)
             noise = ref.episode_noise.get(mode)
             atol = _action_atol(bundle, mode, tolerance, trace.actions[trace.alive])
-            margins = near_ties(preset, ref.top2.get(mode), tolerance, bundle, mode)
+            margins = near_ties(ref.top2.get(mode), tolerance, bundle, mode)
             teacher = teacher_forced_check(
                 name, mode, trace, policy, noise, is_discrete(bundle), atol, margins, preset.max_flip_rate
             )
@@ -100,13 +117,27 @@ def check_runtime(
             own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, is_discrete(bundle), follow)
             diff = E.action_differences(trace, own, is_discrete(bundle), atol)
             diffs[mode] = diff["per_step_max"]
-            checks.append(free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset))
+            checks.append(free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset, margins))
+    except RuntimeDied as exc:
+        checks.append(_died(name, exc))
+        info = {"status": "died", "reason": str(exc)}
     except MsrlError as exc:
         checks.append(Check(name, "inference", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
         info = {"status": "error", "reason": str(exc)}
     finally:
+        restarts = [r for rt in runtimes.values() for r in getattr(rt, "restarts", [])]
         _close(runtimes)
+    if restarts and info["status"] == "ran":
+        checks.append(Check(name, "restarts", "warn", f"the runtime's process was restarted: {'; '.join(restarts)}; "
+                            "every comparison above comes from a complete answer"))  # fmt: skip
     return RuntimeReport(info, checks, diffs)
+
+
+def _died(name: str, exc: RuntimeDied) -> Check:
+    """A runtime killed from outside (twice) could not be judged: not a verdict on the bundle (exit 3)."""
+    diagnosis = {"stage": "runtime", "detail": "killed from outside (a signal, the OOM killer), not by the graph: "
+                 "the bundle was not judged on this runtime"}  # fmt: skip
+    return Check(name, "inference", "error", str(exc), diagnosis=diagnosis)
 
 
 def _close(runtimes: Mapping[str, Runtime]) -> None:
@@ -118,33 +149,44 @@ def _compare_outputs(
     runtime: str, graph: str, bundle: Bundle, ref: Reference, got: dict[str, np.ndarray],
     tolerance: Mapping[str, Tolerance], preset: Preset,
 ) -> tuple[Check, dict[str, ArrayComparison]]:  # fmt: skip
-    """Every output of ``graph`` on the finite feeds, the discrete action as the preset judges flips, and the
-    contract's policy-level metrics."""
+    """Every output of ``graph`` on the finite feeds, the discrete action judged as flips, and the contract's
+    policy-level metrics. A log-prob of a flipped sampled action is the flip's consequence, counted once (as it)."""
     finite = ref.feeds.finite
+    pooled = ref.feeds.ordinary[finite]
     expected = ref.outputs[graph]
     contract = bundle.contract(graph)
-    cmps = {k: compare_arrays(k, _rows(expected[k], finite), _rows(got[k], finite), tolerance[k]) for k in expected}
     ref_out, got_out = _select(expected, finite), _select(got, finite)
     noise = ref.feeds.noise.get(graph)
-    flips = None
-    if contract.action.is_discrete:
+    flips, flipped = None, np.zeros(int(finite.sum()), bool)
+    decision = contract.action.distribution_output
+    if contract.action.is_discrete and _same_shape(ref_out, got_out, decision):
         graph_noise = noise[finite] if noise is not None and contract.takes_noise else None
-        scores_tol = tolerance[contract.action.distribution_output]
-        flips = judge_flips(contract, ref_out, got_out, graph_noise, preset, scores_tol)
+        scores_tol = tolerance[decision]
+        row_atol = scores_tol.row_atol(ref_out[decision], pooled)
+        flips, flipped = judge_flips(contract, ref_out, got_out, graph_noise, preset, scores_tol, row_atol)
+    cmps = {}
+    for k in expected:
+        r, g, rows = _rows(expected[k], finite), _rows(got[k], finite), pooled
+        if k == contract.log_prob and flipped.any() and r.shape == g.shape and len(r) == len(flipped):
+            r, g, rows = r[~flipped], g[~flipped], pooled[~flipped]
+        cmps[k] = compare_arrays(k, r, g, tolerance[k], rows)
     # A discrete action output is judged as an action (flips), not element by element.
     failed = [c for k, c in cmps.items() if not c.passed and not (flips and k == contract.action.action)]
-    parts = [f"{c.name} {c.mismatches}/{c.count} (max abs {c.max_abs:.2e})" for c in failed]
+    parts = [c.describe() for c in failed]
     if flips and not flips["ok"]:
-        parts.append(f"{flips['flips']} action flip(s) of {flips['count']}, {flips['explained']} at near-ties")
+        parts.append(f"{flips['flips']} action flip(s) of {flips['count']}, {flips['explained']} within the "
+                     "tolerance of the scores")  # fmt: skip
     worst = max(cmps.values(), key=lambda c: c.max_abs)
-    summary = f"{int(finite.sum())} observations agree; worst {worst.name} max abs {worst.max_abs:.2e}"
+    summary = f"{ref.feeds.describe(finite)} observations agree; worst {worst.name} max abs {worst.max_abs:.2e}"
     if flips and flips["flips"]:
-        summary += f"; {flips['flips']} action flip(s) at near-ties, within the {preset.name} preset"
+        summary += f"; {flips['flips']} action flip(s) at near-ties within the tolerance of the scores"
     if parts:
-        summary = f"{len(parts)} output(s) differ: " + ", ".join(parts)
+        differ = f"{len(failed)} output(s) differ: " if failed else "outputs agree, actions do not: "
+        summary = differ + "; ".join(parts)
     host_noise = noise[finite] if noise is not None and contract.samples_on_host else None
     metrics: dict[str, Any] = {"outputs": {k: c.to_dict() for k, c in cmps.items()}}
-    metrics.update(policy_metrics(contract, ref_out, got_out, host_noise))
+    if all(_same_shape(ref_out, got_out, k) for k in ref_out):
+        metrics.update(policy_metrics(contract, ref_out, got_out, host_noise))
     if flips is not None:
         metrics["flips"] = flips
     return Check(runtime, f"observations.{graph}", "fail" if parts else "pass", summary, metrics), cmps
@@ -152,29 +194,47 @@ def _compare_outputs(
 
 def judge_flips(
     contract: PolicyContract, ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], noise: np.ndarray | None,
-    preset: Preset, tol: Tolerance,
-) -> dict[str, Any]:  # fmt: skip
-    """Discrete actions that differ, each explained or not by a near-tie of the reference's decision scores."""
+    preset: Preset, tol: Tolerance, row_atol: np.ndarray | None = None,
+) -> tuple[dict[str, Any], np.ndarray]:  # fmt: skip
+    """Discrete actions that differ, each explained or not by the tolerance granted to the scores: a flip from
+    the reference's choice ``i`` to ``j`` is within tolerance when the reference's score margin ``s_i - s_j`` is at
+    most the two entries' allowances (``Tolerance.allowance``). Returns the verdict and the flipped-row mask."""
     ref_action, got_action = contract.env_action(ref), contract.env_action(got)
-    rows = np.flatnonzero(ref_action != got_action)
+    flipped = np.asarray(ref_action != got_action).reshape(len(ref_action), -1).any(1)
+    rows = np.flatnonzero(flipped)
     scores = contract.decision_scores(ref, noise)
     explained = np.zeros(len(rows), bool)
     margins = np.full(len(rows), np.nan)
     if scores is not None and len(rows):
-        margin, scale = top2_margin(scores[rows])
-        margins, explained = margin, margin <= preset.flip_bound(scale, tol)
+        values = np.asarray(ref[contract.action.distribution_output], np.float64)[rows]
+        s = np.asarray(scores, np.float64)[rows]
+        n = s.shape[-1]
+        i = np.asarray(ref_action).astype(np.int64)[rows]
+        j = np.asarray(got_action).astype(np.int64)[rows]
+        valid = (j >= 0) & (j < n)  # an index outside the scores is never a near-tie
+        j = np.clip(j, 0, n - 1)
+        at = np.arange(len(rows))
+        atol = tol.atol if row_atol is None else np.asarray(row_atol)[rows]
+        margins = s[at, i] - s[at, j]
+        bound = tol.allowance(values[at, i], atol) + tol.allowance(values[at, j], atol)
+        explained = valid & (margins <= bound)
     rate = len(rows) / max(1, len(ref_action))
-    ok = not len(rows) or (preset.allow_flips and bool(explained.all()) and rate <= preset.max_flip_rate)
-    return {
+    ok = not len(rows) or (bool(explained.all()) and rate <= preset.max_flip_rate)
+    verdict = {
         "ok": ok,
         "flips": int(len(rows)),
         "count": int(len(ref_action)),
         "explained": int(explained.sum()),
         "rate": rate,
-        "max_rate": preset.max_flip_rate if preset.allow_flips else 0.0,
+        "max_rate": preset.max_flip_rate,
         "rows": rows[:20].tolist(),
         "margins": margins[:20].tolist(),
     }
+    return verdict, flipped
+
+
+def _same_shape(ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], key: str | None) -> bool:
+    return key is not None and np.shape(ref[key]) == np.shape(got[key])
 
 
 def _rows(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -192,7 +252,7 @@ def _nan_check(runtime: str, bundle: Bundle, ref: Reference, got: dict[str, dict
     for graph, outs in got.items():
         for k, v in outs.items():
             expected = ref.outputs[graph][k]
-            if v.dtype.kind != "f" or v.shape[:1] != rows.shape:
+            if v.dtype.kind != "f" or v.shape[:1] != rows.shape or expected.shape != v.shape:
                 continue
             if not np.array_equal(np.isnan(v[rows]), np.isnan(expected[rows])):
                 mismatched.append(k)
@@ -204,31 +264,55 @@ def _nan_check(runtime: str, bundle: Bundle, ref: Reference, got: dict[str, dict
     return Check(runtime, "nan_propagation", "pass", summary)
 
 
-def _repeat_check(runtime: str, bundle: Bundle, runtimes: Mapping[str, Runtime], feeds: Feeds) -> Check:
+def _repeat_check(
+    runtime: str, bundle: Bundle, runtimes: Mapping[str, Runtime], feeds: Feeds, tolerance: Mapping[str, Tolerance]
+) -> Check:
+    """The same rows twice give the same bits, and a row gives the same outputs (within tolerance) in a smaller
+    batch: a graph that fails either is sampling inside or runs BatchNorm/Dropout in training mode."""
     changed = {g: names for g, rt in runtimes.items() if (names := changed_on_rerun(bundle, g, rt, feeds))}
-    if changed:
-        detail = "; ".join(f"{g}: {', '.join(names)}" for g, names in changed.items())
-        return Check(runtime, "repeatability", "fail", f"the same input gives different outputs on a re-run ({detail})",
-                     diagnosis=IN_GRAPH_RANDOMNESS)  # fmt: skip
-    return Check(runtime, "repeatability", "pass", "the same input gives the same bits twice")
+    batch = {g: names for g, rt in runtimes.items() if (names := _batch_dependent(bundle, g, rt, feeds, tolerance))}
+    if not changed and not batch:
+        return Check(runtime, "repeatability", "pass", "the same input gives the same bits twice, in any batch")
+    ops = sorted({op for g in (*changed, *batch) for op in _graph_ops(runtimes[g])})
+    what = "the graph" if not ops else f"the {next(iter(runtimes.values())).fmt} graph"
+    diagnosis = not_repeatable(ops, bool(batch) and not changed, what).to_dict()
+    detail = "; ".join(f"{g}: {', '.join(names)}" for g, names in (changed or batch).items())
+    summary = ("the same input gives different outputs on a re-run" if changed else
+               "a row's outputs change with the other rows of its batch") + f" ({detail})"  # fmt: skip
+    return Check(runtime, "repeatability", "fail", summary, diagnosis=diagnosis)
 
 
-RUNTIME_FAILURE = {
-    "stage": "runtime",
-    "detail": "the runtime failed or hung on this graph (stopped by its watchdog): a runtime defect or an unsupported "
-    "pattern, not a numerical difference",
-}
-IN_GRAPH_RANDOMNESS = {
-    "stage": "sampling",
-    "detail": "sampling inside the graph cannot be reproduced by another runtime; take the noise as an input",
-}
+def _batch_dependent(
+    bundle: Bundle, graph: str, runtime: Runtime, feeds: Feeds, tolerance: Mapping[str, Tolerance]
+) -> list[str]:
+    rows = [x[:64] for x in feeds.graph_inputs(bundle, graph)]
+    if len(rows[0]) < 64:
+        return []
+    whole, half = runtime.infer(*rows), runtime.infer(*(x[:32] for x in rows))
+    changed = []
+    for k, v in half.items():
+        w = whole[k]
+        if v.ndim and w.ndim and v.shape[0] == 32 and w.shape[0] == 64:
+            w = w[:32]
+        if v.shape == w.shape and not compare_arrays(k, w, v, tolerance[k]).passed:
+            changed.append(k)
+    return changed
+
+
+def _graph_ops(runtime: Runtime) -> list[str]:
+    if runtime.fmt is None:
+        return []
+    try:
+        return training_mode_ops(runtime.model_path().read_bytes())
+    except (OSError, BundleError):
+        return []
 
 
 def _action_atol(
     bundle: Bundle, mode: str, tolerance: Mapping[str, Tolerance], actions: np.ndarray | None = None
 ) -> float:
     """The absolute difference two continuous actions may have in ``mode``: the acting output's atol, plus its
-    ``scale`` times the largest reference action (a preset whose error grows with the magnitude)."""
+    ``scale`` times the largest reference action (actions of real episodes: no synthetic extremes)."""
     graph = bundle.mode_graph(mode)
     action = bundle.contract(graph).action  # type: ignore[arg-type]
     tol = tolerance[action.action or action.distribution_output]
@@ -239,43 +323,65 @@ def _action_atol(
 def _diagnose(
     bundle: Bundle, ref: Reference, got: dict[str, dict[str, np.ndarray]], cmps: dict[str, dict[str, ArrayComparison]],
     tolerance: Mapping[str, Tolerance], checkpoint_matches: bool | None,
-):  # fmt: skip
-    det = bundle.mode_graph("deterministic") or bundle.graphs[0]
-    contract = bundle.contract(det)
-    decision = contract.action.distribution_output
+) -> dict[str, str]:  # fmt: skip
+    """Gather the evidence ``diagnose`` weighs, for any contract kind and whether or not the graph takes noise."""
+    det = bundle.mode_graph("deterministic")
+    graph = det or bundle.graphs[0]
+    contract = bundle.contract(graph)
+    a = contract.action
+    decision = a.distribution_output
     finite = ref.feeds.finite
-    ref_out, got_out = _select(ref.outputs[det], finite), _select(got[det], finite)
-    ref_action, got_action = contract.env_action(ref_out), contract.env_action(got_out)
-    has_det = bundle.mode_graph("deterministic") is not None
-    atol = _action_atol(bundle, "deterministic", tolerance, np.asarray(ref_action)) if has_det else 1e-6
-    if contract.action.is_discrete:
-        action_ok = bool(np.array_equal(ref_action, got_action))
-    else:
-        action_ok = bool(np.allclose(ref_action, got_action, atol=atol, rtol=0, equal_nan=True))
+    ref_out, got_out = _select(ref.outputs[graph], finite), _select(got[graph], finite)
+    param = cmps[graph][decision]
+    tol = tolerance[decision]
+    e = Evidence(
+        param_ok=param.passed, action_ok=True, sample_ok=True,
+        value_ok=all(cmps[g][c.value].passed for g in bundle.graphs if (c := bundle.contract(g)).value),
+        max_rel_param=param.max_rel, cosine_param=param.cosine, precision=bundle.precision,
+        checkpoint_matches=checkpoint_matches,
+    )  # fmt: skip
+    if not _same_shape(ref_out, got_out, decision):
+        return Diagnosis("network", f"output {decision!r} has shape {param.shape_mismatch}: the graph's shapes are "
+                         "not the Cell's (a shape frozen at export)").to_dict()  # fmt: skip
+    got_param = got_out[decision]
+    # A hypothesis "equals" the runtime within 0.1% of the output's magnitude (or the runtime's own tolerance when
+    # looser): a structural cause moves outputs by far more; float rounding of the rebuilt input (x255/255) by less.
+    magnitude = float(np.nanmax(np.abs(got_param))) if np.size(got_param) else 0.0
+    h_atol, h_rtol = max(tol.atol, 1e-3 * magnitude), max(tol.rtol, 1e-3)
+    without = ref.without_norm.get(graph) if ref.without_norm else None
+    e.without_norm_matches = without is not None and close(got_param, _rows(without, finite), h_atol, h_rtol)
+    for k, scaled in ref.input_scaled.items():
+        if close(got_param, scaled, h_atol, h_rtol):
+            e.input_scale = k
+            break
+    if det is not None:
+        ref_action, got_action = contract.env_action(ref_out), contract.env_action(got_out)
+        atol = _action_atol(bundle, "deterministic", tolerance, np.asarray(ref_action))
+        e.action_ok = _actions_agree(contract, ref_action, got_action, atol)
+        if not a.is_discrete and a.squash != "none":
+            e.raw_mean_action = close(got_action, ref_out[a.mean or decision], atol, 0.0)
     sto = bundle.mode_graph("stochastic")
-    if sto is not None and sto != det:
-        sample_ok = all(c.passed for c in cmps[sto].values())
+    if sto is not None and sto != graph:
+        e.separate_sampling_graph = True
+        e.sample_ok = all(c.passed for c in cmps[sto].values())
     elif sto is not None:
         noise = ref.feeds.noise[sto][finite]
-        a, b = contract.env_action(ref_out, noise), contract.env_action(got_out, noise)
-        sample_ok = bool(np.array_equal(a, b) if contract.action.is_discrete else np.allclose(a, b, atol=atol, rtol=0))
-    else:
-        sample_ok = True
-    value_ok = all(cmps[g][bundle.contract(g).value].passed for g in bundle.graphs if bundle.contract(g).value)
-    without = ref.without_norm.get(det) if ref.without_norm else None
-    return diagnose(
-        det_param_ok=cmps[det][decision].passed,
-        det_action_ok=action_ok,
-        sample_ok=sample_ok,
-        value_ok=value_ok,
-        got_param=got_out[decision],
-        param_without_norm=None if without is None else _rows(without, finite),
-        got_action=got_action,
-        unscaled_action=None if contract.action.is_discrete else ref_out[decision],
-        max_rel_param=cmps[det][decision].max_rel,
-        cosine_param=cmps[det][decision].cosine,
-        bundle_precision=bundle.precision,
-        checkpoint_matches=checkpoint_matches,
-        atol=tolerance[decision].atol,
-        rtol=tolerance[decision].rtol,
-    )
+        atol = tolerance[a.action or decision].atol
+        if contract.samples_on_host:
+            ref_s, got_s = contract.env_action(ref_out, noise), contract.env_action(got_out, noise)
+            e.sample_ok = _actions_agree(contract, ref_s, got_s, atol)
+        else:  # the graph samples from its noise input: its action output is the sample
+            e.sample_ok = _actions_agree(contract, contract.env_action(ref_out), contract.env_action(got_out), atol)
+            if a.kind == "gaussian" and a.squash != "none" and contract.noise_kind == "normal":
+                mean = np.asarray(got_out[a.mean], np.float32)  # type: ignore[index]
+                raw = mean + contract.std(got_out, mean.shape) * noise.reshape(mean.shape)
+                e.unsquashed_sample = close(contract.env_action(got_out), raw, atol, 0.0)
+    return diagnose(e).to_dict()
+
+
+def _actions_agree(contract: PolicyContract, ref: np.ndarray, got: np.ndarray, atol: float) -> bool:
+    if np.shape(ref) != np.shape(got):
+        return False
+    if contract.action.is_discrete:
+        return bool(np.array_equal(ref, got))
+    return bool(np.allclose(ref, got, atol=atol, rtol=0, equal_nan=True))

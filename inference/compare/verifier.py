@@ -28,6 +28,7 @@ from inference.compare.versions import version_checks
 from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError
 from inference.runtimes.base import CellProvider, Runtime, RuntimeSource
 from inference.runtimes.registry import RUNTIMES, create
+from inference.spaces import check_env_spaces
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,11 @@ def verify(
         checks.append(Check("inputs", f"episodes.{mode}", "skip", f"no {mode} mode: {why}"))
     selected: dict[str, Mapping[str, Runtime] | str] = {}
     for name in names:
+        failure = RUNTIMES[name].export_failure(source)
+        if failure is not None:  # the manifest says this format failed at export: a failure of this runtime
+            runtimes[name] = {"status": "failed-export", "reason": failure}
+            checks.append(Check(name, "export", "fail", failure, diagnosis={"stage": "runtime", "detail": failure}))
+            continue
         reason = RUNTIMES[name].why_not(source)
         selected[name] = reason or {g: create(name, source, g) for g in bundle.graphs}
     selected.update(extra_runtimes or {})
@@ -137,7 +143,18 @@ def verify(
         checks += report.checks
         progress(f"{name}: {report.info['status']} ({time.perf_counter() - started:.1f} s)")
     checks.extend(version_checks(bundle, runtimes))
-    return VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe())
+    result = VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe())
+    if not result.compared:
+        checks.append(nothing_compared(runtimes))
+    return result
+
+
+def nothing_compared(runtimes: Mapping[str, Mapping]) -> Check:
+    """No runtime besides the reference produced a comparison: not a pass (exit 3), with every reason."""
+    reasons = [f"{name}: {info.get('status')}: {info.get('reason', '')}".rstrip(": ")
+               for name, info in runtimes.items() if info.get("status") != "reference"]  # fmt: skip
+    detail = "; ".join(reasons) if reasons else "no runtime was selected"
+    return Check("verify", "compared", "error", f"nothing was compared against the reference ({detail})")
 
 
 def _build_reference(bundle: Bundle, source: RuntimeSource, inputs: Inputs, options: VerifyOptions) -> Reference:
@@ -209,37 +226,14 @@ def _provenance(bundle: Bundle, checkpoint: Path | None, checks: list[Check]) ->
 
 
 def check_env_matches_contract(bundle: Bundle, env: E.EnvSource) -> None:
-    """The env's spaces agree with what the bundle's contracts declare (shape, action count, bounds): UsageError
+    """The env's spaces agree with what the bundle's contracts declare (``spaces.check_env_spaces``): UsageError
     naming the disagreement, before any episode runs."""
-    import gymnasium as gym
-
     made = env.make()
     try:
         obs_space, act_space = made.observation_space, made.action_space
     finally:
         made.close()
     for graph in bundle.graphs:
-        contract = bundle.contract(graph)
+        width = lambda name, g=graph: bundle.output_shape(g, name)[-1]  # noqa: E731
         where = f"contract of graph {graph!r} vs env {env.label}"
-        if obs_space.shape is not None and tuple(obs_space.shape) != contract.obs_shape:
-            raise UsageError(f"{where}: observations are {list(obs_space.shape)}, the contract says "
-                             f"{list(contract.obs_shape)}")  # fmt: skip
-        a = contract.action
-        if isinstance(act_space, gym.spaces.Discrete):
-            if not a.is_discrete:
-                raise UsageError(f"{where}: the env takes a discrete action, the contract's {a.kind} action is not")
-            width = bundle.output_shape(graph, a.distribution_output)[-1] if a.kind != "deterministic" else None
-            if width is not None and width != act_space.n:
-                raise UsageError(f"{where}: the env has {act_space.n} actions, output {a.distribution_output!r} "
-                                 f"has {width}")  # fmt: skip
-        elif isinstance(act_space, gym.spaces.Box):
-            if a.is_discrete:
-                raise UsageError(f"{where}: the env takes a continuous action, the contract's action is an index")
-            if a.low is not None and a.high is not None:
-                low = np.broadcast_to(np.asarray(a.low, np.float64), act_space.shape)
-                high = np.broadcast_to(np.asarray(a.high, np.float64), act_space.shape)
-                if not (np.allclose(low, act_space.low) and np.allclose(high, act_space.high)):
-                    raise UsageError(f"{where}: the contract's action bounds (low {list(a.low)}, high {list(a.high)}) "
-                                     f"are not the env's (low {act_space.low.tolist()}, high "
-                                     f"{act_space.high.tolist()})")  # fmt: skip
-
+        check_env_spaces(bundle.contract(graph), obs_space, act_space, width, where)

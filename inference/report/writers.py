@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -24,9 +27,10 @@ import numpy as np
 
 from inference.bundle import sha256_file
 from inference.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
-from inference.files import write_atomic, write_json_atomic
+from inference.errors import UsageError
+from inference.files import json_default, replace_dir, write_atomic
 
-STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "warn", "skip": "skip"}
+STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "warn", "skip": "skip", "error": "ERROR"}
 
 
 def report_dict(result: VerifyResult) -> dict[str, Any]:
@@ -45,6 +49,7 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
             "source": (bundle.manifest.get("source") or {}).get("kind", "msrl-trainer"),
             "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None,
             "graphs": {g: bundle.contract(g).to_dict() for g in bundle.graphs},
+            "defaults": bundle.defaults(),  # optional manifest fields left out, and what was assumed instead
         },
         "reference": result.reference.origin,
         "reference_episodes_by": result.reference.episodes_by,
@@ -62,7 +67,7 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
 
 
 def console_table(result: VerifyResult, only_failed: bool = False) -> str:
-    checks = result.failed if only_failed else result.checks
+    checks = [*result.failed, *result.undecided] if only_failed else result.checks
     rows = [("runtime", "check", "status", "details")]
     for c in checks:
         detail = c.summary if not c.diagnosis else f"{c.summary} → {c.diagnosis['stage']}: {c.diagnosis['detail']}"
@@ -70,15 +75,14 @@ def console_table(result: VerifyResult, only_failed: bool = False) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [" | ".join(r[i].ljust(widths[i]) for i in range(3)) + " | " + r[3] for r in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths) + "-+-" + "-" * 20)
-    verdict = "CONSISTENT" if result.ok else f"INCONSISTENT ({len(result.failed)} failed checks)"
-    return "\n".join(lines) + f"\n\n{verdict}"
+    return "\n".join(lines) + f"\n\n{result.verdict_line()}"
 
 
 def markdown(result: VerifyResult) -> str:
-    icon = {"pass": "✅", "fail": "❌", "warn": "⚠️", "skip": "⏭️"}
-    verdict = "✅ consistent" if result.ok else f"❌ inconsistent: {len(result.failed)} failed check(s)"
+    icon = {"pass": "✅", "fail": "❌", "warn": "⚠️", "skip": "⏭️", "error": "⛔"}
+    verdict = {"CONSISTENT": "✅ ", "INCONSISTENT": "❌ "}.get(result.verdict, "⛔ ") + result.verdict_line()
     out = [
-        f"# Consistency report: {result.bundle.env_id or result.inputs.get('env') or result.bundle.root.name}",
+        f"# Consistency report: {_subject(result)}",
         "",
         f"**{verdict}** — bundle `{result.bundle.root}` ({result.bundle.precision}), "
         f"reference `{result.reference.origin}`, {len(result.reference.feeds)} observations, "
@@ -92,11 +96,21 @@ def markdown(result: VerifyResult) -> str:
         if c.diagnosis:
             detail += f" — **{c.diagnosis['stage']}**: {c.diagnosis['detail']}"
         out.append(f"| {c.runtime} | {c.name} | {icon[c.status]} {c.status} | {detail} |")
+    defaults = result.bundle.defaults()
+    if defaults:
+        out += ["", "## Manifest defaults", "", "Optional fields the manifest leaves out, and what verify assumed:", ""]
+        out += [f"- `{key}`: {text}" for key, text in defaults.items()]
     out += ["", "## Runtimes", ""]
     for name, info in result.runtimes.items():
         extra = info.get("reason") or ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
         out.append(f"- **{name}**: {info['status']} {('— ' + extra) if extra else ''}")
     return "\n".join(out) + "\n"
+
+
+def _subject(result: VerifyResult) -> str:
+    """What was checked on: the env the episodes ran in, the recorded observations, else the bundle's env."""
+    inputs = result.inputs
+    return inputs.get("env") or inputs.get("recorded_observations") or result.bundle.env_id or result.bundle.root.name
 
 
 def junit(result: VerifyResult) -> str:
@@ -109,12 +123,16 @@ def junit(result: VerifyResult) -> str:
             body = f"<failure message={quoteattr(msg)}>{escape(json.dumps(c.metrics, default=str)[:4000])}</failure>"
         elif c.status == "skip":
             body = f"<skipped message={quoteattr(c.summary)}/>"
+        elif c.status == "error":  # could not be judged: JUnit's <error>, so CI shows it as neither pass nor fail
+            body = f"<error message={quoteattr(c.summary)}/>"
         cases.append(f'  <testcase classname="msrl_consistency.verify" name={name}>{body}</testcase>')
     failures = sum(c.status == "fail" for c in result.checks)
     skipped = sum(c.status == "skip" for c in result.checks)
+    errors = sum(c.status == "error" for c in result.checks)
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f'<testsuite name="msrl-consistency verify" tests="{len(cases)}" failures="{failures}" skipped="{skipped}">\n'
+        f'<testsuite name="msrl-consistency verify" tests="{len(cases)}" failures="{failures}" errors="{errors}" '
+        f'skipped="{skipped}">\n'
         + "\n".join(cases)
         + "\n</testsuite>\n"
     )
@@ -122,8 +140,8 @@ def junit(result: VerifyResult) -> str:
 
 def plot_action_diffs(result: VerifyResult, out: Path) -> bool:
     """Per-step max action difference vs the reference, one line per runtime and episode mode."""
-    if not result.episode_diffs:
-        return False
+    if not any(result.episode_diffs.values()):
+        return False  # no episodes were replayed (recorded observations, a golden file without traces)
     try:
         import matplotlib
     except ImportError:  # the deploy side installs without matplotlib: the other reports carry the same numbers
@@ -141,23 +159,46 @@ def plot_action_diffs(result: VerifyResult, out: Path) -> bool:
         ax.set(yscale="log", xlabel="episode step", title=f"free-running, {mode}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("max |Δ action| over episodes (exact 0 drawn at 1e-12)")
-    axes[1].legend(fontsize=8)
+    for ax in axes:
+        if ax.lines:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     write_atomic(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
     return True
 
 
+REPORT_FILES = {"json": "report.json", "md": "report.md", "junit": "junit.xml", "plot": "action_diff.png"}
+
+
+def check_report_dir(out: Path) -> None:
+    """Before any work: ``out`` can receive a report set (``UsageError`` otherwise). Nothing is created yet, so a
+    run that ends without a verdict (exit 2/3/130 before the reports) leaves no empty directory behind."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a report directory")
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_FILES.values())
+        if foreign:
+            raise UsageError(f"--out {out} holds other files ({', '.join(foreign[:3])}); reports replace the "
+                             "directory as a whole: choose a new or empty one")  # fmt: skip
+    parent = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot create the report directory {out}: {parent} is not writable")
+
+
 def write_reports(result: VerifyResult, out_dir: Path) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {
-        k: out_dir / v
-        for k, v in {"json": "report.json", "md": "report.md", "junit": "junit.xml", "plot": "action_diff.png"}.items()
-    }
-    write_json_atomic(paths["json"], report_dict(result))
-    md, xml = markdown(result), junit(result)
-    write_atomic(paths["md"], lambda tmp: tmp.write_text(md))
-    write_atomic(paths["junit"], lambda tmp: tmp.write_text(xml))
-    if not plot_action_diffs(result, paths["plot"]):
-        paths.pop("plot")
-    return paths
+    """The report set, written into a temporary directory and renamed into place at once: ``out_dir`` holds a
+    whole set (an earlier one replaced) or, after an interruption, the earlier set untouched."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        paths = {k: tmp / v for k, v in REPORT_FILES.items()}
+        paths["json"].write_text(json.dumps(report_dict(result), indent=2, default=json_default) + "\n")
+        paths["md"].write_text(markdown(result))
+        paths["junit"].write_text(junit(result))
+        if not plot_action_diffs(result, paths["plot"]):
+            paths.pop("plot")
+        replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {k: out_dir / p.name for k, p in paths.items()}

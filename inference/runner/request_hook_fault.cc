@@ -1,5 +1,6 @@
-// Test binary only: MSRL_LITE_RUNNER_FAULT = hang | crash | hang:ROWS | crash:ROWS (the :ROWS forms fire only on
-// requests of exactly ROWS rows, so a test can send one bad request among good ones).
+// Test binary only: MSRL_LITE_RUNNER_FAULT = hang | crash | kill, or KIND:ROWS (fires only on requests of exactly
+// ROWS rows, so a test can send one bad request among good ones). crash aborts (SIGABRT: a defect of the runtime);
+// kill sends the runner SIGKILL (what another process or the OOM killer does: not the graph's doing).
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,7 +14,7 @@ namespace msrl {
 
 namespace {
 
-enum class Fault { kNone, kHang, kCrash };
+enum class Fault { kNone, kHang, kCrash, kKill };
 Fault g_fault = Fault::kNone;
 int64_t g_rows = -1;  // -1: every request
 
@@ -22,6 +23,7 @@ void Inject(uint64_t rows) {
   if (g_fault == Fault::kHang) {
     for (;;) pause();
   }
+  if (g_fault == Fault::kKill) raise(SIGKILL);
   std::abort();
 }
 
@@ -34,6 +36,7 @@ RequestHook MakeRequestHook() {
   const std::string kind = s.substr(0, s.find(':'));
   if (kind == "hang") g_fault = Fault::kHang;
   if (kind == "crash") g_fault = Fault::kCrash;
+  if (kind == "kill") g_fault = Fault::kKill;
   if (s.find(':') != std::string::npos) g_rows = std::atoll(s.c_str() + s.find(':') + 1);
   return Inject;
 }

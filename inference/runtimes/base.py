@@ -18,7 +18,7 @@ from inference.bundle import Bundle
 from inference.errors import MsrlError, RuntimeUnavailable
 from inference.tensors import FeedError, TensorMeta, check_feeds
 
-__all__ = ["CellProvider", "FeedError", "InferenceFailed", "Runtime", "RuntimeSource", "TensorMeta"]
+__all__ = ["CellProvider", "FeedError", "InferenceFailed", "Runtime", "RuntimeDied", "RuntimeSource", "TensorMeta"]
 
 # Graph name -> the MindSpore Cell that computes it (the training path). Built by whoever knows the policy:
 # our trainer's checkpoint loader, a user's ``MODULE:FACTORY``, or a Cell object handed to the library API.
@@ -27,6 +27,11 @@ CellProvider = Callable[[str], Any]
 
 class InferenceFailed(MsrlError):
     """The runtime loaded the graph but failed (or hung) while running it (a failing check inside verify)."""
+
+
+class RuntimeDied(InferenceFailed):
+    """The runtime's process was killed from outside (SIGKILL, SIGTERM, the OOM killer) twice in a row: not a
+    verdict on the graph, which was not judged (verify reports it as an error: exit 3)."""
 
 
 @dataclass
@@ -61,13 +66,19 @@ class Runtime(abc.ABC):
 
     @classmethod
     def why_not(cls, source: RuntimeSource) -> str | None:
-        """``unavailable_reason`` plus whether the bundle has this runtime's file for every graph."""
+        """``unavailable_reason`` plus whether the bundle has this runtime's file for every graph (a file that
+        failed at export is not "unavailable": ``export_failure`` reports it as a failure)."""
         if cls.fmt is not None:
             for graph in source.bundle.manifest["graphs"].values():
                 entry = graph["files"].get(cls.fmt, {"skipped": "not exported"})
-                if "file" not in entry:
+                if "file" not in entry and "failed" not in entry:
                     return f"the bundle has no .{cls.fmt} graph ({entry.get('skipped', 'not exported')})"
         return cls.unavailable_reason(source)
+
+    @classmethod
+    def export_failure(cls, source: RuntimeSource) -> str | None:
+        """Why this runtime's file failed at export (the manifest says so), if it did."""
+        return None if cls.fmt is None else source.bundle.export_failure(cls.fmt)
 
     def model_path(self) -> Path:
         """This runtime's file (format ``fmt``) for its graph in the bundle."""

@@ -3,6 +3,11 @@
 ``lite-mindir`` asks the same runner to load the ``.mindir`` directly: with a Lite older than the
 exporter's MindSpore this fails with a version error, which verify reports as a version-contract
 failure rather than as a crash.
+
+A runner killed from outside (``RunnerCrashed.killed_from_outside``) is restarted once and the request repeated;
+a second such death is ``RuntimeDied`` (not a verdict on the graph). A runner that crashes on the graph itself
+(SIGSEGV, SIGABRT) or hangs (its watchdog) is ``InferenceFailed``, a verdict. Every restart is recorded in
+``restarts`` so the report says so.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import numpy as np
 
 from inference import lite_client as lc
 from inference.errors import MsrlError
-from inference.runtimes.base import InferenceFailed, Runtime, RuntimeSource
+from inference.runtimes.base import InferenceFailed, Runtime, RuntimeDied, RuntimeSource
 
 
 class IncompatibleModel(MsrlError):
@@ -31,25 +36,43 @@ class LiteRuntime(Runtime):
 
     def _load(self) -> None:
         path = self.model_path()
-        try:
-            self.runner = lc.LiteRunner(
-                path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout
-            )
-        except lc.MindIRVersionError as exc:
-            raise IncompatibleModel(f"{self.name}: {exc}") from None
-        except lc.LiteRunnerError as exc:
-            raise InferenceFailed(f"{self.name}: {exc}") from None
+        self.restarts: list[str] = []
+        for attempt in range(2):
+            try:
+                self.runner = lc.LiteRunner(
+                    path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout
+                )
+                break
+            except lc.MindIRVersionError as exc:
+                raise IncompatibleModel(f"{self.name}: {exc}") from None
+            except lc.RunnerCrashed as exc:
+                self._killed(exc, attempt, "loading")
+            except lc.LiteRunnerError as exc:
+                raise InferenceFailed(f"{self.name}: {exc}") from None
         names = [o.name for o in self.runner.outputs]
         wanted = [o.name for o in self.outputs]
         # Names survive ONNX → .ms conversion; fall back to position if a converter renames them.
         self.output_order = wanted if set(wanted) <= set(names) else names
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        try:
-            out = self.runner.infer(*arrays)
-        except lc.LiteRunnerError as exc:
-            raise InferenceFailed(f"{self.name}: {exc}") from None
+        for attempt in range(2):
+            try:
+                out = self.runner.infer(*arrays)
+                break
+            except lc.RunnerCrashed as exc:
+                self._killed(exc, attempt, "a request")  # the next infer() starts a fresh runner
+            except lc.LiteRunnerError as exc:
+                raise InferenceFailed(f"{self.name}: {exc}") from None
         return [out[name] for name in self.output_order]
+
+    def _killed(self, exc: lc.RunnerCrashed, attempt: int, during: str) -> None:
+        """Record a runner death; return to retry after a first kill from outside, raise otherwise."""
+        if not exc.killed_from_outside:
+            raise InferenceFailed(f"{self.name}: {exc}") from None
+        self.restarts.append(f"{during}: {exc}")
+        if attempt:
+            raise RuntimeDied(f"{self.name}: the runner was killed from outside twice during {during} "
+                              f"({'; '.join(self.restarts)})") from None  # fmt: skip
 
     def _unload(self) -> None:
         self.runner.close()

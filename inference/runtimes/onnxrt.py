@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib
 
 import numpy as np
 
+from inference.errors import first_line
 from inference.runtimes.base import Runtime, RuntimeSource
+
+
+@functools.cache
+def _import_problem() -> str | None:
+    """Why ``import onnxruntime`` fails here (not installed, or installed but broken), or None."""
+    try:
+        importlib.import_module("onnxruntime")
+    except ImportError as exc:
+        if getattr(exc, "name", None) == "onnxruntime":
+            return "the onnxruntime package is not installed"
+        return f"onnxruntime is installed but does not import: {first_line(exc)}"
+    except Exception as exc:  # noqa: BLE001 - a broken native extension raises anything on import
+        return f"onnxruntime is installed but does not import: {type(exc).__name__}: {first_line(exc)}"
+    return None
 
 
 class OnnxRuntime(Runtime):
@@ -16,9 +32,7 @@ class OnnxRuntime(Runtime):
 
     @classmethod
     def unavailable_reason(cls, source: RuntimeSource) -> str | None:
-        if importlib.util.find_spec("onnxruntime") is None:
-            return "the onnxruntime package is not installed"
-        return None
+        return _import_problem()
 
     def _load(self) -> None:
         import onnxruntime as ort

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from mindspore import Tensor, ops
+from mindspore.common import dtype as mstype
 
 LOG_2PI = math.log(2.0 * math.pi)
 # Keep uniform noise away from 0 and 1 so that -log(-log(u)) stays finite in float32. Not 1e-7: MindSpore 2.10's
@@ -40,10 +41,14 @@ def categorical_entropy_grad(log_probs: Tensor, probs: Tensor) -> tuple[Tensor, 
 
 
 def gumbel_argmax(logits: Tensor, uniform: Tensor) -> Tensor:
-    """argmax(logits + Gumbel(u)) is a sample from softmax(logits); returns int32 indices."""
-    u = ops.clamp(uniform, UNIFORM_EPS, 1.0 - UNIFORM_EPS)
+    """argmax(logits + Gumbel(u)) is a sample from softmax(logits); returns int32 indices.
+
+    The transform runs in float32 whatever the logits' dtype: in fp16 the clamp ``1 - 1e-6`` is 1.0 and the top
+    ~2.4e-4 of uniform draws would become infinite Gumbel samples (fp16 exports keep their noise float32).
+    """
+    u = ops.clamp(uniform.astype(mstype.float32), UNIFORM_EPS, 1.0 - UNIFORM_EPS)
     gumbel = -ops.log(-ops.log(u))
-    return argmax_int32(logits + gumbel)
+    return argmax_int32(logits.astype(mstype.float32) + gumbel)
 
 
 def argmax_int32(x: Tensor) -> Tensor:

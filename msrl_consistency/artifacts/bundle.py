@@ -23,7 +23,7 @@ from mindspore import nn
 from inference.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION, Bundle, load_bundle
 from inference.contract import PolicyContract
 from inference.errors import INTERRUPTS, MsrlError, UsageError, first_line
-from inference.files import sha256_file, write_json_atomic
+from inference.files import replace_dir, sha256_file, write_json_atomic
 from inference.mindir import mindir_version
 from msrl_consistency import __version__
 from msrl_consistency.agent import ActorCritic
@@ -35,7 +35,10 @@ PRECISIONS = ("fp32", "fp16")
 
 
 class ExportCheckFailed(MsrlError):
-    """A written graph disagrees with its Cell: the bundle is discarded (export's verdict: exit 1)."""
+    """A format could not be produced or disagrees with its Cell (export's verdict: exit 1). When another format of
+    every graph passed, the bundle is written with the failed ones marked (``bundle`` is set); else nothing is."""
+
+    bundle: Bundle | None = None
 
 
 @dataclass
@@ -75,8 +78,14 @@ SelfCheck = Callable[[Bundle, dict[str, nn.Cell]], dict[str, Any]]
 
 
 def half_precision(cell: nn.Cell) -> nn.Cell:
-    """An fp16 graph behind the float32 I/O contract (the Cell itself is converted in place: pass a copy)."""
-    cell.to_float(ms.float16)
+    """An fp16 graph behind the float32 I/O contract (the Cell's layers are converted in place: pass a copy).
+
+    The layers compute in fp16; the Cell's own ``construct`` is not converted (``to_float`` on it would cast its
+    noise input to fp16 too), so the noise transform written there meets fp16 layer outputs in float32.
+    """
+    for _, sub in cell.cells_and_names():
+        if sub is not cell:
+            sub.to_float(ms.float16)
     return G.Float16Policy(cell)
 
 
@@ -105,16 +114,41 @@ def write_bundle(
         result = check(load_bundle(tmp), {name: g.cell for name, g in graphs.items()})
         full["exporter"]["lite_sdk"] = result.pop("lite_version", None)
         full["self_check"] = result
+        for failure in result["failures"]:
+            where = f"{failure['runtime']}: {failure['reason']}"
+            entries[failure["graph"]]["files"][failure["format"]]["failed"] = where
         write_json_atomic(tmp / MANIFEST, full)
-        if not result["passed"]:
-            raise ExportCheckFailed(f"export self-check failed, bundle discarded: {result['failures'][0]}")
+        failed = _failed_formats(entries)
+        if failed and not _every_graph_has_a_format(entries):
+            raise ExportCheckFailed(f"export failed, nothing written: {failed[0]}")
         INTERRUPTS.check()  # the last moment an interrupt keeps the bundle from appearing
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except OSError as exc:
         raise UsageError(f"cannot write the bundle to {out}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return load_bundle(out)
+    bundle = load_bundle(out)
+    if failed:
+        kept = sorted({fmt for e in entries.values() for fmt, f in e["files"].items() if _usable(f)})
+        error = ExportCheckFailed(f"{failed[0]}; the bundle keeps {', '.join(kept)} (the failed format is marked in "
+                                  "its manifest)")  # fmt: skip
+        error.bundle = bundle
+        raise error
+    return bundle
+
+
+def _usable(entry: dict[str, Any]) -> bool:
+    return "file" in entry and "failed" not in entry
+
+
+def _failed_formats(entries: dict[str, Any]) -> list[str]:
+    """One line per format that was asked for and could not be produced or failed its check."""
+    return [f"{graph}.{fmt} failed: {f['failed']}" for graph, e in entries.items() for fmt, f in e["files"].items()
+            if "failed" in f]  # fmt: skip
+
+
+def _every_graph_has_a_format(entries: dict[str, Any]) -> bool:
+    return all(any(_usable(f) for f in e["files"].values()) for e in entries.values())
 
 
 def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions) -> dict[str, Any]:
@@ -129,6 +163,7 @@ def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions) -> dict[
         # MindSpore 2.10 writes an fp16 graph's Clip bounds as fp32, which ONNX Runtime and the converter reject.
         files["onnx"] = {"skipped": "fp16 ONNX from MindSpore 2.10 is invalid (fp32 Clip bounds in an fp16 graph); "
                          "the fp16 MindIR and the .ms (fp16 weights) are the fp16 artefacts"}  # fmt: skip
+    onnx_failure = None
     if ("onnx" in options.formats and not fp16) or "ms" in options.formats:
         try:
             if onnx_source is None:
@@ -137,20 +172,24 @@ def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions) -> dict[
             if not fp16:
                 files["onnx"] = _entry(onnx_path)
         except G.ConversionError as exc:
-            files.setdefault("onnx", {"skipped": str(exc)})
+            onnx_failure = str(exc)
         except Exception as exc:  # noqa: BLE001 - MindSpore's ONNX exporter raises assorted types
-            files.setdefault("onnx", {"skipped": f"ONNX export failed: {first_line(exc)}"})
+            onnx_failure = f"ONNX export: {first_line(exc)}"
+        if onnx_failure is not None and "onnx" in options.formats:
+            files.setdefault("onnx", {"failed": onnx_failure})
     if "ms" in options.formats:
         try:
             if onnx_path is None:
-                raise G.ConversionError("the .ms needs the ONNX graph, which failed to export")
+                raise G.ConversionError(f"the .ms is converted from the ONNX graph, which failed: {onnx_failure}")
             files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms"), fp16_weights=fp16))
             if fp16:
                 files["ms"]["weights"] = "float16"
-        except G.ConversionError as exc:
+        except G.ConverterUnavailable as exc:
             if options.require_lite:
                 raise UsageError(f"--require-lite: {exc}") from None
             files["ms"] = {"skipped": str(exc)}
+        except G.ConversionError as exc:
+            files["ms"] = {"failed": str(exc)}
     if onnx_path is not None and "file" not in files.get("onnx", {}):
         onnx_path.unlink()  # only the converter's input
     return files
@@ -196,22 +235,11 @@ def normalization_hash(policy: ActorCritic) -> str:
     return digest.hexdigest()
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Swap the finished bundle into place; an existing one is moved aside first and removed after."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def describe(bundle: Bundle) -> str:
     lines = [f"bundle {bundle.root} ({bundle.env_id or 'no env id'}, {bundle.precision})"]
     for name, graph in bundle.manifest["graphs"].items():
-        files = ", ".join(e.get("file", f"{fmt}: skipped") for fmt, e in graph["files"].items())
+        files = ", ".join(f"{fmt}: FAILED" if "failed" in e else e.get("file", f"{fmt}: skipped")
+                          for fmt, e in graph["files"].items())  # fmt: skip
         lines.append(f"  {name}: {files}")
     check = bundle.manifest["self_check"]
     worst = max((r.get("max_abs", 0.0) for r in check["results"]), default=0.0)

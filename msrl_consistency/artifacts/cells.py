@@ -12,7 +12,8 @@ to name a missing normalisation as the failing stage.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,16 @@ class UserCells:
     def shared(self) -> bool:
         """The caller handed over a Cell object: every call returns that object, never a rebuilt one."""
         return isinstance(self._factory, nn.Cell)
+
+    @contextlib.contextmanager
+    def caller_mode_kept(self) -> Iterator[None]:
+        """A Cell object handed over leaves in the training mode it came in (export and verify put it in eval mode)."""
+        was = self._factory.training if self.shared else None
+        try:
+            yield
+        finally:
+            if was is not None:
+                self._factory.set_train(was)
 
     def __call__(self, graph: str = "policy") -> nn.Cell:
         if self.shared:

@@ -4,10 +4,10 @@ A graph's I/O comes from our trainer's spec (``trainer_graphs``) or from probing
 contract (``probe_graph``). Then:
 
 * MindIR keeps a dynamic batch dimension directly (``Tensor(shape=[None, d])``).
-* ONNX export in MindSpore 2.10 refuses dynamic shapes, so the graph is exported at batch 1 and the batch
-  dimension of its inputs and batched outputs is renamed to the symbol ``batch`` (the export self-check runs
-  it at batch 256, so a graph with batch-sized constants is caught); inputs and outputs get the contract's
-  names (MindSpore names outputs by node number).
+* ONNX export in MindSpore 2.10 refuses dynamic shapes, so the graph is exported at three batch sizes and the
+  constants the exporter froze are made functions of the runtime batch (``onnx_batch``); the batch dimension of
+  its inputs and batched outputs is the symbol ``batch`` (the export self-check runs it at batch 256); inputs and
+  outputs get the contract's names (MindSpore names outputs by node number).
 * ``.ms`` comes from the Lite converter (``export/lite_converter.cc``) run on the ONNX file, the route
   that works with Lite 2.0.0, which cannot read MindIR v3.
 """
@@ -29,6 +29,7 @@ from inference.errors import first_line
 from inference.tensors import TensorMeta
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
+from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, symbolic_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONVERTER = REPO_ROOT / ".lite" / "bin" / "msrl-lite-convert"
@@ -114,14 +115,19 @@ def probe_graph(cell: nn.Cell, contract: PolicyContract, name: str = "policy") -
 
 
 class Float16Policy(nn.Cell):
-    """Runs an fp16 copy of a head but keeps the float32 I/O contract, so runtimes need no special case."""
+    """Runs an fp16 copy of a head but keeps the float32 I/O contract, so runtimes need no special case.
+
+    Only the observation enters in fp16. The sampling noise stays float32, so its transform (Gumbel's
+    ``-log(-log(u))``, ``mean + std * eps``) runs in float32 where fp16 layer outputs meet it: in fp16 the uniform
+    clamp ``1 - 1e-6`` rounds to 1.0 and every draw above ~0.99976 became an infinite Gumbel sample.
+    """
 
     def __init__(self, head: nn.Cell) -> None:
         super().__init__()
         self.head = head
 
-    def construct(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        outs = self.head(*[x.astype(ms.float16) for x in inputs])
+    def construct(self, obs: Tensor, *noise: Tensor) -> tuple[Tensor, ...]:
+        outs = self.head(obs.astype(ms.float16), *noise)
         return tuple(o if o.dtype == ms.int32 else o.astype(ms.float32) for o in outs)
 
 
@@ -143,10 +149,18 @@ def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
 
 
 def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
-    """Export at batch 1, then name the outputs and make the batch dim symbolic (inputs and batched outputs)."""
-    examples = [Tensor(np.full((1, *t.shape[1:]), 0.5, np.float32)) for t in graph.inputs]
-    ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
-    model = onnx.load(str(path))
+    """Export at ``EXPORT_BATCHES``, make the batch symbolic (frozen constants, inputs, batched outputs), then give
+    inputs and outputs the contract's names. ``ConversionError`` when a constant cannot be made symbolic."""
+    exports = []
+    for batch in EXPORT_BATCHES:
+        examples = [Tensor(np.full((batch, *t.shape[1:]), 0.5, np.float32)) for t in graph.inputs]
+        ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
+        exports.append(onnx.load(str(path)))
+    try:
+        model = symbolic_batch(exports)
+    except BatchDependent as exc:
+        path.unlink()
+        raise ConversionError(f"ONNX: {exc}") from None
     renames = {old.name: new.name for old, new in zip(model.graph.output, graph.outputs, strict=True)}
     for node in model.graph.node:
         node.output[:] = [renames.get(o, o) for o in node.output]
@@ -168,14 +182,18 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
 
 
 class ConversionError(RuntimeError):
-    pass
+    """A format could not be produced from this graph."""
+
+
+class ConverterUnavailable(ConversionError):
+    """The tool that produces a format is not on this machine (not a problem of the graph)."""
 
 
 def write_lite(onnx_path: Path, path: Path, converter: Path = DEFAULT_CONVERTER, fp16_weights: bool = False) -> Path:
     """ONNX → ``.ms`` with the Lite converter binary built by ``make lite``; ``fp16_weights`` stores the float32
     weights as float16 (how Lite deploys fp16; inputs and outputs stay float32)."""
     if not converter.exists():
-        raise ConversionError(f"Lite converter not built ({converter}); run `make lite`")
+        raise ConverterUnavailable(f"Lite converter not built ({converter}); run `make lite`")
     args = [str(converter), "--onnx", str(onnx_path), "--out", str(path), *(["--fp16"] if fp16_weights else [])]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 or not path.exists():

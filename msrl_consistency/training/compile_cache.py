@@ -7,7 +7,9 @@ safe to leave on (measured on 2.10):
   ``--clip-coef 0.1`` run silently reused the graph compiled for 0.2 and trained differently;
 - it names a process's graphs by compile order (``compile_cache_<n>.mindir``), so one directory is only valid
   for one sequence of graphs;
-- two runs sharing a directory could read each other's half-written files.
+- two runs sharing a directory could read each other's half-written files;
+- it loads whatever graph files it finds: two float constants changed inside a cached ``.mindir`` gave a "warm"
+  run that trained differently, with no message.
 
 So every *graph key* gets its own directory: a hash of the config without its host-only fields (``HOST_ONLY``:
 seed, step budget, paths, logging), the policy spec, the world size, MindSpore's and Python's versions, this
@@ -17,6 +19,10 @@ rename if it holds more graphs. MindSpore keeps the first cache path of a proces
 it, so one process caches one run only (its graphs compiled in one fixed order: ``Trainer.compile_graphs``), and
 data-parallel ranks compile without it. A warm-cache run is bitwise equal to an uncached run of the same config,
 whatever its seed and step budget (``tests/test_compile_cache.py``).
+
+Published files are checked, not trusted: ``key.json`` records every file's sha256, and a copy whose files do not
+match (changed, truncated, added) is discarded with a one-line warning and the run compiles (``cold``, with the
+reason). A cache directory that another user can write to is not used at all.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import json
 import os
 import platform
 import shutil
+import stat
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,6 +95,31 @@ def graph_key(cfg: dict[str, Any], spec: dict[str, Any], world_size: int) -> dic
     }
 
 
+def file_hashes(path: Path) -> dict[str, str]:
+    """sha256 of every file under ``path`` (but ``key.json``), by relative path: what a published entry holds."""
+    from inference.files import sha256_file
+
+    return {
+        p.relative_to(path).as_posix(): sha256_file(p)
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.relative_to(path).as_posix() != KEY_FILE
+    }
+
+
+def writable_by_others(path: Path) -> str | None:
+    """Why ``path`` (a cache directory) could hold another user's files, or None: owned by someone else, or group-
+    or world-writable (without the sticky bit's protection, the graphs MindSpore loads could be swapped)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if st.st_uid != os.getuid():
+        return f"{path} belongs to another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by other users (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
 def count_graphs(path: Path) -> int:
     return len(list(path.glob(GRAPHS)))
 
@@ -142,7 +175,11 @@ class CompileCache:
         cache = cls("cold", key=key, directory=root / key)
         cache.payload = payload
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            unsafe = writable_by_others(root) or writable_by_others(root / key)
+            if unsafe:
+                print(f"warning: compile cache not used: {unsafe}", file=sys.stderr)
+                return cls("off", f"not used: {unsafe}")
             cache.work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
             cache.loaded = cache._copy_published()
         except OSError as exc:  # a read-only or full cache dir costs the compile time, never the run
@@ -156,18 +193,32 @@ class CompileCache:
         return cache
 
     def _copy_published(self) -> int:
-        """Copy the shared directory into the private one if it is this key's; the number of graphs copied."""
+        """Copy the shared directory into the private one if it is this key's and every file in the copy is the one
+        published (``key.json``'s hashes); the number of graphs copied. A copy that fails the check is discarded,
+        the shared entry removed, and the run compiles (``reason`` says why)."""
         assert self.dir is not None and self.work is not None
         try:
             stored = json.loads((self.dir / KEY_FILE).read_text())
+            files = stored.pop("files", None)
             if stored != self.payload:
                 return 0  # not ours (a hash collision or a hand-edited dir): compile from scratch
             shutil.copytree(self.dir, self.work, dirs_exist_ok=True)
-        except (OSError, ValueError):  # absent, or replaced by another run while we copied
-            shutil.rmtree(self.work, ignore_errors=True)
-            self.work.mkdir()
+        except (OSError, ValueError, AttributeError):  # absent, or replaced by another run while we copied
+            self._empty_work()
+            return 0
+        problem = _mismatch(files, file_hashes(self.work))
+        if problem:
+            self.reason = f"cache entry {self.key} discarded: {problem}; compiled instead"
+            print(f"warning: compile cache: {self.reason}", file=sys.stderr)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self._empty_work()
             return 0
         return count_graphs(self.work)
+
+    def _empty_work(self) -> None:
+        assert self.work is not None
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir()
 
     def close(self) -> None:
         """Stop caching; publish the private copy if it holds graphs or fused kernels the shared directory lacks.
@@ -182,7 +233,8 @@ class CompileCache:
         old = self.dir.with_name(f".{self.key}-old-{os.getpid()}")
         try:
             if count_graphs(self.work) > self.loaded or fused_kernels(self.work) - fused_kernels(self.dir):
-                (self.work / KEY_FILE).write_text(json.dumps(self.payload, indent=1, sort_keys=True))
+                record = {**self.payload, "files": file_hashes(self.work)}
+                (self.work / KEY_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
                 if self.dir.exists():
                     self.dir.rename(old)
                 self.work.rename(self.dir)  # fails if another run published first: theirs stays
@@ -202,4 +254,20 @@ class CompileCache:
         """For run.json and the profile."""
         if self.state == "off":
             return {"state": "off", "reason": self.reason}
-        return {"state": self.state, "key": self.key, "dir": str(self.dir), "graphs_loaded": self.loaded}
+        out = {"state": self.state, "key": self.key, "dir": str(self.dir), "graphs_loaded": self.loaded}
+        return {**out, "reason": self.reason} if self.reason else out
+
+
+def _mismatch(recorded: dict[str, str] | None, found: dict[str, str]) -> str | None:
+    """How a copied entry differs from what was published, or None."""
+    if not isinstance(recorded, dict):
+        return "no file hashes recorded"
+    changed = sorted(name for name in recorded.keys() & found.keys() if recorded[name] != found[name])
+    if changed:
+        return f"{changed[0]} changed since it was published (sha256 differs)"
+    missing, added = sorted(recorded.keys() - found.keys()), sorted(found.keys() - recorded.keys())
+    if missing:
+        return f"{missing[0]} is missing"
+    if added:
+        return f"{added[0]} was added after publishing"
+    return None
