@@ -333,6 +333,18 @@ def set_seed(seed: int) -> None:
     ms.set_seed(seed)
 
 
+def layers_to_float16(cell: nn.Cell) -> nn.Cell:
+    """Every sub-Cell of ``cell`` computes in fp16; ``cell``'s own ``construct`` and methods do not.
+
+    ``to_float`` on ``cell`` itself would, in graph mode, also cast the ops of its methods (the sampling noise's
+    transform among them) to fp16: measured, an fp16 graph then drew infinite Gumbel samples where PyNative did not.
+    """
+    for _, sub in cell.cells_and_names():
+        if sub is not cell:
+            sub.to_float(ms.float16)
+    return cell
+
+
 def as_tuple(outputs: Any) -> tuple[Any, ...]:
     """A Cell's outputs as a tuple: a single-output Cell (or GraphCell) returns a bare Tensor."""
     return tuple(outputs) if isinstance(outputs, tuple | list) else (outputs,)

@@ -21,6 +21,7 @@ from msrl_consistency.training.compile_cache import (
     STALE_WORK_SECONDS,
     CompileCache,
     count_graphs,
+    file_hashes,
     fused_kernels,
     graph_key,
     prune,
@@ -133,3 +134,37 @@ def test_a_warm_run_trains_bitwise_like_an_uncached_one(tmp_path, env_id, update
     # the working directory.
     assert (graph_kernel == "true") == bool(cold_kernels) and fused_kernels(published) == warm_kernels
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "cold", "plain", "warm"]
+
+
+@pytest.mark.slow
+def test_a_cached_graph_changed_after_publishing_is_discarded_and_compiled(tmp_path):
+    """Two float constants changed inside a cached .mindir used to give a "warm" run that trained differently."""
+    cache_dir = tmp_path / "cache"
+    flags = ("--env-id", "CartPole-v1", "--seed", "1", "--total-steps", "64")
+    cold = train(tmp_path / "cold", cache_dir, *flags)
+    published = cache_dir / cold["compile_cache"]["key"]
+    recorded = json.loads((published / "key.json").read_text())["files"]
+    graph = sorted(published.glob("rank_0/graph_cache/compile_cache_*.mindir"))[0]
+    assert recorded[graph.relative_to(published).as_posix()]  # every published file is hashed
+    data = bytearray(graph.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    graph.write_bytes(bytes(data))
+    env = {**os.environ, "MSRL_COMPILE_CACHE_DIR": str(cache_dir)}
+    proc = subprocess.run([sys.executable, "-m", "msrl_consistency.train", "--run-dir", str(tmp_path / "again"), *TINY,
+                           *flags], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = rd.read_run_json(tmp_path / "again")["compile_cache"]
+    assert again["state"] == "cold" and f"{graph.name} changed since it was published" in again["reason"]
+    warning = [line for line in proc.stderr.splitlines() if "compile cache" in line]
+    assert len(warning) == 1 and warning[0].startswith("warning: compile cache: cache entry"), proc.stderr
+    assert metrics(tmp_path / "again") == metrics(tmp_path / "cold")  # compiled afresh: the same training
+    republished = json.loads((published / "key.json").read_text())["files"]
+    assert republished == file_hashes(published) and republished.keys() == recorded.keys()  # recompiled, consistent
+
+
+def test_a_cache_dir_other_users_can_write_is_not_used(tmp_path):
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o777)
+    cache = CompileCache.open(TrainConfig().to_dict(), SPEC, 1, root)
+    assert cache.state == "off" and "writable by other users" in cache.reason

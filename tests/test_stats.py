@@ -76,3 +76,20 @@ def test_scale_term_widens_atol_with_the_outputs_magnitude():
     cmp = compare_arrays("v", ref, got, Tolerance(2e-3, 1e-4, scale=1e-4))  # atol 2e-3 + 1e-4 * 100 = 1.2e-2
     assert cmp.passed and np.isclose(cmp.atol, 1.2e-2)
     assert not compare_arrays("v", ref * 0.01, got * 0.01 + [0, 1e-2], Tolerance(2e-3, 1e-4, scale=1e-4)).passed
+
+
+def test_synthetic_extremes_do_not_loosen_the_tolerance_of_ordinary_rows():
+    """A ±1e4 edge row judged with the ordinary rows used to grant every row atol 1e-4 x its magnitude (2 here):
+    a fault of 0.01 on every real row passed. Each row is now judged against its own group's magnitude."""
+    tol = Tolerance(1e-5, 1e-4, scale=1e-4)
+    ref = np.tile([[1.0, 2.0]], (100, 1))
+    ref[-1] = [1e4, 2e4]  # the edge row
+    ordinary = np.r_[np.ones(99, bool), False]
+    got = ref + np.r_[np.full(99, 0.01), 1.0][:, None]  # ordinary rows off by 0.01, the edge row by 1.0
+    old_rule = compare_arrays("logits", ref, got, tol)  # every row pooled: the edge row's magnitude for all
+    assert old_rule.passed
+    cmp = compare_arrays("logits", ref, got, tol, ordinary)
+    assert not cmp.passed and cmp.mismatches == 99 * 2  # every ordinary element, not the edge row's
+    assert np.isclose(cmp.atol_median, 1e-5 + 1e-4 * 2.0) and np.isclose(cmp.atol, 1e-5 + 1e-4 * 2e4)
+    assert cmp.tolerance == "atol 1e-05 + 0.0001 x row max|ref|, rtol 0.0001"
+    assert np.allclose(tol.row_atol(ref, ordinary)[[0, -1]], [1e-5 + 2e-4, 1e-5 + 2.0])

@@ -354,3 +354,39 @@ def test_free_running_that_follows_the_reference_gives_the_same_trace(env_id):
         np.testing.assert_array_equal(got.rewards, want.rewards)
         np.testing.assert_array_equal(got.obs[got.alive], want.obs[want.alive])
         np.testing.assert_array_equal(got.actions[got.alive], want.actions[want.alive])
+
+
+def test_an_fp16_sampling_graph_transforms_its_noise_in_float32(cartpole_ckpt, tmp_path):
+    """In fp16 the uniform clamp 1 - 1e-6 is 1.0: draws above ~0.99976 became infinite Gumbel samples and the first
+    such entry won whatever the logits. The fp16 graph keeps the noise and its transform in float32."""
+    from inference.contract import gumbel_argmax
+
+    bundle = export_run(cartpole_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16", formats=("mindir",)))
+    obs = np.zeros((64, 4), np.float32)
+    noise = np.tile(np.float32([0.9999, 0.999999]), (64, 1))  # both 1.0 in fp16; Gumbel 9.2 vs 13.8 in float32
+    with create("ms-mindir", RuntimeSource(bundle), "policy_sample") as rt:
+        out = rt.infer(obs, noise)
+    np.testing.assert_array_equal(out["action"], gumbel_argmax(out["logits"], noise))
+    assert (out["action"] == 1).all()  # the float32 transform's winner (equal logits up to a few units)
+
+
+def test_a_flipped_sample_counts_once_as_the_flip(cartpole_bundle, cartpole_ckpt):
+    """The log-prob of a flipped sampled action is the flip's consequence: one finding, not two."""
+    from inference.compare.feeds import seeded_feeds
+    from inference.compare.reference import Reference
+    from inference.compare.runtime_check import _compare_outputs
+    from inference.compare.stats import PRESETS, tolerance_for
+    from msrl_consistency.artifacts.cells import TrainerCells
+
+    feeds = seeded_feeds(cartpole_bundle, 256, 0)
+    source = RuntimeSource(cartpole_bundle, TrainerCells(cartpole_ckpt, cartpole_bundle.policy_spec))
+    with create("ms-graph", source, "policy_sample") as rt:
+        outputs = rt.infer(*feeds.graph_inputs(cartpole_bundle, "policy_sample"))
+    ref = Reference(feeds, {"policy_sample": outputs}, {}, {}, 0, 0)
+    got = {k: v.copy() for k, v in outputs.items()}
+    got["action"][0] = 1 - got["action"][0]
+    got["log_prob"][0] -= 2.0
+    tol = {k: tolerance_for("fp32", "lite") for k in got}
+    check, cmps = _compare_outputs("lite", "policy_sample", cartpole_bundle, ref, got, tol, PRESETS["fp32"])
+    assert check.status == "fail" and cmps["log_prob"].passed
+    assert check.summary.startswith("outputs agree, actions do not: 1 action flip(s) of 256"), check.summary

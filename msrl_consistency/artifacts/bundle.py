@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mindspore as ms
 from mindspore import nn
 
 from inference.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION, Bundle, load_bundle
@@ -25,7 +24,7 @@ from inference.contract import PolicyContract
 from inference.errors import INTERRUPTS, MsrlError, UsageError, first_line
 from inference.files import replace_dir, sha256_file, write_json_atomic
 from inference.mindir import mindir_version
-from msrl_consistency import __version__
+from msrl_consistency import __version__, compat
 from msrl_consistency.agent import ActorCritic
 from msrl_consistency.artifacts import graphs as G
 from msrl_consistency.artifacts.provenance import git_commit, versions
@@ -83,10 +82,7 @@ def half_precision(cell: nn.Cell) -> nn.Cell:
     The layers compute in fp16; the Cell's own ``construct`` is not converted (``to_float`` on it would cast its
     noise input to fp16 too), so the noise transform written there meets fp16 layer outputs in float32.
     """
-    for _, sub in cell.cells_and_names():
-        if sub is not cell:
-            sub.to_float(ms.float16)
-    return G.Float16Policy(cell)
+    return G.Float16Policy(compat.layers_to_float16(cell))
 
 
 def write_bundle(

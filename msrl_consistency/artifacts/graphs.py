@@ -132,9 +132,9 @@ class Float16Policy(nn.Cell):
 
 
 def export_heads(policy: ActorCritic, precision: str = "fp32") -> dict[str, nn.Cell]:
-    """The Cells behind ``policy`` and ``policy_sample``; fp16 wraps a half-precision copy."""
+    """The Cells behind ``policy`` and ``policy_sample``; fp16 wraps a half-precision copy (its layers in fp16)."""
     if precision == "fp16":
-        policy.to_float(ms.float16)
+        compat.layers_to_float16(policy)
         return {
             "policy": Float16Policy(DeterministicPolicy(policy)),
             "policy_sample": Float16Policy(StochasticPolicy(policy)),

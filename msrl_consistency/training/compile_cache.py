@@ -165,18 +165,22 @@ class CompileCache:
             return cls("off", "MS_COMPILER_CACHE_ENABLE is set: MindSpore's own, order-keyed cache is in charge")
         if blocker := compat.compile_cache_blocker():
             return cls("off", blocker)
+        root = root or default_root()
+        unsafe = writable_by_others(root)
+        if unsafe:
+            print(f"warning: compile cache not used: {unsafe}", file=sys.stderr)
+            return cls("off", f"not used: {unsafe}")
         global _opened_in_this_process
         if _opened_in_this_process:
             return cls("off", "this process cached another run's graphs (MindSpore keeps one cache path)")
         _opened_in_this_process = True
         payload = graph_key(cfg, spec, world_size)
         key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
-        root = root or default_root()
         cache = cls("cold", key=key, directory=root / key)
         cache.payload = payload
         try:
             root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            unsafe = writable_by_others(root) or writable_by_others(root / key)
+            unsafe = writable_by_others(root / key)
             if unsafe:
                 print(f"warning: compile cache not used: {unsafe}", file=sys.stderr)
                 return cls("off", f"not used: {unsafe}")
