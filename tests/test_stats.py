@@ -93,3 +93,26 @@ def test_synthetic_extremes_do_not_loosen_the_tolerance_of_ordinary_rows():
     assert np.isclose(cmp.atol_median, 1e-5 + 1e-4 * 2.0) and np.isclose(cmp.atol, 1e-5 + 1e-4 * 2e4)
     assert cmp.tolerance == "atol 1e-05 + 0.0001 x row max|ref|, rtol 0.0001"
     assert np.allclose(tol.row_atol(ref, ordinary)[[0, -1]], [1e-5 + 2e-4, 1e-5 + 2.0])
+
+
+def test_free_running_episodes_that_part_at_a_near_tie_flip_are_reported_not_failed():
+    """A genuine bundle's runtime may flip a discrete action where the reference's two best scores are within the
+    tolerance granted to them; the episodes then part ways. Under every preset that is reported (warn)."""
+    from inference.compare.episode_checks import free_running_check
+    from inference.compare.episodes import EpisodeTrace, action_differences
+    from inference.compare.stats import PRESETS
+
+    def trace(obs, actions):  # discrete actions: [T, K] indices
+        obs, actions = np.asarray(obs, np.float32)[:, None, None], np.asarray(actions, np.int32)[:, None]
+        return EpisodeTrace(obs, actions, np.ones(obs.shape[:2]), np.ones(obs.shape[:2], bool))
+
+    ref = trace([0, 1, 2, 3, 4, 5], [0, 1, 0, 1, 0, 1])
+    parted = trace([0, 1, 2, 7, 8, 9], [0, 1, 1, 0, 0, 0])  # differs from step 2 on: the flip, then its consequences
+    diff = action_differences(ref, parted, discrete=True, atol=0.0)
+    assert diff["first_divergent_step"] == [2]
+    at_tie = np.zeros((6, 1), bool)
+    at_tie[2, 0] = True
+    check = free_running_check("rt", "stochastic", diff, ref, parted, True, PRESETS["fp32"], at_tie)
+    assert check.status == "warn" and "near-tie" in check.summary
+    assert free_running_check("rt", "stochastic", diff, ref, parted, True, PRESETS["fp32"], ~at_tie).status == "fail"
+    assert free_running_check("rt", "stochastic", diff, ref, parted, False, PRESETS["fp32"], at_tie).status == "fail"

@@ -103,7 +103,9 @@ def markdown(result: VerifyResult) -> str:
     out += ["", "## Runtimes", ""]
     for name, info in result.runtimes.items():
         extra = info.get("reason") or ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
-        out.append(f"- **{name}**: {info['status']} {('— ' + extra) if extra else ''}")
+        rules = sorted({t["rule"] for t in info.get("tolerance", {}).values() if "rule" in t})
+        tolerance = f"; tolerance {' / '.join(rules)} (ordinary rows share their largest magnitude)" if rules else ""
+        out.append(f"- **{name}**: {info['status']} {('— ' + extra) if extra else ''}{tolerance}")
     return "\n".join(out) + "\n"
 
 
