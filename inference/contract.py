@@ -4,7 +4,8 @@ Any policy Cell is described by one contract, whoever trained it: the observatio
 sampling-noise input), the outputs in order, and the action kind that turns outputs into an env action:
 
 * ``argmax``: an index from Q-values or logits (``values``);
-* ``categorical``: ``logits``; deterministic = argmax, sampled = Gumbel-max with given uniform noise;
+* ``categorical``: ``logits`` (or ``probs``, an output of probabilities: its log is the logits); deterministic =
+  argmax, sampled = Gumbel-max with given uniform noise;
 * ``gaussian``: ``mean`` with ``std`` or ``log_std`` (an output, per state or state-independent, or fixed
   numbers); deterministic = the mean, sampled = ``mean + std * noise`` with given standard-normal noise;
 * ``deterministic``: the output named by ``action`` is the action;
@@ -32,7 +33,7 @@ NOISE_KINDS = ("uniform", "normal")
 # Uniform noise is kept away from 0 and 1 so that -log(-log(u)) stays finite in float32, as in our graphs
 # (``msrl_consistency.agent.distributions``; 1e-6 because MindSpore's CPU log is 0 at 1 - 1.2e-7).
 UNIFORM_EPS = np.float32(1e-6)
-_ROLE_KEYS = {"argmax": ("values",), "categorical": ("logits",), "gaussian": ("mean",), "deterministic": ("action",)}
+_ROLE_KEYS = {"argmax": ("values",), "categorical": (), "gaussian": ("mean",), "deterministic": ("action",)}
 
 
 class ContractError(ValueError):
@@ -51,6 +52,7 @@ class ActionSpec:
     kind: str
     values: str | None = None
     logits: str | None = None
+    probs: str | None = None  # categorical only, instead of logits: an output of probabilities (rows sum to 1)
     mean: str | None = None
     std: str | Numbers | None = None
     log_std: str | Numbers | None = None
@@ -70,7 +72,7 @@ class ActionSpec:
     @property
     def distribution_output(self) -> str:
         """The output that carries the decision: Q-values, logits, mean or the action itself."""
-        name = {"argmax": self.values, "categorical": self.logits, "gaussian": self.mean}.get(self.kind)
+        name = {"argmax": self.values, "categorical": self.logits or self.probs, "gaussian": self.mean}.get(self.kind)
         return name or self.action  # type: ignore[return-value]
 
 
@@ -112,8 +114,8 @@ class PolicyContract:
         _known(outs, ("names", "value", "log_prob"), "[outputs]")
         _known(
             act,
-            ("kind", "values", "logits", "mean", "std", "log_std", "action", "discrete", "squash", "rescale", "low",
-             "high"),
+            ("kind", "values", "logits", "probs", "mean", "std", "log_std", "action", "discrete", "squash", "rescale",
+             "low", "high"),
             "[action]",
         )  # fmt: skip
         if "obs" not in inp:
@@ -125,6 +127,7 @@ class PolicyContract:
             kind=_str(act, "kind", None) or "",
             values=_str(act, "values"),
             logits=_str(act, "logits"),
+            probs=_str(act, "probs"),
             mean=_str(act, "mean"),
             std=_name_or_numbers(act, "std"),
             log_std=_name_or_numbers(act, "log_std"),
@@ -160,7 +163,7 @@ class PolicyContract:
             if getattr(self, role):
                 outs[role] = getattr(self, role)
         act: dict[str, Any] = {"kind": self.action.kind}
-        for key in ("values", "logits", "mean", "std", "log_std", "action"):
+        for key in ("values", "logits", "probs", "mean", "std", "log_std", "action"):
             value = getattr(self.action, key)
             if value is not None:
                 act[key] = value if isinstance(value, str) else list(value)
@@ -194,7 +197,12 @@ class PolicyContract:
                 raise ContractError(f"[action] kind {a.kind!r} needs {key} = \"<output name>\"")
         if a.kind == "gaussian" and (a.std is None) == (a.log_std is None):
             raise ContractError("[action] kind 'gaussian' needs exactly one of std or log_std")
-        refs = {"values": a.values, "logits": a.logits, "mean": a.mean, "action": a.action}
+        if a.kind == "categorical" and (a.logits is None) == (a.probs is None):
+            raise ContractError("[action] kind 'categorical' needs exactly one of logits = \"<output>\" or probs = "
+                                "\"<output>\"")  # fmt: skip
+        if a.probs is not None and a.kind != "categorical":
+            raise ContractError(f"[action] probs applies to kind 'categorical' only, not {a.kind!r}")
+        refs = {"values": a.values, "logits": a.logits, "probs": a.probs, "mean": a.mean, "action": a.action}
         refs.update({k: v for k, v in (("std", a.std), ("log_std", a.log_std)) if isinstance(v, str)})
         refs.update({"[outputs] value": self.value, "[outputs] log_prob": self.log_prob})
         for key, name in refs.items():
@@ -236,7 +244,8 @@ class PolicyContract:
 
         decision = a.distribution_output
         if a.kind in ("argmax", "categorical"):
-            shape = need(decision, f"{a.kind} {'values' if a.kind == 'argmax' else 'logits'}", (2,))
+            role = "values" if a.kind == "argmax" else ("probs" if a.probs else "logits")
+            shape = need(decision, f"{a.kind} {role}", (2,))
             if shape[1] < 2:
                 raise ContractError(f"{a.kind} output {decision!r} has {shape[1]} entries; an index needs >= 2")
         width = None
@@ -299,7 +308,7 @@ class PolicyContract:
             if not self.samples_on_host:
                 raise ContractError(f"{a.kind} policy graphs do not sample on the host")
             if a.kind == "categorical":
-                return gumbel_argmax(outputs[a.logits], host_noise)  # type: ignore[index]
+                return gumbel_argmax(self.categorical_scores(outputs), host_noise)
             mean = np.asarray(outputs[a.mean], np.float32)  # type: ignore[index]
             return self.squash(mean + self.std(outputs, mean.shape) * np.asarray(host_noise, np.float32))
         if a.kind == "deterministic":
@@ -319,8 +328,20 @@ class PolicyContract:
             return np.asarray(outputs[a.values], np.float32)  # type: ignore[index]
         if a.kind != "categorical":
             return None
-        logits = np.asarray(outputs[a.logits], np.float32)  # type: ignore[index]
+        logits = self.categorical_scores(outputs)
         return logits if noise is None else logits + gumbel(noise)
+
+    def categorical_scores(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The logits of a categorical action: the logits output, or the log of the probabilities output."""
+        a = self.action
+        if a.probs is None:
+            return np.asarray(outputs[a.logits], np.float32)  # type: ignore[index]
+        with np.errstate(divide="ignore"):
+            return np.log(np.asarray(outputs[a.probs], np.float32))
+
+    def log_probs(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Normalised log-probabilities of a categorical action (float64)."""
+        return log_softmax(self.categorical_scores(outputs))
 
     def std(self, outputs: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
         """The Gaussian std broadcast to ``shape``: from an output (per state or not) or from fixed numbers."""

@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import select
 import signal
 import struct
@@ -58,6 +59,8 @@ _U32X2 = struct.Struct("<II")
 _U32X3 = struct.Struct("<III")
 _U64 = struct.Struct("<Q")
 _PING = _U32X2.pack(MAGIC, OP_PING)
+_KERNEL_FAILED = re.compile(r"run kernel (?:PreProcess |Run )?failed, name: (\S+)")
+_LOG_SOURCE = re.compile(r"\[(?:\S*/)?([\w.]+\.cc):\d+\] (\w+)\] (.*)$")  # [path/prelu_fp32.cc:90] ReSize] msg
 _QUIT = _U32X2.pack(MAGIC, OP_QUIT)
 _REPO = Path(__file__).resolve().parents[1]
 RUNNER_NAME = "msrl-lite-runner"
@@ -480,7 +483,24 @@ class LiteRunner:
         error = _STATUS_ERRORS.get(status)
         if error is None:
             self._crashed(f"unknown response status {status}: {msg}")
+        if error is InferenceError:
+            msg += self._kernel_failure()
         raise error(f"runner: {msg}")
+
+    def _kernel_failure(self) -> str:
+        """The Lite kernel that failed, from Lite's own error log (the runner's stderr): Predict's status names no op
+        ("Common error code"), its log does (``run kernel failed, name: prelu_4Max`` after ``prelu_fp32.cc ...
+        ReSize] get channel failed``)."""
+        lines = [line for line in self._stderr_text(16384).splitlines() if "[ERROR]" in line]
+        failed = [(k, m.group(1)) for k, line in enumerate(lines) if (m := _KERNEL_FAILED.search(line))
+                  and "SubGraph" not in m.group(1)]  # fmt: skip
+        if not failed:
+            return ""
+        at, kernel = next((k, name) for k, name in failed if name == failed[-1][1])
+        kernel_lines = (m for line in reversed(lines[:at]) if (m := _LOG_SOURCE.search(line)) and "/kernel/" in line)
+        cause = next(kernel_lines, None)
+        why = f": {cause.group(1)} {cause.group(2)}: {cause.group(3).strip()}" if cause else ""
+        return f" (Lite kernel {kernel} failed{why})"
 
     def _need(self, n: int, deadline: float) -> int:
         """Makes n unread bytes available in the buffer; returns their offset and consumes them."""
@@ -529,13 +549,16 @@ class LiteRunner:
         raise error
 
     def _stderr_tail(self, lines: int = 5) -> str:
+        return _one_line("\n".join(self._stderr_text(8192).splitlines()[-lines:]))
+
+    def _stderr_text(self, last: int) -> str:
+        """The runner's last ``last`` bytes of stderr (Lite's log)."""
         if self._stderr is None or self._stderr.closed:
             return ""
         self._stderr.seek(0, os.SEEK_END)
         size = self._stderr.tell()
-        self._stderr.seek(max(0, size - 8192))
-        text = self._stderr.read().decode(errors="replace")
-        return _one_line("\n".join(text.splitlines()[-lines:]))
+        self._stderr.seek(max(0, size - last))
+        return self._stderr.read().decode(errors="replace")
 
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -297,6 +297,14 @@ def mindir_bundle(path: Path, contract: PolicyContract, cells: UserCells | None)
     if cells is not None:
         cell_io = _probe(cells(), contract, "the Cell")
         cell_shapes, mindir_shapes = [list(t.shape) for t in cell_io.outputs], [list(t.shape) for t in io.outputs]
+        frozen = [t.name for t, c in zip(io.outputs, cell_io.outputs, strict=True)
+                  if c.shape[:1] == (-1,) and t.shape[:1] != (-1,)]  # fmt: skip
+        if frozen:
+            shape = next(list(t.shape) for t in io.outputs if t.name == frozen[0])
+            spec = f"Tensor(shape=[None, {', '.join(map(str, contract.obs_shape))}], dtype=mindspore.float32)"
+            raise UsageError(f"output {frozen[0]!r} of {path.name} keeps shape {shape} whatever the batch while the "
+                             "Cell's follows it: the MindIR was exported at a fixed batch, which froze that shape; "
+                             f"export with a dynamic batch, mindspore.export(net, {spec}, ...)")  # fmt: skip
         if cell_shapes != mindir_shapes:
             raise UsageError(f"the Cell's outputs {cell_shapes} are not the MindIR's {mindir_shapes}: "
                              "is the MindIR exported from this Cell?")  # fmt: skip

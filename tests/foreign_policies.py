@@ -191,3 +191,70 @@ class RowIndexPolicy(nn.Cell):
 def make_row_index() -> RowIndexPolicy:
     ms.set_seed(1)
     return RowIndexPolicy()
+
+
+class BroadcastStdActor(nn.Cell):
+    """SAC-style with a state-independent std: ``broadcast_to(exp(log_std), mean.shape)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Dense(3, 32), nn.Dense(32, 1)
+        self.log_std = Parameter(Tensor(np.full([1], -0.3, np.float32)), name="log_std")
+
+    def construct(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        mean = self.fc2(ops.relu(self.fc1(obs)))
+        return mean, ops.broadcast_to(ops.exp(self.log_std), mean.shape)
+
+
+class LeakyActorCritic(nn.Cell):
+    """An actor-critic with LeakyReLU (exported to ONNX by MindSpore as Mul + Max): logits and a value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actor = nn.SequentialCell(nn.Dense(4, 32), nn.LeakyReLU(0.2), nn.Dense(32, 2))
+        self.critic = nn.SequentialCell(nn.Dense(4, 32), nn.LeakyReLU(0.2), nn.Dense(32, 1))
+
+    def construct(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        return self.actor(obs), self.critic(obs).squeeze(-1)
+
+
+class ProbsActor(nn.Cell):
+    """An actor that returns probabilities (softmax inside), as the MindSpore RL library's AC actor does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.SequentialCell(nn.Dense(4, 32), nn.LeakyReLU(0.2), nn.Dense(32, 2))
+        self.softmax = nn.Softmax()
+
+    def construct(self, obs: Tensor) -> Tensor:
+        return self.softmax(self.body(obs))
+
+
+BROADCAST_STD_CONTRACT = {**OLD_STYLE_CONTRACT}
+LEAKY_AC_CONTRACT = {
+    "env_id": "CartPole-v1",
+    "input": {"obs": [4]},
+    "outputs": {"names": ["logits", "value"], "value": "value"},
+    "action": {"kind": "categorical", "logits": "logits"},
+}
+PROBS_CONTRACT = {
+    "env_id": "CartPole-v1",
+    "input": {"obs": [4]},
+    "outputs": {"names": ["probs"]},
+    "action": {"kind": "categorical", "probs": "probs"},
+}
+
+
+def make_broadcast_std() -> BroadcastStdActor:
+    ms.set_seed(13)
+    return BroadcastStdActor()
+
+
+def make_leaky_actor_critic() -> LeakyActorCritic:
+    ms.set_seed(17)
+    return LeakyActorCritic()
+
+
+def make_probs_actor() -> ProbsActor:
+    ms.set_seed(19)
+    return ProbsActor()

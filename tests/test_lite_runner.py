@@ -476,3 +476,40 @@ def test_mindir_v3_is_refused_with_versions(tmp_path: Path) -> None:
     msg = str(info.value)
     assert "MindIR v3" in msg and "MindSpore 2." in msg and "<= v1" in msg and ".ms" in msg
     assert info.value.exit_code == 5 and isinstance(info.value, ModelLoadError)
+
+
+def _leaky_relu_as_exported(path: Path, alpha: float = 0.2) -> np.ndarray:
+    """Gemm → ``Max(Mul(a, h), h)``: how MindSpore 2.10 exports ``nn.LeakyReLU(a)``. Returns the Gemm weight."""
+    weight = np.random.default_rng(3).standard_normal((8, 4)).astype(np.float32)
+    inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+             numpy_helper.from_array(np.array(alpha, np.float32), "a")]  # fmt: skip
+    nodes = [helper.make_node("Gemm", ["obs", "w", "b"], ["h"], transB=1), helper.make_node("Mul", ["a", "h"], ["m"]),
+             helper.make_node("Max", ["m", "h"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "leaky", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7
+    onnx.save(model, str(path))
+    return weight
+
+
+def test_a_failing_lite_kernel_is_named_and_leaky_relu_runs_once_rewritten(model_dir: Path) -> None:
+    """Lite fuses the exported Mul + Max into PReLU, whose kernel cannot size a 2-D tensor: Predict says only "Common
+    error code", Lite's log names the kernel, and so does the error. As ONNX's own LeakyRelu the graph runs."""
+    from msrl_consistency.artifacts.onnx_patterns import fuse_leaky_relu
+
+    weight = _leaky_relu_as_exported(model_dir / "leaky.onnx")
+    assert _convert(model_dir / "leaky.onnx", model_dir / "leaky.ms").returncode == 0
+    obs = np.random.default_rng(4).standard_normal((5, 4)).astype(np.float32)
+    with LiteRunner(model_dir / "leaky.ms") as r, pytest.raises(LiteRunnerError) as info:
+        r.infer(obs)
+    assert "Common error code" in str(info.value)
+    assert "Lite kernel" in str(info.value) and "prelu_fp32.cc ReSize: get channel failed" in str(info.value)
+    model = onnx.load(str(model_dir / "leaky.onnx"))
+    assert fuse_leaky_relu(model) == 1 and [n.op_type for n in model.graph.node] == ["Gemm", "LeakyRelu"]
+    onnx.save(model, str(model_dir / "leaky_fused.onnx"))
+    assert _convert(model_dir / "leaky_fused.onnx", model_dir / "leaky_fused.ms").returncode == 0
+    with LiteRunner(model_dir / "leaky_fused.ms") as r:
+        got = r.infer(obs)["y"]
+    h = obs @ weight.T
+    np.testing.assert_allclose(got, np.maximum(h, 0.2 * h), rtol=1e-5, atol=1e-6)

@@ -178,13 +178,18 @@ def test_spaces_the_contract_cannot_describe_are_refused(env, space, tmp_path):
 # -- 6. bundles that used to refuse to exist -----------------------------------------------------------------------
 SHAPES = {
     "old-style actor (ZerosLike std, reshape to mean.shape)": ("make_old_style", fp.OLD_STYLE_CONTRACT, "fc1.weight"),
+    "SAC-style actor (broadcast_to(mean.shape) std)": ("make_broadcast_std", fp.BROADCAST_STD_CONTRACT, "fc1.weight"),
     "BatchNorm1d + Dropout MLP": ("make_batchnorm", fp.BATCHNORM_CONTRACT, "fc2.weight"),
     "CNN flattening with x.shape[0]": ("make_frame_cnn", fp.FRAME_CONTRACT, "conv2.weight"),
+    "actor-critic with LeakyReLU": ("make_leaky_actor_critic", fp.LEAKY_AC_CONTRACT, "actor.0.weight"),
+    "actor returning probabilities": ("make_probs_actor", fp.PROBS_CONTRACT, "body.0.weight"),
 }
 
 
 @pytest.mark.parametrize("case", list(SHAPES))
-def test_shape_derived_constants_export_a_full_bundle_that_verifies_everywhere(work, tmp_path, case):
+def test_actors_as_other_teams_write_them_export_a_full_bundle_that_verifies_everywhere(work, tmp_path, case):
+    """Shapes the ONNX exporter froze at its batch, LeakyReLU (Mul + Max, which Lite 2.0.0 cannot run), an actor
+    that returns probabilities: each a full bundle, genuine 0 on every runtime, nudged 1 at the network stage."""
     factory, contract, weight = SHAPES[case]
     make = getattr(fp, factory)
     bundle = export_policy(make(), contract, tmp_path / "bundle")
@@ -356,3 +361,21 @@ def test_the_manifests_checkpoint_is_only_a_hint(cartpole_bundle, tmp_path):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", str(copy), *SMALL)
     assert proc.returncode == 2 and "is not the checkpoint the bundle was exported from" in proc.stderr
+
+
+def test_probabilities_declared_as_logits_are_warned_about(tmp_path):
+    contract = {**fp.PROBS_CONTRACT, "action": {"kind": "categorical", "logits": "probs"}}
+    bundle = export_policy(fp.make_probs_actor(), contract, tmp_path / "b", options=None)
+    result = verify_policy(fp.make_probs_actor(), None, bundle.root, options=small(runtimes=("ms-mindir",)))
+    warning = next(c for c in result.checks if c.name == "roles.policy")
+    assert warning.status == "warn" and 'declare probs = "probs"' in warning.summary
+
+
+def test_a_probs_flip_is_judged_in_log_space():
+    """Scores of a probs output are its logs: p_i may fall and p_j rise by their allowances."""
+    from inference.compare.stats import Tolerance, score_allowance
+
+    tol = Tolerance(1e-4, 1e-4)
+    closes = float(score_allowance(tol, np.float64(0.5), np.float64(0.49), 1e-4, probabilities=True))
+    assert np.isclose(closes, np.log(0.5 / (0.5 - 1e-4)) + np.log((0.49 + 1e-4) / 0.49))
+    assert float(score_allowance(tol, np.float64(0.5), np.float64(0.49), 1e-4)) == pytest.approx(2e-4)

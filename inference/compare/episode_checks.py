@@ -14,14 +14,19 @@ from inference.compare.stats import Preset, Tolerance, flip_bound, ks_two_sample
 
 
 def near_ties(
-    top2: np.ndarray | None, tolerance: Mapping[str, Tolerance], bundle: Bundle, mode: str
+    top2: np.ndarray | None, tolerance: Mapping[str, Tolerance], bundle: Bundle, mode: str, ordinary_magnitude: float
 ) -> np.ndarray | None:
     """Per step, whether a differing discrete action is a near-tie within the tolerance granted to the scores
-    (None: the policy has no discrete scores, so nothing is forgiven)."""
+    (None: the policy has no discrete scores, so nothing is forgiven). Episode steps are ordinary rows: their atol
+    grows with the largest magnitude among the ordinary rows of the scores (``ordinary_magnitude``), or their own if
+    larger, as on the observations (``stats.Tolerance.row_atol``)."""
     if top2 is None:
         return None
     action = bundle.contract(bundle.mode_graph(mode)).action  # type: ignore[arg-type]
-    return top2[..., 0] <= flip_bound(top2, tolerance[action.distribution_output])
+    tol = tolerance[action.distribution_output]
+    row_max = top2[..., 3] if top2.shape[-1] > 2 else top2[..., 1]
+    row_atol = tol.atol + tol.scale * np.maximum(row_max, ordinary_magnitude)
+    return top2[..., 0] <= flip_bound(top2, tol, row_atol, probabilities=action.probs is not None)
 
 
 def teacher_forced_check(

@@ -36,8 +36,10 @@ def argmax_flips(ref_scores: np.ndarray, ref_action: np.ndarray, got_action: np.
 
 
 def categorical_kl(ref_logits: np.ndarray, got_logits: np.ndarray) -> np.ndarray:
+    """KL(ref || got) between the softmaxes of two logit batches (normalised log-probabilities work as logits)."""
     lp, lq = log_softmax(ref_logits), log_softmax(got_logits)
-    return (np.exp(lp) * (lp - lq)).sum(-1)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.exp(lp) > 0, np.exp(lp) * (lp - lq), 0.0).sum(-1)
 
 
 def gaussian_kl(ref_mean: np.ndarray, ref_std: np.ndarray, got_mean: np.ndarray, got_std: np.ndarray) -> np.ndarray:
@@ -87,7 +89,7 @@ def policy_metrics(
     if a.kind in ("argmax", "categorical"):
         metrics["argmax"] = argmax_flips(ref[a.distribution_output], ref_action, got_action)
     if a.kind == "categorical":
-        metrics["kl"] = summarize(categorical_kl(ref[a.logits], got[a.logits]))  # type: ignore[index]
+        metrics["kl"] = summarize(categorical_kl(contract.log_probs(ref), contract.log_probs(got)))
     if a.kind == "gaussian":
         mean_r, mean_g = ref[a.mean], got[a.mean]  # type: ignore[index]
         std_r, std_g = contract.std(ref, mean_r.shape), contract.std(got, mean_g.shape)
@@ -99,8 +101,8 @@ def policy_metrics(
         metrics["sampled"] = action_difference(contract, ref_sample, got_sample)
         if a.kind == "categorical":
             idx = ref_sample.astype(np.int64)[:, None]
-            lp_r = np.take_along_axis(log_softmax(ref[a.logits]), idx, -1)[:, 0]  # type: ignore[index]
-            lp_g = np.take_along_axis(log_softmax(got[a.logits]), idx, -1)[:, 0]  # type: ignore[index]
+            lp_r = np.take_along_axis(contract.log_probs(ref), idx, -1)[:, 0]
+            lp_g = np.take_along_axis(contract.log_probs(got), idx, -1)[:, 0]
         else:
             raw = np.asarray(mean_r, np.float64) + std_r * host_noise  # the reference's pre-squash sample
             lp_r, lp_g = gaussian_log_prob(mean_r, std_r, raw), gaussian_log_prob(mean_g, std_g, raw)

@@ -23,7 +23,7 @@ from inference.compare.episode_checks import free_running_check, near_ties, teac
 from inference.compare.feeds import Feeds
 from inference.compare.policy_level import policy_metrics
 from inference.compare.reference import Inputs, Reference, changed_on_rerun
-from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays
+from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays, score_allowance
 from inference.contract import PolicyContract
 from inference.errors import MsrlError
 from inference.runtimes.base import Runtime, RuntimeDied
@@ -60,12 +60,15 @@ def check_runtime(
     required: bool,
     checkpoint_matches: bool | None,
     env_deterministic: bool = False,
+    asked: bool = True,
 ) -> RuntimeReport:
     """Open, compare, close. ``tolerance`` maps every output name to its tolerance for this runtime; ``preset``
     says what else the tolerance promises (the flip rate, episodes judged by their returns).
 
     ``env_deterministic`` (the env passed its determinism check) lets free-running episodes skip the env steps
     where the runtime acts exactly like the reference (``episodes.run_episodes(follow=...)``): same results.
+    ``asked``: the user named this runtime; a format version it cannot read is then a warning (a failure when
+    ``required``), otherwise a fact in the runtimes section only.
     """
     from inference.runtimes.lite import IncompatibleModel
 
@@ -76,7 +79,9 @@ def check_runtime(
     except IncompatibleModel as exc:
         _close(runtimes)
         diagnosis = {"stage": "version", "detail": "the format is newer than this runtime reads"}
-        checks.append(Check(name, "version_contract", "fail" if required else "warn", str(exc), diagnosis=diagnosis))
+        if required or asked:
+            status = "fail" if required else "warn"
+            checks.append(Check(name, "version_contract", status, str(exc), diagnosis=diagnosis))
         return RuntimeReport({"status": "incompatible", "reason": str(exc)}, checks, {})
     except RuntimeDied as exc:
         _close(runtimes)
@@ -95,7 +100,7 @@ def check_runtime(
         for graph in bundle.graphs:
             check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance, preset)
             checks.append(check)
-        checks.append(_nan_check(name, bundle, ref, got))
+        info["nan_propagation"] = _nan_facts(ref, got)
         repeat = _repeat_check(name, bundle, runtimes, ref.feeds, tolerance)
         checks.append(repeat)
         failed = [c for c in checks if c.name.startswith("observations.") and c.status == "fail"]
@@ -107,7 +112,7 @@ def check_runtime(
             policy = mode_policy(bundle, runtimes, mode)
             noise = ref.episode_noise.get(mode)
             atol = _action_atol(bundle, mode, tolerance, trace.actions[trace.alive])
-            margins = near_ties(ref.top2.get(mode), tolerance, bundle, mode)
+            margins = near_ties(ref.top2.get(mode), tolerance, bundle, mode, _ordinary_magnitude(bundle, ref, mode))
             teacher = teacher_forced_check(
                 name, mode, trace, policy, noise, is_discrete(bundle), atol, margins, preset.max_flip_rate
             )
@@ -216,7 +221,7 @@ def judge_flips(
         at = np.arange(len(rows))
         atol = tol.atol if row_atol is None else np.asarray(row_atol)[rows]
         margins = s[at, i] - s[at, j]
-        bound = tol.allowance(values[at, i], atol) + tol.allowance(values[at, j], atol)
+        bound = score_allowance(tol, values[at, i], values[at, j], atol, contract.action.probs is not None)
         explained = valid & (margins <= bound)
     rate = len(rows) / max(1, len(ref_action))
     ok = not len(rows) or (bool(explained.all()) and rate <= preset.max_flip_rate)
@@ -246,22 +251,16 @@ def _select(outputs: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np
     return {k: _rows(v, rows) for k, v in outputs.items()}
 
 
-def _nan_check(runtime: str, bundle: Bundle, ref: Reference, got: dict[str, dict[str, np.ndarray]]) -> Check:
+def _nan_facts(ref: Reference, got: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
+    """How this runtime handles the NaN observations (invalid input, not judged): the outputs whose NaN pattern
+    differs from the reference's. A fact about the runtime for the report's runtimes section, not a check."""
     rows = ~ref.feeds.finite
-    mismatched = []
-    for graph, outs in got.items():
-        for k, v in outs.items():
-            expected = ref.outputs[graph][k]
-            if v.dtype.kind != "f" or v.shape[:1] != rows.shape or expected.shape != v.shape:
-                continue
-            if not np.array_equal(np.isnan(v[rows]), np.isnan(expected[rows])):
-                mismatched.append(k)
-    # NaN observations are invalid input: a runtime that handles them differently is flagged, not failed.
-    if mismatched:
-        summary = f"NaN observations propagate differently in {', '.join(sorted(set(mismatched)))}"
-        return Check(runtime, "nan_propagation", "warn", summary)
-    summary = f"{int(rows.sum())} NaN observations propagate as in the reference (flagged; actions undefined)"
-    return Check(runtime, "nan_propagation", "pass", summary)
+    differ = sorted({
+        k for graph, outs in got.items() for k, v in outs.items()
+        if v.dtype.kind == "f" and v.shape[:1] == rows.shape and ref.outputs[graph][k].shape == v.shape
+        and not np.array_equal(np.isnan(v[rows]), np.isnan(ref.outputs[graph][k][rows]))
+    })  # fmt: skip
+    return {"rows": int(rows.sum()), "outputs_differing": differ}
 
 
 def _repeat_check(
@@ -306,6 +305,19 @@ def _graph_ops(runtime: Runtime) -> list[str]:
         return training_mode_ops(runtime.model_path().read_bytes())
     except (OSError, BundleError):
         return []
+
+
+def _ordinary_magnitude(bundle: Bundle, ref: Reference, mode: str) -> float:
+    """The largest magnitude of ``mode``'s decision scores over the ordinary observation rows: what a tolerance that
+    grows with magnitude grants every ordinary row (``stats.Tolerance.row_atol``)."""
+    graph = bundle.mode_graph(mode)
+    decision = bundle.contract(graph).action.distribution_output  # type: ignore[arg-type]
+    scores = np.asarray(ref.outputs.get(graph, {}).get(decision, np.zeros(0)), np.float64)  # type: ignore[call-overload]
+    rows = ref.feeds.ordinary & ref.feeds.finite
+    if scores.ndim < 1 or scores.shape[0] != len(rows) or not rows.any():
+        return 0.0
+    finite = scores[rows]
+    return float(np.abs(finite[np.isfinite(finite)]).max(initial=0.0))
 
 
 def _action_atol(

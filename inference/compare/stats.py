@@ -102,8 +102,28 @@ RUNTIME_OVERRIDES: dict[str, dict[str, Tolerance]] = {
 }
 
 
-def flip_bound(top2: np.ndarray, tol: Tolerance, row_atol: np.ndarray | None = None) -> np.ndarray:
-    """The largest margin between two scores that ``tol`` lets them close: the sum of the two entries' allowances.
+def score_allowance(
+    tol: Tolerance, v_i: np.ndarray, v_j: np.ndarray, row_atol: np.ndarray | float, probabilities: bool = False
+) -> np.ndarray:
+    """How far the margin between two decision scores may close when the judged output's entries ``v_i`` (the
+    reference's choice) and ``v_j`` (the runtime's) each move within their ``Tolerance.allowance``.
+
+    Scores are the output itself (logits, Q-values), or with ``probabilities`` its log (a probs output): then
+    ``p_i`` may fall and ``p_j`` rise by their allowances, which closes ``log p_i - log p_j`` by the log ratios.
+    """
+    a_i, a_j = tol.allowance(v_i, row_atol), tol.allowance(v_j, row_atol)
+    if not probabilities:
+        return a_i + a_j
+    p_i, p_j = np.abs(np.asarray(v_i, np.float64)), np.abs(np.asarray(v_j, np.float64))
+    tiny = np.finfo(np.float64).tiny
+    with np.errstate(divide="ignore"):
+        return np.log(p_i) - np.log(np.maximum(p_i - a_i, tiny)) + np.log(p_j + a_j) - np.log(np.maximum(p_j, tiny))
+
+
+def flip_bound(
+    top2: np.ndarray, tol: Tolerance, row_atol: np.ndarray | None = None, probabilities: bool = False
+) -> np.ndarray:
+    """The largest margin between two scores that ``tol`` lets them close (``score_allowance``).
 
     ``top2`` rows are ``[margin, |v1|, |v2|, max |v|]`` (``contract.top2_margin``; golden files of version 2 hold
     ``[margin, scale]``); ``row_atol`` is each row's absolute tolerance (default: from its own magnitude).
@@ -113,7 +133,7 @@ def flip_bound(top2: np.ndarray, tol: Tolerance, row_atol: np.ndarray | None = N
         top2 = np.concatenate([top2, top2[..., 1:], top2[..., 1:]], -1)
     if row_atol is None:
         row_atol = tol.atol + tol.scale * top2[..., 3]
-    return tol.allowance(top2[..., 1], row_atol) + tol.allowance(top2[..., 2], row_atol)
+    return score_allowance(tol, top2[..., 1], top2[..., 2], row_atol, probabilities)
 
 
 def tolerance_for(preset: str, runtime: str) -> Tolerance:

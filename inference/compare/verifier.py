@@ -108,6 +108,7 @@ def verify(
                             f"same input on two calls ({detail})", diagnosis=IN_GRAPH_RANDOMNESS))  # fmt: skip
         checks += [Check(n, "comparison", "skip", "skipped: the reference is not reproducible") for n in names]
         return VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe())
+    checks += logits_that_are_probabilities(bundle, reference)
     if reference.skipped_episodes:
         checks.append(Check("inputs", "episodes", "skip", reference.skipped_episodes))
     for mode in (set(MODES) - set(available_modes(bundle))) if not reference.skipped_episodes else ():
@@ -124,12 +125,14 @@ def verify(
         reason = RUNTIMES[name].why_not(source)
         selected[name] = reason or {g: create(name, source, g) for g in bundle.graphs}
     selected.update(extra_runtimes or {})
+    asked = set(options.runtimes or ()) | set(options.required)  # named by the user: what happens to each is a check
     for name, graph_runtimes in selected.items():
         INTERRUPTS.check()
         started = time.perf_counter()
         if isinstance(graph_runtimes, str):
             runtimes[name] = {"status": "unavailable", "reason": graph_runtimes}
-            checks.append(Check(name, "available", "skip", f"unavailable: {graph_runtimes}"))
+            if name in asked:  # otherwise a fact about this machine: the report's runtimes section says it once
+                checks.append(Check(name, "available", "skip", f"unavailable: {graph_runtimes}"))
             progress(f"{name}: unavailable")
             continue
         tol_default = tolerance_for(preset, name)
@@ -137,7 +140,7 @@ def verify(
         tolerance = {o: options.overrides.get(o, tol_default) for o in outputs}
         report = check_runtime(
             name, graph_runtimes, bundle, reference, inputs, tolerance, PRESETS[preset], name in options.required,
-            checkpoint_matches, env_deterministic,
+            checkpoint_matches, env_deterministic, asked=name in asked,
         )  # fmt: skip
         runtimes[name], episode_diffs[name] = report.info, report.episode_diffs
         checks += report.checks
@@ -147,6 +150,23 @@ def verify(
     if not result.compared:
         checks.append(nothing_compared(runtimes))
     return result
+
+
+def logits_that_are_probabilities(bundle: Bundle, reference: Reference) -> list[Check]:
+    """A ``logits`` output whose rows all lie in [0, 1] and sum to 1 is most likely probabilities: sampling would
+    then draw from softmax(probs), another policy. Warn and name the fix (``probs = ...``)."""
+    checks = []
+    for graph in bundle.graphs:
+        a = bundle.contract(graph).action
+        outputs = reference.outputs.get(graph, {})
+        if a.kind != "categorical" or a.logits is None or a.logits not in outputs:
+            continue
+        rows = np.asarray(outputs[a.logits], np.float64)[reference.feeds.finite]
+        if len(rows) and (rows >= 0).all() and (rows <= 1).all() and np.allclose(rows.sum(-1), 1.0, atol=1e-3):
+            checks.append(Check("contract", f"roles.{graph}", "warn", f"output {a.logits!r} is declared as logits but "
+                                "every row lies in [0, 1] and sums to 1: if it holds probabilities, declare "
+                                f"probs = \"{a.logits}\" (sampling from softmax(probabilities) is another policy)"))
+    return checks
 
 
 def nothing_compared(runtimes: Mapping[str, Mapping]) -> Check:

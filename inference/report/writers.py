@@ -75,6 +75,11 @@ def console_table(result: VerifyResult, only_failed: bool = False) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [" | ".join(r[i].ljust(widths[i]) for i in range(3)) + " | " + r[3] for r in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths) + "-+-" + "-" * 20)
+    named = {c.runtime for c in result.checks}
+    idle = [f"{name} ({info['status']}: {info.get('reason', '')})" for name, info in result.runtimes.items()
+            if name not in named and info.get("status") not in ("ran", "reference")]  # fmt: skip
+    if idle and not only_failed:
+        lines.append("\nnot compared here: " + "; ".join(idle))
     return "\n".join(lines) + f"\n\n{result.verdict_line()}"
 
 
@@ -105,7 +110,11 @@ def markdown(result: VerifyResult) -> str:
         extra = info.get("reason") or ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
         rules = sorted({t["rule"] for t in info.get("tolerance", {}).values() if "rule" in t})
         tolerance = f"; tolerance {' / '.join(rules)} (ordinary rows share their largest magnitude)" if rules else ""
-        out.append(f"- **{name}**: {info['status']} {('— ' + extra) if extra else ''}{tolerance}")
+        nan = info.get("nan_propagation") or {}
+        nan_text = (f"; on the {nan['rows']} NaN observations (invalid input, not judged) "
+                    f"{', '.join(nan['outputs_differing'])} differ in NaN-ness from the reference"
+                    if nan.get("outputs_differing") else "")  # fmt: skip
+        out.append(f"- **{name}**: {info['status']} {('— ' + extra) if extra else ''}{tolerance}{nan_text}")
     return "\n".join(out) + "\n"
 
 

@@ -30,6 +30,7 @@ from inference.tensors import TensorMeta
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
 from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, symbolic_batch
+from msrl_consistency.artifacts.onnx_patterns import fuse_leaky_relu
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONVERTER = REPO_ROOT / ".lite" / "bin" / "msrl-lite-convert"
@@ -161,6 +162,7 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     except BatchDependent as exc:
         path.unlink()
         raise ConversionError(f"ONNX: {exc}") from None
+    fuse_leaky_relu(model)
     renames = {old.name: new.name for old, new in zip(model.graph.output, graph.outputs, strict=True)}
     for node in model.graph.node:
         node.output[:] = [renames.get(o, o) for o in node.output]
