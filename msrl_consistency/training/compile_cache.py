@@ -163,13 +163,13 @@ class CompileCache:
             return cls("off", "data-parallel ranks compile their graphs")
         if os.environ.get("MS_COMPILER_CACHE_ENABLE"):
             return cls("off", "MS_COMPILER_CACHE_ENABLE is set: MindSpore's own, order-keyed cache is in charge")
-        if blocker := compat.compile_cache_blocker():
-            return cls("off", blocker)
         root = root or default_root()
         unsafe = writable_by_others(root)
         if unsafe:
             print(f"warning: compile cache not used: {unsafe}", file=sys.stderr)
             return cls("off", f"not used: {unsafe}")
+        if blocker := compat.compile_cache_blocker():
+            return cls("off", blocker)
         global _opened_in_this_process
         if _opened_in_this_process:
             return cls("off", "this process cached another run's graphs (MindSpore keeps one cache path)")
