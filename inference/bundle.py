@@ -131,7 +131,7 @@ class Bundle:
         contract = self.contract(graph)
         if contract.takes_noise:
             return int(np.prod(contract.noise_shape))
-        return int(self.output_shape(graph, contract.action.distribution_output)[-1])
+        return int(sum(self.output_shape(graph, head)[-1] for head in contract.action.heads))
 
     def sample_noise(self, graph: str, rng: np.random.Generator, batch: int) -> np.ndarray:
         """Host noise exactly as training draws it: uniform for Gumbel-max, standard normal for Gaussian."""

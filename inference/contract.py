@@ -1,24 +1,29 @@
 """The policy contract: what a policy graph takes, what it returns, and how an env action follows from it.
 
-Any policy Cell is described by one contract, whoever trained it: the observation input (and an optional
-sampling-noise input), the outputs in order, and the action kind that turns outputs into an env action:
+Any policy Cell is described by one contract, whoever trained it:
 
-* ``argmax``: an index from Q-values or logits (``values``);
-* ``categorical``: ``logits`` (or ``probs``, an output of probabilities: its log is the logits); deterministic =
-  argmax, sampled = Gumbel-max with given uniform noise;
-* ``gaussian``: ``mean`` with ``std`` or ``log_std`` (an output, per state or state-independent, or fixed
-  numbers); deterministic = the mean, sampled = ``mean + std * noise`` with given standard-normal noise;
-* ``deterministic``: the output named by ``action`` is the action;
+* inputs, in this order: the observation (one array with its dtype, or a ``Dict`` observation as one input per
+  key), an optional sampling-noise input, and optional carried states (``[state.NAME]``: fed back from the output
+  ``next`` at the following step, ``init`` at every episode start);
+* the outputs in order, and the action kind that turns them into an env action:
 
-each optionally squashed to declared bounds (``clip`` or ``tanh``). Export records the contract in the
-manifest, verify derives actions and chooses metrics from it, and the deploy side (``inference.play``)
-acts with it, so this module is NumPy and stdlib only. The reference for every key is
+  - ``argmax``: an index from Q-values or logits (``values``);
+  - ``categorical``: ``logits`` (or ``probs``, an output of probabilities: its log is the logits); deterministic
+    = argmax, sampled = Gumbel-max with given uniform noise;
+  - ``gaussian``: ``mean`` with ``std`` or ``log_std`` (an output, per state or state-independent, or fixed
+    numbers); deterministic = the mean, sampled = ``mean + std * noise`` with given standard-normal noise;
+  - ``deterministic``: the output named by ``action`` is the action;
+
+  ``argmax`` and ``categorical`` take a list of outputs for several heads (a ``MultiDiscrete`` action: one index
+  per head); continuous actions are optionally squashed to declared bounds (``clip`` or ``tanh``).
+
+Export records the contract in the manifest, verify derives actions and chooses metrics from it, and the deploy
+side (``inference.play``) acts with it, so this module is NumPy and stdlib only. The reference for every key is
 ``examples/bring-your-own/contract-reference.toml``.
 """
 
 from __future__ import annotations
 
-import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,22 +32,51 @@ from typing import Any
 
 import numpy as np
 
+from inference import toml_fields as T
+from inference.policy_math import (  # noqa: F401 - re-exported: the contract's arithmetic
+    UNIFORM_EPS,
+    argmax_int32,
+    gaussian_log_prob,
+    gumbel,
+    gumbel_argmax,
+    log_softmax,
+    sample_noise,
+    top2_margin,
+)
+from inference.tensors import TensorMeta
+from inference.toml_fields import ContractError, Numbers
+
 ACTION_KINDS = ("argmax", "categorical", "gaussian", "deterministic")
 SQUASHES = ("none", "clip", "tanh")
 NOISE_KINDS = ("uniform", "normal")
-# Uniform noise is kept away from 0 and 1 so that -log(-log(u)) stays finite in float32, as in our graphs
-# (``msrl_consistency.agent.distributions``; 1e-6 because MindSpore's CPU log is 0 at 1 - 1.2e-7).
-UNIFORM_EPS = np.float32(1e-6)
+STATE_INITS = ("zeros",)
 _ROLE_KEYS = {"argmax": ("values",), "categorical": (), "gaussian": ("mean",), "deterministic": ("action",)}
+OBS = "obs"  # the graph input name of an array observation
+NOISE = "noise"
 
 
-class ContractError(ValueError):
-    """The contract is malformed or disagrees with the policy it describes (a usage error: exit 2)."""
+@dataclass(frozen=True)
+class Field:
+    """A named graph input: an array observation (``obs``), one key of a ``Dict`` observation, or a state."""
 
-    exit_code = 2
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def meta(self) -> TensorMeta:
+        return TensorMeta(self.name, np.dtype(self.dtype), (-1, *self.shape))
 
 
-Numbers = tuple[float, ...]
+@dataclass(frozen=True)
+class StateSpec(Field):
+    """A state the policy carries between steps: fed from output ``next`` at the following step, ``init`` at
+    every episode start (the only init today: ``zeros``)."""
+
+    next: str = ""
+    init: str = "zeros"
+
+    def initial(self, batch: int) -> np.ndarray:
+        return np.zeros((batch, *self.shape), self.dtype)
 
 
 @dataclass(frozen=True)
@@ -50,9 +84,9 @@ class ActionSpec:
     """How an env action is derived from the graph's outputs (see the module docstring)."""
 
     kind: str
-    values: str | None = None
-    logits: str | None = None
-    probs: str | None = None  # categorical only, instead of logits: an output of probabilities (rows sum to 1)
+    values: str | tuple[str, ...] | None = None
+    logits: str | tuple[str, ...] | None = None
+    probs: str | tuple[str, ...] | None = None  # categorical, instead of logits: outputs of probabilities
     mean: str | None = None
     std: str | Numbers | None = None
     log_std: str | Numbers | None = None
@@ -70,17 +104,28 @@ class ActionSpec:
         return self.kind in ("argmax", "categorical") or (self.kind == "deterministic" and self.discrete)
 
     @property
-    def distribution_output(self) -> str:
-        """The output that carries the decision: Q-values, logits, mean or the action itself."""
+    def heads(self) -> tuple[str, ...]:
+        """The outputs that carry the decision, one per action head: Q-values, logits or probs, the mean, or the
+        action itself."""
         name = {"argmax": self.values, "categorical": self.logits or self.probs, "gaussian": self.mean}.get(self.kind)
-        return name or self.action  # type: ignore[return-value]
+        name = name or self.action
+        return (name,) if isinstance(name, str) else tuple(name or ())
+
+    @property
+    def distribution_output(self) -> str:
+        """The (first) output that carries the decision."""
+        return self.heads[0]
+
+    @property
+    def multi_head(self) -> bool:
+        return len(self.heads) > 1
 
 
 @dataclass(frozen=True)
 class PolicyContract:
     """One policy graph: inputs, named outputs and the action derivation; also optional output roles."""
 
-    obs_shape: tuple[int, ...]
+    observations: tuple[Field, ...]
     outputs: tuple[str, ...]
     action: ActionSpec
     noise_shape: tuple[int, ...] | None = None
@@ -88,6 +133,8 @@ class PolicyContract:
     env_id: str | None = None
     value: str | None = None  # optional roles: a critic's value and the log-probability of the action
     log_prob: str | None = None
+    states: tuple[StateSpec, ...] = ()
+    obs_dict: bool = False  # a Dict observation: one input per key (``observations``), in this order
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # unknown [notes] kept for the manifest
 
     # -- construction -------------------------------------------------------------------------------
@@ -107,46 +154,51 @@ class PolicyContract:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PolicyContract:
-        """Parse the TOML layout (``env_id``, ``[input]``, ``[outputs]``, ``[action]``); every key is checked."""
-        _known(data, ("env_id", "input", "outputs", "action", "notes"), "top level")
-        inp, outs, act = (_table(data, k) for k in ("input", "outputs", "action"))
-        _known(inp, ("obs", "noise", "noise_kind"), "[input]")
-        _known(outs, ("names", "value", "log_prob"), "[outputs]")
-        _known(
+        """Parse the TOML layout (``env_id``, ``[input]``, ``[state.*]``, ``[outputs]``, ``[action]``); every key
+        is checked."""
+        T.check_known(data, ("env_id", "input", "state", "outputs", "action", "notes"), "top level")
+        inp, outs, act = (T.get_table(data, k) for k in ("input", "outputs", "action"))
+        T.check_known(inp, ("obs", "dtype", "noise", "noise_kind"), "[input]")
+        T.check_known(outs, ("names", "value", "log_prob"), "[outputs]")
+        T.check_known(
             act,
             ("kind", "values", "logits", "probs", "mean", "std", "log_std", "action", "discrete", "squash", "rescale",
              "low", "high"),
             "[action]",
         )  # fmt: skip
         if "obs" not in inp:
-            raise ContractError("[input] obs (the observation shape without the batch dim) is required")
+            raise ContractError("[input] obs (the observation shape without the batch dim, or a table of them) is "
+                                "required")  # fmt: skip
         names = outs.get("names")
         if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
             raise ContractError("[outputs] names must be a non-empty list of output names, in the Cell's order")
         action = ActionSpec(
-            kind=_str(act, "kind", None) or "",
-            values=_str(act, "values"),
-            logits=_str(act, "logits"),
-            probs=_str(act, "probs"),
-            mean=_str(act, "mean"),
-            std=_name_or_numbers(act, "std"),
-            log_std=_name_or_numbers(act, "log_std"),
-            action=_str(act, "action"),
-            discrete=_bool(act, "discrete"),
-            squash=_str(act, "squash") or "none",
-            rescale=_bool(act, "rescale"),
-            low=_numbers(act, "low"),
-            high=_numbers(act, "high"),
+            kind=T.get_str(act, "kind", None) or "",
+            values=T.get_names(act, "values"),
+            logits=T.get_names(act, "logits"),
+            probs=T.get_names(act, "probs"),
+            mean=T.get_str(act, "mean"),
+            std=T.get_name_or_numbers(act, "std"),
+            log_std=T.get_name_or_numbers(act, "log_std"),
+            action=T.get_str(act, "action"),
+            discrete=T.get_bool(act, "discrete"),
+            squash=T.get_str(act, "squash") or "none",
+            rescale=T.get_bool(act, "rescale"),
+            low=T.get_numbers(act, "low"),
+            high=T.get_numbers(act, "high"),
         )
+        observations, obs_dict = _observations(inp)
         contract = cls(
-            obs_shape=_shape(inp["obs"], "[input] obs"),
+            observations=observations,
+            obs_dict=obs_dict,
             outputs=tuple(names),
             action=action,
-            noise_shape=_shape(inp["noise"], "[input] noise") if "noise" in inp else None,
-            noise_kind=_str(inp, "noise_kind"),
-            env_id=_str(data, "env_id"),
-            value=_str(outs, "value"),
-            log_prob=_str(outs, "log_prob"),
+            noise_shape=T.get_shape(inp["noise"], "[input] noise") if "noise" in inp else None,
+            noise_kind=T.get_str(inp, "noise_kind"),
+            env_id=T.get_str(data, "env_id"),
+            value=T.get_str(outs, "value"),
+            log_prob=T.get_str(outs, "log_prob"),
+            states=_states(data.get("state", {})),
             extra=dict(data.get("notes", {})),
         )
         contract.validate()
@@ -154,7 +206,13 @@ class PolicyContract:
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML layout as a plain dict (what the manifest records); ``from_dict`` reads it back."""
-        inp: dict[str, Any] = {"obs": list(self.obs_shape)}
+        inp: dict[str, Any]
+        if self.obs_dict:
+            inp = {"obs": {f.name: {"shape": list(f.shape), "dtype": f.dtype} for f in self.observations}}
+        else:
+            inp = {"obs": list(self.obs_shape)}
+            if self.observations[0].dtype != "float32":
+                inp["dtype"] = self.observations[0].dtype
         if self.noise_shape is not None:
             inp["noise"] = list(self.noise_shape)
             inp["noise_kind"] = self.noise_kind
@@ -175,6 +233,8 @@ class PolicyContract:
         if self.action.low is not None:
             act["low"], act["high"] = list(self.action.low), list(self.action.high or ())
         data: dict[str, Any] = {"input": inp, "outputs": outs, "action": act}
+        if self.states:
+            data["state"] = {s.name: {"shape": list(s.shape), "next": s.next, "init": s.init} for s in self.states}
         if self.env_id:
             data = {"env_id": self.env_id, **data}
         if self.extra:
@@ -183,6 +243,65 @@ class PolicyContract:
 
     def with_env(self, env_id: str | None) -> PolicyContract:
         return replace(self, env_id=env_id)
+
+    # -- inputs -------------------------------------------------------------------------------------
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """The shape of an array observation (a ``Dict`` observation has one per key: ``observations``)."""
+        if self.obs_dict:
+            raise ContractError("a Dict observation has no single shape: use the contract's observations")
+        return self.observations[0].shape
+
+    @property
+    def obs_dtype(self) -> np.dtype:
+        """The NumPy dtype that holds one observation row: the array's, or a structured one for a Dict."""
+        if not self.obs_dict:
+            return np.dtype(self.observations[0].dtype)
+        return np.dtype([(f.name, f.dtype, f.shape) for f in self.observations])
+
+    def input_metas(self) -> list[TensorMeta]:
+        """The graph's inputs in order: observation(s), noise, states (``-1`` the batch)."""
+        metas = [f.meta() for f in self.observations]
+        if self.noise_shape is not None:
+            metas.append(TensorMeta(NOISE, np.dtype("float32"), (-1, *self.noise_shape)))
+        return [*metas, *(s.meta() for s in self.states)]
+
+    def obs_inputs(self, obs: np.ndarray) -> list[np.ndarray]:
+        """The graph's observation inputs from a batch of observation rows (``obs_dtype``)."""
+        if not self.obs_dict:
+            return [np.asarray(obs, self.observations[0].dtype)]
+        return [np.ascontiguousarray(obs[f.name]) for f in self.observations]
+
+    def batch_observations(self, rows: Sequence[Any]) -> np.ndarray:
+        """Env observations (arrays, or dicts for a ``Dict`` observation) as one batch of rows (``obs_dtype``)."""
+        if not self.obs_dict:
+            return np.asarray(np.stack([np.asarray(r) for r in rows]), self.observations[0].dtype)
+        batch = np.zeros(len(rows), self.obs_dtype)
+        for f in self.observations:
+            batch[f.name] = np.stack([np.asarray(r[f.name]) for r in rows])
+        return batch
+
+    def initial_state(self, batch: int) -> np.ndarray | None:
+        """Every carried state at an episode start, as rows of a structured array (None without states)."""
+        if not self.states:
+            return None
+        rows = np.zeros(batch, state_dtype(self.states))
+        for s in self.states:
+            rows[s.name] = s.initial(batch)
+        return rows
+
+    def state_inputs(self, state: np.ndarray | None) -> list[np.ndarray]:
+        return [] if state is None else [np.ascontiguousarray(state[s.name]) for s in self.states]
+
+    def next_state(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """The states to feed at the next step, from this step's outputs."""
+        if not self.states:
+            return None
+        batch = len(next(iter(outputs.values())))
+        rows = np.zeros(batch, state_dtype(self.states))
+        for s in self.states:
+            rows[s.name] = np.asarray(outputs[s.next], s.dtype).reshape(batch, *s.shape)
+        return rows
 
     # -- checks -------------------------------------------------------------------------------------
     def validate(self) -> None:
@@ -202,9 +321,11 @@ class PolicyContract:
                                 "\"<output>\"")  # fmt: skip
         if a.probs is not None and a.kind != "categorical":
             raise ContractError(f"[action] probs applies to kind 'categorical' only, not {a.kind!r}")
-        refs = {"values": a.values, "logits": a.logits, "probs": a.probs, "mean": a.mean, "action": a.action}
-        refs.update({k: v for k, v in (("std", a.std), ("log_std", a.log_std)) if isinstance(v, str)})
+        refs = {f"[action] {k}": v for k in ("mean", "action") if (v := getattr(a, k)) is not None}
+        refs.update({f"[action] {k}": v for k in ("std", "log_std") if isinstance(v := getattr(a, k), str)})
+        refs.update({f"[action] {a.kind} head": head for head in a.heads})
         refs.update({"[outputs] value": self.value, "[outputs] log_prob": self.log_prob})
+        refs.update({f"[state.{s.name}] next": s.next for s in self.states})
         for key, name in refs.items():
             if name is not None and name not in self.outputs:
                 raise ContractError(f"{key} = {name!r} is not one of the outputs {list(self.outputs)}")
@@ -226,6 +347,12 @@ class PolicyContract:
                 raise ContractError("a graph that takes noise samples inside: name its sampled output [action] action")
         elif self.noise_kind is not None:
             raise ContractError("[input] noise_kind without a noise input")
+        inputs = [m.name for m in self.input_metas()]
+        if len(set(inputs)) != len(inputs):
+            raise ContractError(f"input names repeat a name (observation keys, noise, states): {inputs}")
+        shared = sorted(set(inputs) & set(self.outputs))
+        if shared:
+            raise ContractError(f"{shared[0]!r} names both an input and an output; give the output another name")
 
     def check_io(self, outputs: Sequence[Any]) -> None:
         """The graph's actual outputs (``TensorMeta``-like: name, dtype, shape with -1 for the batch) fit the
@@ -242,15 +369,15 @@ class PolicyContract:
                 raise ContractError(f"{what} output {name!r} has shape {list(shape)}, expected {want}")
             return shape
 
-        decision = a.distribution_output
         if a.kind in ("argmax", "categorical"):
             role = "values" if a.kind == "argmax" else ("probs" if a.probs else "logits")
-            shape = need(decision, f"{a.kind} {role}", (2,))
-            if shape[1] < 2:
-                raise ContractError(f"{a.kind} output {decision!r} has {shape[1]} entries; an index needs >= 2")
+            for head in a.heads:
+                shape = need(head, f"{a.kind} {role}", (2,))
+                if shape[1] < 2:
+                    raise ContractError(f"{a.kind} output {head!r} has {shape[1]} entries; an index needs >= 2")
         width = None
         if a.kind == "gaussian":
-            width = need(decision, "gaussian mean", (2,))[1]
+            width = need(a.mean, "gaussian mean", (2,))[1]
             for key in ("std", "log_std"):
                 spec = getattr(a, key)
                 if isinstance(spec, str):
@@ -260,11 +387,14 @@ class PolicyContract:
                                             f"[batch, {width}] or a state-independent [{width}]")  # fmt: skip
                 elif spec is not None and len(spec) not in (1, width):
                     raise ContractError(f"gaussian {key} has {len(spec)} numbers for a {width}-dim action")
+        index_ranks = (2,) if a.multi_head else (1,)
         if a.kind == "deterministic":
-            shape = need(decision, "action", (1,) if a.discrete else (2,))
+            shape = need(a.action, "action", index_ranks if a.discrete else (2,))
             width = None if a.discrete else shape[1]
         elif a.action is not None:
-            shape = need(a.action, "env action", (1,) if a.is_discrete else (2,))
+            shape = need(a.action, "env action", index_ranks if a.is_discrete else (2,))
+            if a.multi_head and shape[1] != len(a.heads):
+                raise ContractError(f"env action output {a.action!r} has {shape[1]} columns for {len(a.heads)} heads")
             width = width if a.is_discrete else shape[1]
         if a.low is not None and width is not None and len(a.low) not in (1, width):
             raise ContractError(f"[action] low/high have {len(a.low)} entries for a {width}-dim action")
@@ -272,6 +402,11 @@ class PolicyContract:
             name = getattr(self, role)
             if name is not None:
                 need(name, role, (1, 2))
+        for s in self.states:
+            shape = tuple(meta[s.next].shape)
+            if shape != (-1, *s.shape):
+                raise ContractError(f"[state.{s.name}] next = {s.next!r} has shape {list(shape)}, the state is "
+                                    f"[batch, {', '.join(map(str, s.shape))}]")  # fmt: skip
         for name in self.outputs:
             dtype = np.dtype(meta[name].dtype)
             if dtype.kind not in "fiu":
@@ -297,7 +432,8 @@ class PolicyContract:
 
     # -- acting -------------------------------------------------------------------------------------
     def env_action(self, outputs: Mapping[str, np.ndarray], host_noise: np.ndarray | None = None) -> np.ndarray:
-        """The env action batch from one inference's outputs.
+        """The env action batch from one inference's outputs: ``[batch]`` indices, ``[batch, heads]`` indices
+        for several heads, or ``[batch, d]`` continuous actions.
 
         ``host_noise`` (uniform for categorical, standard normal for gaussian) samples on the host from the
         outputs; without it the action is deterministic. A graph with an ``action`` output acts with that
@@ -308,7 +444,8 @@ class PolicyContract:
             if not self.samples_on_host:
                 raise ContractError(f"{a.kind} policy graphs do not sample on the host")
             if a.kind == "categorical":
-                return gumbel_argmax(self.categorical_scores(outputs), host_noise)
+                parts = self.split_heads(np.asarray(host_noise, np.float32), outputs)
+                return self._stack([gumbel_argmax(self.categorical_scores(outputs, h), u) for h, u in parts])
             mean = np.asarray(outputs[a.mean], np.float32)  # type: ignore[index]
             return self.squash(mean + self.std(outputs, mean.shape) * np.asarray(host_noise, np.float32))
         if a.kind == "deterministic":
@@ -317,31 +454,45 @@ class PolicyContract:
         if a.action is not None:
             return np.asarray(outputs[a.action])  # the graph's own env action, already post-processed
         if a.kind in ("argmax", "categorical"):
-            return argmax_int32(outputs[a.distribution_output])
+            return self._stack([argmax_int32(outputs[head]) for head in a.heads])
         return self.squash(np.asarray(outputs[a.mean], np.float32))  # type: ignore[index]
 
-    def decision_scores(self, outputs: Mapping[str, np.ndarray], noise: np.ndarray | None = None) -> np.ndarray | None:
-        """The scores whose argmax is the discrete action: Q-values, logits, or logits plus the Gumbel noise of a
-        sample (the noise fed to the graph, or the host's). None for continuous actions."""
+    def _stack(self, per_head: list[np.ndarray]) -> np.ndarray:
+        return per_head[0] if not self.action.multi_head else np.stack(per_head, -1).astype(np.int32)
+
+    def split_heads(self, noise: np.ndarray, outputs: Mapping[str, np.ndarray]) -> list[tuple[int, np.ndarray]]:
+        """Host noise ``[batch, sum of head widths]`` as ``(head, its columns)`` pairs."""
+        widths = [np.shape(outputs[h])[-1] for h in self.action.heads]
+        edges = np.cumsum([0, *widths])
+        return [(k, noise[:, edges[k] : edges[k + 1]]) for k in range(len(widths))]
+
+    def decision_scores(
+        self, outputs: Mapping[str, np.ndarray], noise: np.ndarray | None = None, head: int = 0
+    ) -> np.ndarray | None:
+        """The scores whose argmax is head ``head``'s discrete action: Q-values, logits, or logits plus the Gumbel
+        noise of a sample (the noise fed to the graph, or the host's, all heads' columns). None for continuous."""
         a = self.action
         if a.kind == "argmax":
-            return np.asarray(outputs[a.values], np.float32)  # type: ignore[index]
+            return np.asarray(outputs[a.heads[head]], np.float32)
         if a.kind != "categorical":
             return None
-        logits = self.categorical_scores(outputs)
-        return logits if noise is None else logits + gumbel(noise)
+        logits = self.categorical_scores(outputs, head)
+        if noise is None:
+            return logits
+        return logits + gumbel(dict(self.split_heads(np.asarray(noise, np.float32), outputs))[head])
 
-    def categorical_scores(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        """The logits of a categorical action: the logits output, or the log of the probabilities output."""
+    def categorical_scores(self, outputs: Mapping[str, np.ndarray], head: int = 0) -> np.ndarray:
+        """The logits of a categorical head: its logits output, or the log of its probabilities output."""
         a = self.action
+        values = np.asarray(outputs[a.heads[head]], np.float32)
         if a.probs is None:
-            return np.asarray(outputs[a.logits], np.float32)  # type: ignore[index]
+            return values
         with np.errstate(divide="ignore"):
-            return np.log(np.asarray(outputs[a.probs], np.float32))
+            return np.log(values)
 
-    def log_probs(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Normalised log-probabilities of a categorical action (float64)."""
-        return log_softmax(self.categorical_scores(outputs))
+    def log_probs(self, outputs: Mapping[str, np.ndarray], head: int = 0) -> np.ndarray:
+        """Normalised log-probabilities of a categorical head (float64)."""
+        return log_softmax(self.categorical_scores(outputs, head))
 
     def std(self, outputs: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
         """The Gaussian std broadcast to ``shape``: from an output (per state or not) or from fixed numbers."""
@@ -373,108 +524,53 @@ class PolicyContract:
         return sample_noise(rng, kind, batch, dim)
 
 
-# -- NumPy mirrors of the in-graph operations ---------------------------------------------------------
-def sample_noise(rng: np.random.Generator, kind: str, batch: int, dim: int) -> np.ndarray:
-    """The project's one noise generator: ``random()`` for uniform, ``standard_normal()`` for normal."""
-    if kind == "uniform":
-        return rng.random((batch, dim), dtype=np.float32)
-    return rng.standard_normal((batch, dim), dtype=np.float32)
+def state_dtype(states: Sequence[StateSpec]) -> np.dtype:
+    """One row of every carried state, as a structured NumPy dtype (states travel as rows, like observations)."""
+    return np.dtype([(s.name, s.dtype, s.shape) for s in states])
 
 
-def argmax_int32(x: np.ndarray) -> np.ndarray:
-    return np.argmax(np.asarray(x), axis=-1).astype(np.int32)
+def _observations(inp: Mapping[str, Any]) -> tuple[tuple[Field, ...], bool]:
+    """``[input] obs = [shape]`` (with ``dtype``), or ``[input.obs]``: one key per Dict entry, each a shape or a
+    table ``{shape, dtype}``."""
+    obs = inp["obs"]
+    default = T.get_dtype(inp.get("dtype", "float32"), "[input] dtype")
+    if not isinstance(obs, Mapping):
+        return (Field(OBS, T.get_shape(obs, "[input] obs"), default),), False
+    if not obs:
+        raise ContractError("[input.obs] names no key")
+    fields = []
+    for key, spec in obs.items():
+        where = f"[input.obs] {key}"
+        if isinstance(spec, Mapping):
+            T.check_known(spec, ("shape", "dtype"), where)
+            if "shape" not in spec:
+                raise ContractError(f"{where} needs a shape")
+            shape, dtype = T.get_shape(spec["shape"], f"{where} shape"), T.get_dtype(spec.get("dtype", default), where)
+        else:
+            shape, dtype = T.get_shape(spec, where), default
+        fields.append(Field(key, shape, dtype))
+    return tuple(fields), True
 
 
-def gumbel(uniform: np.ndarray) -> np.ndarray:
-    """Gumbel noise ``-log(-log(u))`` from uniform noise clamped away from 0 and 1, as the exported graphs do."""
-    u = np.clip(np.asarray(uniform, np.float32), UNIFORM_EPS, np.float32(1) - UNIFORM_EPS)
-    return -np.log(-np.log(u))
-
-
-def gumbel_argmax(logits: np.ndarray, uniform: np.ndarray) -> np.ndarray:
-    """argmax(logits + Gumbel(u)): a sample from softmax(logits), as the exported graphs compute it."""
-    return argmax_int32(np.asarray(logits, np.float32) + gumbel(uniform))
-
-
-def top2_margin(scores: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
-    """Per row ``[margin, |v1|, |v2|, max |v|]``: the gap between the two largest scores, the magnitude of the
-    judged output (``values``: logits or Q-values without any Gumbel noise; default the scores) at those two
-    entries, and the row's largest magnitude. What a flip between the two is judged with."""
-    scores = np.asarray(scores, np.float64)
-    values = scores if values is None else np.asarray(values, np.float64)
-    order = np.argsort(scores, -1)[..., -2:]
-    top = np.take_along_axis(scores, order, -1)
-    magnitude = np.abs(np.take_along_axis(values, order, -1))
-    row_max = np.where(np.isfinite(values), np.abs(values), 0.0).max(-1)
-    return np.stack([top[..., 1] - top[..., 0], magnitude[..., 1], magnitude[..., 0], row_max], -1)
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
-
-
-def gaussian_log_prob(mean: np.ndarray, std: np.ndarray, x: np.ndarray) -> np.ndarray:
-    mean, std, x = (np.asarray(v, np.float64) for v in (mean, std, x))
-    z = (x - mean) / std
-    return (-0.5 * z * z - np.log(std) - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-# -- TOML parsing helpers ------------------------------------------------------------------------------
-def _table(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = data.get(key)
-    if not isinstance(value, Mapping):
-        raise ContractError(f"missing table [{key}]")
-    return value
-
-
-def _known(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    unknown = sorted(set(table) - set(allowed))
-    if unknown:
-        raise ContractError(f"unknown key(s) in {where}: {', '.join(unknown)} (known: {', '.join(allowed)})")
-
-
-def _str(table: Mapping[str, Any], key: str, default: str | None = None) -> str | None:
-    value = table.get(key, default)
-    if value is not None and not isinstance(value, str):
-        raise ContractError(f"{key} must be a string, got {value!r}")
-    return value
-
-
-def _bool(table: Mapping[str, Any], key: str) -> bool:
-    value = table.get(key, False)
-    if not isinstance(value, bool):
-        raise ContractError(f"{key} must be true or false, got {value!r}")
-    return value
-
-
-def _numbers(table: Mapping[str, Any], key: str) -> Numbers | None:
-    value = table.get(key)
-    if value is None:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(_is_number(v) for v in value):
-        raise ContractError(f"{key} must be a list of finite numbers, got {value!r}")
-    return tuple(float(v) for v in value)
-
-
-def _name_or_numbers(table: Mapping[str, Any], key: str) -> str | Numbers | None:
-    value = table.get(key)
-    return value if isinstance(value, str) else _numbers(table, key)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _shape(value: Any, where: str) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(d, int) and d > 0 for d in value):
-        raise ContractError(f"{where} must be a shape without the batch dim, e.g. [3], got {value!r}")
-    return tuple(value)
+def _states(table: Any) -> tuple[StateSpec, ...]:
+    """``[state.NAME]`` tables, in order: ``shape``, ``next`` (the output fed back) and ``init``."""
+    if not isinstance(table, Mapping):
+        raise ContractError("[state] must be a table of [state.NAME] tables")
+    states = []
+    for name, spec in table.items():
+        where = f"[state.{name}]"
+        if not isinstance(spec, Mapping):
+            raise ContractError(f"{where} must be a table with shape, next and init")
+        T.check_known(spec, ("shape", "next", "init", "dtype"), where)
+        nxt = T.get_str(spec, "next")
+        if "shape" not in spec or not nxt:
+            raise ContractError(f"{where} needs shape = [...] and next = \"<output fed back>\"")
+        init = T.get_str(spec, "init", "zeros")
+        if init not in STATE_INITS:
+            raise ContractError(f"{where} init must be one of {', '.join(STATE_INITS)}, got {init!r}")
+        dtype = T.get_dtype(spec.get("dtype", "float32"), f"{where} dtype")
+        states.append(StateSpec(name, T.get_shape(spec["shape"], f"{where} shape"), dtype, nxt, init or "zeros"))
+    return tuple(states)
 
 
 # -- our own trainer's graphs as contracts -------------------------------------------------------------
@@ -493,7 +589,7 @@ def trainer_contracts(
     is then described as the deterministic kind (the action output is the action). None: the current layout.
     """
     discrete = policy_spec["action_kind"] == "discrete"
-    obs = (int(policy_spec["obs_dim"]),)
+    obs = (Field(OBS, (int(policy_spec["obs_dim"]),)),)
     param = "logits" if discrete else "mean"
     if discrete:
         det = ActionSpec("categorical", logits=param, action="action")

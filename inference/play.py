@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, BundleError, load_bundle
+from inference.compare.acting import to_env
+from inference.compare.feeds import finite_rows
 from inference.contract import ContractError
 from inference.errors import UsageError
 from inference.lite_client import LiteRunner, LiteRunnerError
@@ -68,7 +70,6 @@ def run_episodes(
     host noise from a seeded stream); the graph's contract turns its outputs into env actions."""
     env_id = bundle_env_id(bundle)
     contract = bundle.contract(graph)
-    discrete = contract.action.is_discrete
     probe = make_env(env_id)
     try:
         width = lambda name: bundle.output_shape(graph, name)[-1]  # noqa: E731
@@ -81,16 +82,18 @@ def run_episodes(
         env = make_env(env_id)
         try:
             obs, _ = env.reset(seed=seed + k)
+            state = contract.initial_state(1)  # a policy that carries state starts every episode from its init
             total, done, nan_steps = 0.0, False, 0
             while not done:
-                feed = np.asarray(obs, np.float32)[None]
-                nan_steps += int(np.isnan(feed).any())
+                rows = contract.batch_observations([obs])
+                nan_steps += int(not finite_rows(rows)[0])
                 noise = bundle.sample_noise(graph, rng, 1) if stochastic else None
-                if contract.takes_noise:
-                    action = contract.env_action(runner.infer(feed, noise))[0]
-                else:
-                    action = contract.env_action(runner.infer(feed), host_noise=noise)[0]
-                obs, reward, terminated, truncated, _ = env.step(int(action) if discrete else action)
+                graph_noise = [noise] if contract.takes_noise else []
+                outputs = runner.infer(*contract.obs_inputs(rows), *graph_noise, *contract.state_inputs(state))
+                state = contract.next_state(outputs)
+                host = None if contract.takes_noise else noise
+                action = contract.env_action(outputs, host_noise=host)[0]
+                obs, reward, terminated, truncated, _ = env.step(to_env(contract, action))
                 total += float(reward)
                 done = terminated or truncated
         finally:

@@ -24,18 +24,28 @@ def check_env_spaces(
 
     ``output_width(name)`` is the last dimension of a contract output (the number of scores of a discrete head).
     """
+    _check_observations(contract, obs_space, where)
     import gymnasium as gym
 
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise UsageError(f"{where}: the env observes {_name(obs_space)}; a contract describes one array observation "
-                         "([input] obs), so this env cannot be verified with it")  # fmt: skip
-    if obs_space.shape is not None and tuple(obs_space.shape) != contract.obs_shape:
-        raise UsageError(f"{where}: observations are {list(obs_space.shape)}, the contract says "
-                         f"{list(contract.obs_shape)}")  # fmt: skip
     a = contract.action
-    if isinstance(act_space, gym.spaces.Discrete):
+    if isinstance(act_space, gym.spaces.MultiDiscrete):
+        nvec = [int(n) for n in np.asarray(act_space.nvec).ravel()]
+        if not a.is_discrete or len(a.heads) != len(nvec) or a.kind == "deterministic":
+            raise UsageError(f"{where}: the env acts in {_name(act_space)}, {len(nvec)} heads; the contract's "
+                             f"{a.kind} action has {len(a.heads) if a.is_discrete else 'no index'} head(s): name one "
+                             "output per head (e.g. logits = [\"a\", \"b\"])")  # fmt: skip
+        widths = [output_width(h) for h in a.heads]
+        if widths != nvec:
+            raise UsageError(f"{where}: the env's heads take {nvec} actions, the contract's heads "
+                             f"{list(a.heads)} have {widths}")  # fmt: skip
+        if np.any(np.asarray(getattr(act_space, "start", 0)) != 0):
+            raise UsageError(f"{where}: the env's actions do not start at 0; a contract's indices do")
+    elif isinstance(act_space, gym.spaces.Discrete):
         if not a.is_discrete:
             raise UsageError(f"{where}: the env takes a discrete action, the contract's {a.kind} action is not")
+        if a.multi_head:
+            raise UsageError(f"{where}: the env takes one index ({_name(act_space)}), the contract has "
+                             f"{len(a.heads)} heads")  # fmt: skip
         width = output_width(a.distribution_output) if a.kind != "deterministic" else None
         if width is not None and width != act_space.n:
             raise UsageError(f"{where}: the env has {act_space.n} actions, output {a.distribution_output!r} "
@@ -54,8 +64,43 @@ def check_env_spaces(
                                  f"are not the env's (low {act_space.low.tolist()}, high "
                                  f"{act_space.high.tolist()})")  # fmt: skip
     else:
-        raise UsageError(f"{where}: the env acts in {_name(act_space)}; a contract describes one action head (an "
-                         "index or a Box), so this env cannot be verified with it")  # fmt: skip
+        raise UsageError(f"{where}: the env acts in {_name(act_space)}; a contract describes index heads "
+                         "(Discrete, MultiDiscrete) or a Box action: this env cannot be verified with it")
+
+
+def _check_observations(contract: PolicyContract, space: Any, where: str) -> None:
+    """An array observation is a ``Box`` of the contract's shape; a ``Dict`` observation has exactly the contract's
+    keys, each a ``Box`` of its shape. An integer input (uint8 frames) needs an integer ``Box``."""
+    import gymnasium as gym
+
+    if contract.obs_dict:
+        if not isinstance(space, gym.spaces.Dict):
+            raise UsageError(f"{where}: the env observes {_name(space)}, the contract a Dict of "
+                             f"{[f.name for f in contract.observations]}")  # fmt: skip
+        keys, declared = list(space.spaces), [f.name for f in contract.observations]
+        missing, extra = [k for k in keys if k not in declared], [k for k in declared if k not in keys]
+        if missing or extra:
+            raise UsageError(f"{where}: the env's Dict observation has keys {keys}, the contract {declared}"
+                             + (f" (the contract leaves out {missing})" if missing else ""))  # fmt: skip
+        for f in contract.observations:
+            _check_box(f.name, f.shape, f.dtype, space.spaces[f.name], where)
+        return
+    if not isinstance(space, gym.spaces.Box):
+        raise UsageError(f"{where}: the env observes {_name(space)}; the contract declares one array observation "
+                         f"{list(contract.obs_shape)}: declare [input.obs] keys for a Dict observation")  # fmt: skip
+    field = contract.observations[0]
+    _check_box("obs", field.shape, field.dtype, space, where)
+
+
+def _check_box(name: str, shape: tuple[int, ...], dtype: str, space: Any, where: str) -> None:
+    import gymnasium as gym
+
+    if not isinstance(space, gym.spaces.Box):
+        raise UsageError(f"{where}: observation {name!r} is {_name(space)}, the contract says an array")
+    if space.shape is not None and tuple(space.shape) != shape:
+        raise UsageError(f"{where}: observation {name!r} is {list(space.shape)}, the contract says {list(shape)}")
+    if np.dtype(dtype).kind in "iu" and np.dtype(space.dtype).kind == "f":
+        raise UsageError(f"{where}: observation {name!r} is {space.dtype}, the contract says {dtype}")
 
 
 def _name(space: Any) -> str:

@@ -123,8 +123,8 @@ def export_run(
 def export_policy(
     cell: CellLike,
     contract: ContractLike,
-    out: Path,
-    checkpoint: Path | None = None,
+    out: str | Path,
+    checkpoint: str | Path | None = None,
     options: ExportOptions | None = None,
     force: bool = False,
 ) -> Bundle:
@@ -136,9 +136,10 @@ def export_policy(
     options.validate()
     compat.set_device("cpu")
     contract = _contract_or_usage(contract)
+    checkpoint = None if checkpoint is None else Path(checkpoint)
     cells = UserCells(cell, checkpoint)
     with cells.caller_mode_kept():
-        return _export_cells(cells, contract, out, checkpoint, options, force)
+        return _export_cells(cells, contract, Path(out), checkpoint, options, force)
 
 
 def _export_cells(

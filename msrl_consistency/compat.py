@@ -345,6 +345,13 @@ def layers_to_float16(cell: nn.Cell) -> nn.Cell:
     return cell
 
 
+def ms_dtype(dtype: np.dtype) -> Any:
+    """MindSpore's dtype for a NumPy one (``mindspore.uint8`` for ``uint8``...)."""
+    from mindspore.common import dtype as mstype
+
+    return mstype.pytype_to_dtype(np.dtype(dtype).type)
+
+
 def as_tuple(outputs: Any) -> tuple[Any, ...]:
     """A Cell's outputs as a tuple: a single-output Cell (or GraphCell) returns a bare Tensor."""
     return tuple(outputs) if isinstance(outputs, tuple | list) else (outputs,)

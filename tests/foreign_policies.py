@@ -258,3 +258,52 @@ def make_leaky_actor_critic() -> LeakyActorCritic:
 def make_probs_actor() -> ProbsActor:
     ms.set_seed(19)
     return ProbsActor()
+
+
+class TwoHeadPolicy(nn.Cell):
+    """Two categorical heads on a shared body: a direction (2) and a strength (3), for a ``MultiDiscrete`` action."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.SequentialCell(nn.Dense(4, 32), nn.Tanh())
+        self.direction, self.strength = nn.Dense(32, 2), nn.Dense(32, 3)
+
+    def construct(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        h = self.body(obs)
+        return self.direction(h), self.strength(h)
+
+
+class DictPolicy(nn.Cell):
+    """A vector and a uint8 frame (a ``Dict`` observation), one input each; logits over 2 actions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vec = nn.Dense(4, 16)
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, pad_mode="valid", has_bias=True)
+        self.head = nn.Dense(16 + 4 * 3 * 3, 2)
+
+    def construct(self, vec: Tensor, img: Tensor) -> Tensor:
+        x = ops.relu(self.conv(ops.transpose(img.astype(ms.float32) / 255.0, (0, 3, 1, 2))))
+        return self.head(ops.concat((ops.tanh(self.vec(vec)), x.reshape(x.shape[0], -1)), -1))
+
+
+TWO_HEAD_CONTRACT = {
+    "input": {"obs": [4]},
+    "outputs": {"names": ["direction", "strength"]},
+    "action": {"kind": "categorical", "logits": ["direction", "strength"]},
+}
+DICT_CONTRACT = {
+    "input": {"obs": {"vec": [4], "img": {"shape": [8, 8, 3], "dtype": "uint8"}}},
+    "outputs": {"names": ["logits"]},
+    "action": {"kind": "categorical", "logits": "logits"},
+}
+
+
+def make_two_head() -> TwoHeadPolicy:
+    ms.set_seed(23)
+    return TwoHeadPolicy()
+
+
+def make_dict_policy() -> DictPolicy:
+    ms.set_seed(29)
+    return DictPolicy()

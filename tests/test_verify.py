@@ -119,7 +119,8 @@ def test_a_flip_is_judged_against_the_tolerance_granted_to_the_scores():
         ref = np.tile([[1.0, 0.0]], (rows, 1)).astype(np.float32)
         got = ref.copy()
         ref[:flips], got[:flips] = ref_row, got_row
-        return judge_flips(contract, {"logits": ref}, {"logits": got}, None, preset, tol, row_atol)[0]
+        atol = None if row_atol is None else {"logits": row_atol}
+        return judge_flips(contract, {"logits": ref}, {"logits": got}, None, preset, {"logits": tol}, None, atol)[0]
 
     near, swapped = [0.5, 0.499], [0.499, 0.5]  # margin 1e-3
     assert verdict(near, swapped, fp16, fp16.tolerance)["ok"]  # fp16 lets each score move 5e-3 (1% of 0.5)
@@ -308,9 +309,10 @@ def test_teacher_forcing_in_large_batches_equals_step_by_step(request, env):
     try:
         for mode, trace in ref.traces.items():
             policy, noise = mode_policy(bundle, runtimes, mode), ref.episode_noise.get(mode)
-            batched = E.teacher_forced_actions(trace, policy, noise)
+            batched, states = E.teacher_forced_actions(trace, policy, noise)
+            assert states is None  # no carried state: the whole trace in large calls
             steps = range(len(trace.obs))
-            stepwise = np.stack([policy(trace.obs[t], None if noise is None else noise[t]) for t in steps])
+            stepwise = np.stack([policy.act(trace.obs[t], None if noise is None else noise[t]) for t in steps])
             assert batched.shape == stepwise.shape
             np.testing.assert_allclose(batched, stepwise, rtol=0, atol=1e-6)
             if env == "cartpole":
@@ -342,12 +344,28 @@ def test_free_running_that_follows_the_reference_gives_the_same_trace(env_id):
             action[off] += np.float32(1e-4)
         return action
 
-    ref = E.run_episodes(env, reference, 4, 7, None, discrete)
+    from inference.contract import PolicyContract
+
+    action = {"kind": "argmax", "values": "q"} if discrete else {"kind": "deterministic", "action": "q"}
+    contract = PolicyContract.from_dict({"input": {"obs": [4 if discrete else 3]}, "outputs": {"names": ["q"]},
+                                         "action": action})  # fmt: skip
+
+    class Acting:  # a policy as run_episodes drives one: act, reset, the state it carries (none)
+        def __init__(self, fn):
+            self.fn, self.contract, self.state = fn, contract, None
+
+        def reset(self, batch):
+            pass
+
+        def act(self, obs, noise):
+            return self.fn(obs, noise)
+
+    ref = E.run_episodes(env, Acting(reference), 4, 7, None)
     made.clear()
-    same = E.run_episodes(env, reference, 4, 7, None, discrete, follow=ref)
+    same = E.run_episodes(env, Acting(reference), 4, 7, None, follow=ref)
     assert not made  # no env was stepped: every action equalled the reference's
-    full = E.run_episodes(env, drifting, 4, 7, None, discrete)
-    fast = E.run_episodes(env, drifting, 4, 7, None, discrete, follow=ref)
+    full = E.run_episodes(env, Acting(drifting), 4, 7, None)
+    fast = E.run_episodes(env, Acting(drifting), 4, 7, None, follow=ref)
     assert not np.array_equal(full.actions[: len(ref.actions)], ref.actions[: len(full.actions)])
     for want, got in ((ref, same), (full, fast)):
         np.testing.assert_array_equal(got.alive, want.alive)

@@ -2,8 +2,10 @@
 
 Deterministic mode acts through the graph without a noise input. Stochastic mode acts through the graph
 that takes noise (sampling in the graph), or samples on the host from the deterministic graph's outputs
-(categorical or Gaussian contracts). Every runtime, the reference included, acts through this one code path,
-so the only thing that can differ between them is what their graphs compute.
+(categorical or Gaussian contracts). A policy that carries state is fed its own previous ``next`` outputs, from
+its ``init`` at every episode start: each runtime from its own previous output, which is how drift accumulates on
+a device. Every runtime, the reference included, acts through this one code path, so the only thing that can
+differ between them is what their graphs compute.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from inference.bundle import MODES, Bundle
-from inference.compare.episodes import Policy
+from inference.contract import PolicyContract
 from inference.runtimes.base import Runtime
 
 
@@ -22,22 +24,49 @@ def available_modes(bundle: Bundle) -> dict[str, str]:
     return {mode: graph for mode in MODES if (graph := bundle.mode_graph(mode)) is not None}
 
 
-def mode_policy(bundle: Bundle, runtimes: Mapping[str, Runtime], mode: str) -> Policy:
-    """``(obs, noise | None) -> env actions`` for ``mode`` through ``runtimes``."""
-    graph = bundle.mode_graph(mode)
-    if graph is None:
-        raise ValueError(f"bundle {bundle.root} has no {mode} mode")
-    contract, runtime = bundle.contract(graph), runtimes[graph]
+class ModePolicy:
+    """``act(obs, noise | None) -> env actions`` for one mode through one runtime, carrying the policy's state
+    between calls (``reset`` at an episode start; ``state`` is what the next call is fed)."""
 
-    def act(obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
-        if noise is None or mode == "deterministic":
-            return contract.env_action(runtime.infer(obs))
-        if contract.takes_noise:
-            return contract.env_action(runtime.infer(obs, noise))
-        return contract.env_action(runtime.infer(obs), host_noise=noise)
+    def __init__(self, bundle: Bundle, runtimes: Mapping[str, Runtime], mode: str) -> None:
+        graph = bundle.mode_graph(mode)
+        if graph is None:
+            raise ValueError(f"bundle {bundle.root} has no {mode} mode")
+        self.mode, self.contract, self.runtime = mode, bundle.contract(graph), runtimes[graph]
+        self.state: np.ndarray | None = None
 
-    return act
+    def reset(self, batch: int) -> None:
+        self.state = self.contract.initial_state(batch)
+
+    def outputs(self, obs: np.ndarray, noise: np.ndarray | None) -> dict[str, np.ndarray]:
+        """One inference on observation rows (and the graph's noise, when it takes it) with the current state."""
+        c = self.contract
+        graph_noise = [noise] if c.takes_noise else []
+        if c.states and (self.state is None or len(self.state) != len(obs)):
+            self.reset(len(obs))
+        return self.runtime.infer(*c.obs_inputs(obs), *graph_noise, *c.state_inputs(self.state))
+
+    def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
+        """The env actions for ``obs``; the state moves on to this step's ``next`` outputs."""
+        outputs = self.outputs(obs, noise)
+        self.state = self.contract.next_state(outputs)
+        if noise is None or self.mode == "deterministic" or self.contract.takes_noise:
+            return self.contract.env_action(outputs)
+        return self.contract.env_action(outputs, host_noise=noise)
+
+    __call__ = act
+
+
+def mode_policy(bundle: Bundle, runtimes: Mapping[str, Runtime], mode: str) -> ModePolicy:
+    return ModePolicy(bundle, runtimes, mode)
 
 
 def is_discrete(bundle: Bundle) -> bool:
     return bundle.contract(bundle.graphs[0]).action.is_discrete
+
+
+def to_env(contract: PolicyContract, action: np.ndarray) -> int | np.ndarray:
+    """One env's action from a batch row: an ``int`` index, an index per head (``MultiDiscrete``), or a vector."""
+    if contract.action.is_discrete:
+        return int(action) if np.ndim(action) == 0 else np.asarray(action, np.int64)
+    return action

@@ -19,7 +19,7 @@ import numpy as np
 
 @dataclass
 class Diagnosis:
-    # provenance | preprocessing | network | postprocessing | sampling | precision | training-mode | version |
+    # provenance | preprocessing | network | postprocessing | sampling | state | precision | training-mode | version |
     # runtime | unknown
     stage: str
     detail: str
@@ -46,6 +46,7 @@ class Evidence:
     raw_mean_action: bool = False  # actions equal the raw mean: scaling to the bounds is missing
     unsquashed_sample: bool = False  # in-graph samples equal mean + std * noise: the squash is missing
     separate_sampling_graph: bool = False  # the sampled action comes from a graph of its own
+    state_ok: bool = True  # the carried states' ``next`` outputs agree
 
 
 def close(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
@@ -96,6 +97,10 @@ def diagnose(e: Evidence) -> Diagnosis:
         where = "the sampling graph's outputs differ" if e.separate_sampling_graph else "sampled actions differ"
         return Diagnosis("sampling", f"deterministic outputs agree but {where} under identical noise: the noise "
                          "stream or its transformation differs")  # fmt: skip
+    if not e.state_ok:
+        return Diagnosis("state", "the decision outputs agree but the carried state's next output does not: the graph "
+                         "does not return the state the Cell carries (next names another output, or the state is not "
+                         "updated), so it drifts step after step")  # fmt: skip
     return Diagnosis("unknown", "no single stage explains the difference")
 
 

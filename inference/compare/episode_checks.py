@@ -11,51 +11,101 @@ from inference.bundle import Bundle
 from inference.compare import episodes as E
 from inference.compare.checks import Check
 from inference.compare.stats import Preset, Tolerance, flip_bound, ks_two_sample
+from inference.contract import PolicyContract
 
 
 def near_ties(
     top2: np.ndarray | None, tolerance: Mapping[str, Tolerance], bundle: Bundle, mode: str, ordinary_magnitude: float
 ) -> np.ndarray | None:
-    """Per step, whether a differing discrete action is a near-tie within the tolerance granted to the scores
-    (None: the policy has no discrete scores, so nothing is forgiven). Episode steps are ordinary rows: their atol
-    grows with the largest magnitude among the ordinary rows of the scores (``ordinary_magnitude``), or their own if
-    larger, as on the observations (``stats.Tolerance.row_atol``)."""
+    """Per step (and head, for several heads: ``[T, K, heads]``), whether a differing discrete action is a near-tie
+    within the tolerance granted to the scores (None: the policy has no discrete scores, so nothing is forgiven).
+    Episode steps are ordinary rows: their atol grows with the largest magnitude among the ordinary rows of the
+    scores (``ordinary_magnitude``), or their own if larger, as on the observations (``stats.Tolerance.row_atol``)."""
     if top2 is None:
         return None
     action = bundle.contract(bundle.mode_graph(mode)).action  # type: ignore[arg-type]
-    tol = tolerance[action.distribution_output]
-    row_max = top2[..., 3] if top2.shape[-1] > 2 else top2[..., 1]
-    row_atol = tol.atol + tol.scale * np.maximum(row_max, ordinary_magnitude)
-    return top2[..., 0] <= flip_bound(top2, tol, row_atol, probabilities=action.probs is not None)
+    heads = action.heads
+    per_head = top2 if top2.ndim == 4 else top2[..., None, :]
+    ties = []
+    for h, head in enumerate(heads):
+        t = per_head[..., h, :]
+        tol = tolerance[head]
+        row_max = t[..., 3] if t.shape[-1] > 2 else t[..., 1]
+        row_atol = tol.atol + tol.scale * np.maximum(row_max, ordinary_magnitude)
+        ties.append(t[..., 0] <= flip_bound(t, tol, row_atol, probabilities=action.probs is not None))
+    return ties[0] if top2.ndim == 3 else np.stack(ties, -1)
 
 
 def teacher_forced_check(
-    runtime: str, mode: str, trace: E.EpisodeTrace, policy: E.Policy, noise: np.ndarray | None, discrete: bool,
-    atol: float, near_tie: np.ndarray | None = None, max_rate: float = 0.0,
+    runtime: str, mode: str, trace: E.EpisodeTrace, policy: E.Policy, noise: np.ndarray | None, atol: float,
+    near_tie: np.ndarray | None = None, max_rate: float = 0.0, tolerance: Mapping[str, Tolerance] | None = None,
 ) -> Check:  # fmt: skip
     """The runtime acts on the reference's observation stream; compare the chosen actions step by step.
 
-    ``near_tie`` (reduced-precision presets, discrete actions): steps where a differing action is forgiven, in
-    at most ``max_rate`` of the steps.
+    ``near_tie`` (discrete actions; per head for several heads): where a differing action is forgiven, in at most
+    ``max_rate`` of the steps. A policy that carries state is fed its own previous state; the first step where that
+    state leaves the reference's by more than its ``next`` output's ``tolerance`` is reported, and fails the check.
     """
-    got = E.teacher_forced_actions(trace, policy, noise)
-    diff = E.step_differences(trace.actions, got, discrete)
-    diff = (diff > (0.5 if discrete else atol)) & trace.alive
-    forgiven = diff & near_tie if near_tie is not None else np.zeros_like(diff)
+    got, states = E.teacher_forced_actions(trace, policy, noise)
+    discrete = policy.contract.action.is_discrete
+    if discrete:
+        differs = (trace.actions != got).reshape(*trace.alive.shape, -1) & trace.alive[..., None]
+        diff = differs.any(-1)
+        ties = None if near_tie is None else (near_tie if near_tie.ndim == 3 else near_tie[..., None])
+        forgiven = diff & (~differs | ties).all(-1) if ties is not None else np.zeros_like(diff)
+    else:
+        diff = (E.step_differences(trace.actions, got, discrete) > atol) & trace.alive
+        forgiven = np.zeros_like(diff)
     unexplained = diff & ~forgiven
     steps = np.flatnonzero(diff.any(1))
     first = int(steps[0]) if len(steps) else None
     alive = int(trace.alive.sum())
     metrics = {"differing_actions": int(diff.sum()), "near_ties_forgiven": int(forgiven.sum()),
                "first_divergent_step": first, "steps": alive}  # fmt: skip
-    if not diff.any():
-        return Check(runtime, f"episodes.teacher_forced.{mode}", "pass",
-                     f"all {alive} actions agree on the reference's observations", metrics)  # fmt: skip
-    summary = f"{int(diff.sum())} of {alive} actions differ, first at step {first}"
-    if not unexplained.any() and forgiven.sum() <= max_rate * alive:
+    name = f"episodes.teacher_forced.{mode}"
+    drift = state_divergence(policy.contract, trace, states, tolerance or {})
+    if drift:
+        metrics["state"] = drift
+    state_note = ""
+    if drift.get("first_divergent_step") is not None:
+        state_note = (f"; state {drift['state']} first leaves the reference's beyond tolerance at step "
+                      f"{drift['first_divergent_step']} (max |diff| {drift['max_abs']:.2e})")  # fmt: skip
+    if not diff.any() and not state_note:
+        agree = f"all {alive} actions agree on the reference's observations"
+        agree += f", and the carried state within tolerance (max |diff| {drift['max_abs']:.2e})" if drift else ""
+        return Check(runtime, name, "pass", agree, metrics)
+    summary = f"{int(diff.sum())} of {alive} actions differ" + (f", first at step {first}" if diff.any() else "")
+    if not unexplained.any() and forgiven.sum() <= max_rate * alive and not state_note:
         summary += "; every one at a near-tie of the reference's scores (allowed by the preset)"
-        return Check(runtime, f"episodes.teacher_forced.{mode}", "pass", summary, metrics)
-    return Check(runtime, f"episodes.teacher_forced.{mode}", "fail", summary, metrics)
+        return Check(runtime, name, "pass", summary, metrics)
+    return Check(runtime, name, "fail", summary + state_note, metrics)
+
+
+def state_divergence(
+    contract: PolicyContract, trace: E.EpisodeTrace, states: np.ndarray | None, tolerance: Mapping[str, Tolerance]
+) -> dict:
+    """Where a runtime's own carried state (fed back step after step) leaves the reference's: per state, the first
+    step any live episode's state is off by more than the ``next`` output's tolerance (atol growing with the
+    largest magnitude of the reference's state, or rtol), and the largest difference. Empty without states."""
+    if states is None or trace.states is None:
+        return {}
+    worst: dict = {"first_divergent_step": None, "max_abs": 0.0, "state": None}
+    for s in contract.states:
+        ref = np.asarray(trace.states[s.name], np.float64)
+        got = np.asarray(states[s.name], np.float64)
+        tol = tolerance.get(s.next)
+        diff = np.abs(got - ref).reshape(*trace.alive.shape, -1)
+        live = diff[trace.alive]
+        worst["max_abs"] = max(worst["max_abs"], float(live.max()) if live.size else 0.0)
+        if tol is None:
+            continue
+        atol = tol.atol + tol.scale * float(np.abs(ref).max(initial=0.0))
+        beyond = ((diff > atol) & (diff > tol.rtol * np.abs(ref).reshape(diff.shape))).any(-1) & trace.alive
+        if beyond.any():
+            step = int(np.flatnonzero(beyond.any(1))[0])
+            if worst["first_divergent_step"] is None or step < worst["first_divergent_step"]:
+                worst.update(first_divergent_step=step, state=s.name)
+    return worst
 
 
 def free_running_check(

@@ -2,7 +2,9 @@
 
 K episodes run as one batch: env ``k`` is reset with ``seed + k``, every step is one batched policy call for
 all K episodes, and in stochastic mode step ``t`` uses noise row ``noise[t, k]`` drawn once from a seeded
-generator, so every runtime sees identical randomness. Finished episodes are masked, not reset.
+generator, so every runtime sees identical randomness. Finished episodes are masked, not reset. Observations are
+rows of the contract's ``obs_dtype`` (structured for a ``Dict`` observation); a policy that carries state starts
+each episode from its ``init`` and the trace records the state it was fed at every step.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.compare.acting import ModePolicy, to_env
 from inference.errors import INTERRUPTS
 
 if TYPE_CHECKING:  # Gymnasium is imported when episodes are played, not to read a bundle
@@ -22,7 +25,7 @@ if TYPE_CHECKING:  # Gymnasium is imported when episodes are played, not to read
 EPISODE_NOISE_STREAM = 13
 DEFAULT_HORIZON = 1000
 TEACHER_CHUNK = 8192  # rows per call when replaying a whole trace at once
-Policy = Callable[[np.ndarray, np.ndarray | None], np.ndarray]  # (obs batch, noise batch | None) -> env actions
+Policy = ModePolicy  # act(obs rows, noise | None) -> env actions, carrying its state; reset(batch) per episode
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class EpisodeTrace:
     actions: np.ndarray
     rewards: np.ndarray
     alive: np.ndarray
+    states: np.ndarray | None = None  # [T, K] rows of the state fed at each step; None: the policy carries none
 
     @property
     def returns(self) -> np.ndarray:
@@ -64,17 +68,12 @@ def episode_noise(bundle: Bundle, graph: str, episodes: int, max_steps: int, see
     return bundle.sample_noise(graph, rng, max_steps * episodes).reshape(max_steps, episodes, -1)
 
 
-def _env_action(action: np.ndarray, discrete: bool) -> int | np.ndarray:
-    return int(action) if discrete else action
-
-
 def run_episodes(
     env: EnvSource,
     policy: Policy,
     episodes: int,
     seed: int,
     noise: np.ndarray | None,
-    discrete: bool,
     follow: EpisodeTrace | None = None,
 ) -> EpisodeTrace:
     """Each env ``k`` reset with ``seed + k``; ``policy`` acts on the whole batch each step.
@@ -87,23 +86,27 @@ def run_episodes(
     a finished episode's row may hold another stale observation).
     """
     envs: list[gym.Env | None] = [None] * episodes
+    contract = policy.contract
     try:
         horizon = noise.shape[0] if noise is not None else env.max_steps
         if follow is None:
             envs = [env.make() for _ in range(episodes)]
-            obs = np.stack([e.reset(seed=seed + k)[0] for k, e in enumerate(envs)]).astype(np.float32)
+            obs = contract.batch_observations([e.reset(seed=seed + k)[0] for k, e in enumerate(envs)])
         else:
             obs = follow.obs[0].copy()
-        obs_log, act_log, rew_log, alive_log = [], [], [], []
+        obs_log, act_log, rew_log, alive_log, state_log = [], [], [], [], []
         alive = np.ones(episodes, bool)
+        policy.reset(episodes)
         for t in range(horizon):
             if not alive.any():
                 break
             INTERRUPTS.check()
-            actions = np.asarray(policy(obs, None if noise is None else noise[t]))
+            fed = None if policy.state is None else policy.state.copy()
+            actions = np.asarray(policy.act(obs, None if noise is None else noise[t]))
             obs_log.append(obs.copy())
             act_log.append(actions.copy())
             alive_log.append(alive.copy())
+            state_log.append(fed)
             rewards = np.zeros(episodes)
             next_obs = obs.copy()
             for k in np.flatnonzero(alive):
@@ -114,9 +117,9 @@ def run_episodes(
                     alive[k] = t + 1 < len(follow.obs) and bool(follow.alive[t + 1, k])
                     continue
                 if envs[k] is None:
-                    envs[k] = _replay(env, seed + int(k), follow, t, int(k), discrete)  # type: ignore[arg-type]
-                o, r, term, trunc, _ = envs[k].step(_env_action(actions[k], discrete))  # type: ignore[union-attr]
-                next_obs[k], rewards[k] = o, r
+                    envs[k] = _replay(env, policy, seed + int(k), follow, t, int(k))  # type: ignore[arg-type]
+                o, r, term, trunc, _ = envs[k].step(to_env(contract, actions[k]))  # type: ignore[union-attr]
+                next_obs[k], rewards[k] = contract.batch_observations([o])[0], r
                 if term or trunc:
                     alive[k] = False
             rew_log.append(rewards)
@@ -125,36 +128,48 @@ def run_episodes(
         for e in envs:
             if e is not None:
                 e.close()
-    return EpisodeTrace(np.asarray(obs_log), np.asarray(act_log), np.asarray(rew_log), np.asarray(alive_log))
+    states = np.asarray(state_log) if contract.states else None
+    return EpisodeTrace(np.asarray(obs_log), np.asarray(act_log), np.asarray(rew_log), np.asarray(alive_log), states)
 
 
-def _replay(env: EnvSource, seed: int, follow: EpisodeTrace, steps: int, k: int, discrete: bool) -> gym.Env:
+def _replay(env: EnvSource, policy: Policy, seed: int, follow: EpisodeTrace, steps: int, k: int) -> gym.Env:
     """A fresh env for episode ``k`` brought to step ``steps`` by the reference's own actions."""
     made = env.make()
     obs, _ = made.reset(seed=seed)
     for t in range(steps):
-        if not np.array_equal(np.asarray(obs, np.float32), follow.obs[t, k]):
+        if not np.array_equal(policy.contract.batch_observations([obs])[0], follow.obs[t, k]):
             made.close()
             raise RuntimeError(f"{env.label} did not replay episode {k} exactly (step {t}); it is not deterministic")
-        obs, *_ = made.step(_env_action(follow.actions[t, k], discrete))
+        obs, *_ = made.step(to_env(policy.contract, follow.actions[t, k]))
     return made
 
 
-def teacher_forced_actions(trace: EpisodeTrace, policy: Policy, noise: np.ndarray | None) -> np.ndarray:
-    """The actions ``policy`` takes on every observation of ``trace`` (``[T, K, ...]``).
+def teacher_forced_actions(
+    trace: EpisodeTrace, policy: Policy, noise: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The actions ``policy`` takes on every observation of ``trace`` (``[T, K, ...]``), and for a policy that
+    carries state, the states it was fed (``[T, K]`` rows): its own previous outputs, from its ``init``.
 
-    Teacher forcing needs no env, so the whole trace goes through the runtime in a few large calls instead
-    of one call per step: a runtime's per-call cost, not its arithmetic, dominates thousands of small calls.
+    Without state, teacher forcing needs no order, so the whole trace goes through the runtime in a few large calls
+    instead of one call per step: a runtime's per-call cost, not its arithmetic, dominates thousands of small
+    calls. With state, it steps through the trace with all K episodes as one batch.
     """
     steps, k = trace.alive.shape
+    if policy.contract.states:
+        policy.reset(k)
+        actions, states = [], []
+        for t in range(steps):
+            states.append(policy.state.copy())  # type: ignore[union-attr]
+            actions.append(np.asarray(policy.act(trace.obs[t], None if noise is None else noise[t])))
+        return np.asarray(actions), np.asarray(states)
     obs = trace.obs.reshape(steps * k, *trace.obs.shape[2:])
     flat_noise = None if noise is None else noise[:steps].reshape(steps * k, -1)
     chunks = []
     for start in range(0, len(obs), TEACHER_CHUNK):
         rows = slice(start, start + TEACHER_CHUNK)
-        chunks.append(np.asarray(policy(obs[rows], None if flat_noise is None else flat_noise[rows])))
+        chunks.append(np.asarray(policy.act(obs[rows], None if flat_noise is None else flat_noise[rows])))
     actions = np.concatenate(chunks)
-    return actions.reshape(steps, k, *actions.shape[1:])
+    return actions.reshape(steps, k, *actions.shape[1:]), None
 
 
 def check_env_determinism(env: EnvSource, seed: int, steps: int = 200) -> str | None:
@@ -165,13 +180,13 @@ def check_env_determinism(env: EnvSource, seed: int, steps: int = 200) -> str | 
         try:
             e.action_space.seed(seed)
             obs, _ = e.reset(seed=seed)
-            trace = [np.asarray(obs, np.float64).ravel().copy()]
+            trace = [_flat(obs)]
             for _ in range(steps):
                 obs, reward, term, trunc, _ = e.step(e.action_space.sample())
-                trace.append(np.append(np.asarray(obs, np.float64).ravel(), reward))
+                trace.append(np.append(_flat(obs), reward))
                 if term or trunc:
                     obs, _ = e.reset()
-                    trace.append(np.asarray(obs, np.float64).ravel().copy())
+                    trace.append(_flat(obs))
         finally:
             e.close()
         traces.append(trace)
@@ -181,10 +196,19 @@ def check_env_determinism(env: EnvSource, seed: int, steps: int = 200) -> str | 
     return None
 
 
+def _flat(obs: object) -> np.ndarray:
+    """An env observation (an array, or a dict of arrays) as one float64 vector."""
+    if isinstance(obs, dict):
+        return np.concatenate([_flat(obs[key]) for key in sorted(obs)]) if obs else np.zeros(0)
+    return np.asarray(obs, np.float64).ravel().copy()
+
+
 def step_differences(ref: np.ndarray, got: np.ndarray, discrete: bool) -> np.ndarray:
-    """Per (step, episode): 1/0 for discrete actions, else the max absolute difference over action dims."""
+    """Per (step, episode): 1/0 for discrete actions (any head differs), else the max absolute difference over
+    action dims."""
     if discrete:
-        return (ref != got).astype(np.float64)
+        differs = ref != got
+        return differs.reshape(*differs.shape[:2], -1).any(-1).astype(np.float64)
     diff = np.abs(ref.astype(np.float64) - got.astype(np.float64))
     return diff.reshape(*diff.shape[:2], -1).max(-1)
 

@@ -3,8 +3,10 @@
 Recorded on the training box (``verify --save-golden``) and compared on a deploy box without MindSpore
 (``verify --golden``), Polygraphy's ``--save-outputs`` / ``--load-outputs`` for policies.
 
-Layout (v3): ``obs``, ``source``, ``noise/<graph>``, ``out/<graph>/<output>``, ``episode_noise/<mode>``,
-``trace/<mode>/{obs,actions,rewards,alive}``, ``top2/<mode>`` (discrete actions: per step the reference's margin
+Layout (v3): ``obs`` (rows of the contract's ``obs_dtype``: a structured array for a ``Dict`` observation),
+``source``, ``state`` (the carried states fed with each row, for a policy that has them), ``noise/<graph>``,
+``out/<graph>/<output>``, ``episode_noise/<mode>``, ``trace/<mode>/{obs,actions,rewards,alive,states}``,
+``top2/<mode>`` (discrete actions: per step the reference's margin
 between its two best scores, the magnitudes of those two scores and the row's largest, ``contract.top2_margin``)
 and ``meta`` (JSON: format, version, env, seed, episodes, manifest_sha256). v2 files (``top2`` as margin and
 scale) and v1 files (two fixed graphs) still load.
@@ -32,6 +34,8 @@ _V1_GRAPHS = {"det": "policy", "sto": "policy_sample"}
 
 def save_golden(path: Path, reference: Reference, bundle: Bundle, env_label: str | None) -> None:
     arrays: dict[str, np.ndarray] = {"obs": reference.feeds.obs, "source": reference.feeds.source.astype("U8")}
+    if reference.feeds.state is not None:
+        arrays["state"] = reference.feeds.state
     arrays.update({f"noise/{g}": v for g, v in reference.feeds.noise.items()})
     for graph, outs in reference.outputs.items():
         arrays.update({f"out/{graph}/{k}": v for k, v in outs.items()})
@@ -39,6 +43,8 @@ def save_golden(path: Path, reference: Reference, bundle: Bundle, env_label: str
     arrays.update({f"top2/{m}": v for m, v in reference.top2.items()})
     for mode, trace in reference.traces.items():
         arrays.update({f"trace/{mode}/{f}": getattr(trace, f) for f in TRACE_FIELDS})
+        if trace.states is not None:
+            arrays[f"trace/{mode}/states"] = trace.states
     meta = {
         "format": GOLDEN_FORMAT,
         "version": GOLDEN_VERSION,
@@ -85,9 +91,10 @@ def load_golden(path: Path, bundle: Bundle) -> Reference:
             _, graph, name = key.split("/", 2)
             outputs.setdefault(graph, {})[name] = value
     modes = {k.split("/")[1] for k in arrays if k.startswith("trace/")}
-    traces = {m: EpisodeTrace(*(arrays[f"trace/{m}/{f}"] for f in TRACE_FIELDS)) for m in sorted(modes)}
+    traces = {m: EpisodeTrace(*(arrays[f"trace/{m}/{f}"] for f in TRACE_FIELDS), arrays.get(f"trace/{m}/states"))
+              for m in sorted(modes)}  # fmt: skip
     noise = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("noise/")}
-    feeds = Feeds(arrays["obs"], arrays["source"], noise)
+    feeds = Feeds(arrays["obs"], arrays["source"], noise, arrays.get("state"))
     episode_noise = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("episode_noise/")}
     top2 = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("top2/")}
     return Reference(

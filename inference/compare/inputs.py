@@ -8,7 +8,7 @@ check resolves its inputs here too.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ import numpy as np
 
 from inference.bundle import Bundle
 from inference.compare.episodes import EnvSource, gym_env_source
-from inference.contract import PolicyContract
+from inference.contract import OBS, Field, PolicyContract
 from inference.errors import UsageError, first_line
 from inference.plugins import import_factory
 
@@ -27,8 +27,9 @@ class Inputs:
     """Where observations come from: an env to play seeded episodes in, or recorded observations."""
 
     env: EnvSource | None = None
-    recorded: np.ndarray | None = None
+    recorded: np.ndarray | None = None  # observation rows (``contract.obs_dtype``)
     recorded_from: str | None = None
+    recorded_state: np.ndarray | None = None  # the carried states recorded with them, if any
 
     def describe(self) -> dict[str, str | None]:
         return {
@@ -57,14 +58,15 @@ def resolve_inputs(
     bundle: Bundle,
     env_id: str | None = None,
     env: str | Callable[[], Any] | None = None,
-    observations: str | Path | np.ndarray | None = None,
+    observations: str | Path | np.ndarray | Mapping[str, np.ndarray] | None = None,
 ) -> Inputs:
     """The observation source: recorded observations, or an env (given, or the one the bundle names)."""
     if sum(x is not None for x in (env_id, env, observations)) > 1:
         raise UsageError("give one observation source: --env-id, --env or --observations-file")
     if observations is not None:
-        label = "array" if isinstance(observations, np.ndarray) else str(observations)
-        return Inputs(recorded=load_observations(observations, bundle), recorded_from=label)
+        label = str(observations) if isinstance(observations, str | Path) else "array"
+        obs, state = load_observations(observations, bundle)
+        return Inputs(recorded=obs, recorded_from=label, recorded_state=state)
     if env is not None:
         return Inputs(env=env_factory_source(env))
     env_id = env_id or bundle.env_id
@@ -101,37 +103,70 @@ def env_factory_source(env: str | Callable[[], Any]) -> EnvSource:
     return EnvSource(str(label), factory, int(steps))
 
 
-def load_observations(source: str | Path | np.ndarray, bundle: Bundle) -> np.ndarray:
-    """Recorded observations ``[N, *obs_shape]`` from an array, ``.npy`` or ``.npz`` (key ``obs`` or its only array)."""
-    shape = bundle.contract(bundle.graphs[0]).obs_shape
-    if isinstance(source, np.ndarray):
-        data, where = source, "observations"
+def load_observations(
+    source: str | Path | np.ndarray | Mapping[str, np.ndarray], bundle: Bundle
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Recorded observation rows (``contract.obs_dtype``) and, for a policy that carries state, the states they
+    were recorded with (None: not recorded; the ``init`` is then fed).
+
+    From an array, a mapping of arrays, a ``.npy`` (an array observation) or an ``.npz``: key ``obs`` (or its only
+    array) for an array observation, one key per observation key for a ``Dict`` observation, and optionally one
+    key per ``[state.NAME]``. Nothing is unpickled.
+    """
+    contract = bundle.contract(bundle.graphs[0])
+    if isinstance(source, np.ndarray | Mapping):
+        arrays, where = (dict(source) if isinstance(source, Mapping) else {"obs": source}), "observations"
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise UsageError(f"observations file not found: {path}")
-        try:
-            loaded = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{path} is not a .npy/.npz file ({first_line(exc)})") from None
-        if isinstance(loaded, np.lib.npyio.NpzFile):
-            with loaded:
-                keys = loaded.files
-                key = "obs" if "obs" in keys else (keys[0] if len(keys) == 1 else None)
-                if key is None:
-                    raise UsageError(f"{path}: an .npz needs an 'obs' array or exactly one array (has {keys})")
-                try:
-                    data = loaded[key]
-                except ValueError as exc:  # an object array: never unpickled
-                    why = first_line(exc)
-                    raise UsageError(f"{path}: array {key!r} holds Python objects, not numbers ({why})") from None
-        else:
-            data = loaded
-        where = str(path)
-    data = np.asarray(data)
-    if data.ndim != len(shape) + 1 or tuple(data.shape[1:]) != shape or data.dtype.kind not in "fiu":
-        raise UsageError(f"{where}: expected numbers shaped [N, {', '.join(map(str, shape))}], got "
-                         f"{data.dtype}{list(data.shape)}")  # fmt: skip
-    if not len(data):
-        raise UsageError(f"{where} holds no observations")
-    return data.astype(np.float32)
+        arrays, where = _read_arrays(Path(source)), str(source)
+    if not contract.obs_dict and "obs" not in arrays:
+        if len(arrays) != 1:
+            raise UsageError(f"{where}: an .npz needs an 'obs' array or exactly one array (has {sorted(arrays)})")
+        arrays = {"obs": next(iter(arrays.values()))}
+    columns = {f.name: _column(arrays, f, where) for f in contract.observations}
+    rows = len(next(iter(columns.values())))
+    if any(len(c) != rows for c in columns.values()) or not rows:
+        raise UsageError(f"{where}: the observation arrays must hold the same, non-zero number of rows")
+    obs = np.zeros(rows, contract.obs_dtype) if contract.obs_dict else columns[OBS].astype(contract.obs_dtype)
+    if contract.obs_dict:
+        for name, column in columns.items():
+            obs[name] = column
+    state = None
+    if contract.states and all(s.name in arrays for s in contract.states):
+        state = contract.initial_state(rows)
+        for s in contract.states:
+            state[s.name] = _column(arrays, s, where)  # type: ignore[index]
+    return obs, state
+
+
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise UsageError(f"observations file not found: {path}")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path} is not a .npy/.npz file ({first_line(exc)})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        return {"obs": loaded}
+    arrays = {}
+    with loaded:
+        for key in loaded.files:
+            try:
+                arrays[key] = loaded[key]
+            except ValueError as exc:  # an object array: never unpickled
+                why = first_line(exc)
+                raise UsageError(f"{path}: array {key!r} holds Python objects, not numbers ({why})") from None
+    return arrays
+
+
+def _column(arrays: Mapping[str, np.ndarray], field: Field, where: str) -> np.ndarray:
+    """One recorded input: numbers shaped ``[N, *shape]``, castable to its dtype without loss of kind."""
+    if field.name not in arrays:
+        raise UsageError(f"{where}: no array {field.name!r} (the contract's inputs: {field.name} {list(field.shape)})")
+    data = np.asarray(arrays[field.name])
+    wanted = np.dtype(field.dtype)
+    if data.ndim != len(field.shape) + 1 or tuple(data.shape[1:]) != field.shape or data.dtype.kind not in "fiub":
+        raise UsageError(f"{where}: {field.name!r} must be numbers shaped [N, {', '.join(map(str, field.shape))}], "
+                         f"got {data.dtype}{list(data.shape)}")  # fmt: skip
+    if wanted.kind in "iu" and data.dtype.kind == "f":
+        raise UsageError(f"{where}: {field.name!r} holds {data.dtype}, the policy takes {wanted}")
+    return data.astype(wanted)

@@ -66,7 +66,7 @@ def _action_range(contract: PolicyContract) -> np.ndarray | None:
 def action_difference(contract: PolicyContract, ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:
     """Agreement of two env-action batches: exact for indices, else max |Δ| absolute and relative to the range."""
     if contract.action.is_discrete:
-        agree = ref == got
+        agree = (ref == got).reshape(len(ref), -1).all(1)  # every head
         return {"action_agreement": float(agree.mean()) if agree.size else 1.0}
     diff = np.abs(ref.astype(np.float64) - got.astype(np.float64)).reshape(len(ref), -1)
     out: dict[str, Any] = {"max_abs_action_diff": float(diff.max()) if diff.size else 0.0}
@@ -86,10 +86,15 @@ def policy_metrics(
     a = contract.action
     metrics: dict[str, Any] = {}
     ref_action, got_action = contract.env_action(ref), contract.env_action(got)
+    heads = range(len(a.heads))
     if a.kind in ("argmax", "categorical"):
-        metrics["argmax"] = argmax_flips(ref[a.distribution_output], ref_action, got_action)
-    if a.kind == "categorical":
-        metrics["kl"] = summarize(categorical_kl(contract.log_probs(ref), contract.log_probs(got)))
+        ra, ga = ref_action.reshape(len(ref_action), -1), got_action.reshape(len(got_action), -1)
+        per_head = [argmax_flips(ref[a.heads[h]], ra[:, h], ga[:, h]) for h in heads]
+        metrics["argmax"] = per_head[0] if not a.multi_head else {
+            "flips": sum(f["flips"] for f in per_head), "heads": dict(zip(a.heads, per_head, strict=True))}
+    if a.kind == "categorical":  # independent heads: the joint KL is the sum of the heads'
+        kl = sum(categorical_kl(contract.log_probs(ref, h), contract.log_probs(got, h)) for h in heads)
+        metrics["kl"] = summarize(kl)
     if a.kind == "gaussian":
         mean_r, mean_g = ref[a.mean], got[a.mean]  # type: ignore[index]
         std_r, std_g = contract.std(ref, mean_r.shape), contract.std(got, mean_g.shape)
@@ -100,9 +105,9 @@ def policy_metrics(
         got_sample = contract.env_action(got, host_noise)
         metrics["sampled"] = action_difference(contract, ref_sample, got_sample)
         if a.kind == "categorical":
-            idx = ref_sample.astype(np.int64)[:, None]
-            lp_r = np.take_along_axis(contract.log_probs(ref), idx, -1)[:, 0]
-            lp_g = np.take_along_axis(contract.log_probs(got), idx, -1)[:, 0]
+            idx = ref_sample.astype(np.int64).reshape(len(ref_sample), -1)
+            lp_r = sum(np.take_along_axis(contract.log_probs(ref, h), idx[:, h : h + 1], -1)[:, 0] for h in heads)
+            lp_g = sum(np.take_along_axis(contract.log_probs(got, h), idx[:, h : h + 1], -1)[:, 0] for h in heads)
         else:
             raw = np.asarray(mean_r, np.float64) + std_r * host_noise  # the reference's pre-squash sample
             lp_r, lp_g = gaussian_log_prob(mean_r, std_r, raw), gaussian_log_prob(mean_g, std_g, raw)

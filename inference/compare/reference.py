@@ -13,7 +13,7 @@ import numpy as np
 
 from inference.bundle import Bundle
 from inference.compare import episodes as E
-from inference.compare.acting import available_modes, is_discrete, mode_policy
+from inference.compare.acting import available_modes, mode_policy
 from inference.compare.feeds import Feeds, comparison_feeds, seeded_feeds
 from inference.compare.inputs import Inputs
 from inference.contract import top2_margin
@@ -79,17 +79,19 @@ def build_reference(
             if mode == "stochastic":
                 noise = noises[mode] = E.episode_noise(bundle, graph, episodes, inputs.env.max_steps, seed)
             policy = mode_policy(bundle, episode_runtimes or runtimes, mode)
-            traces[mode] = E.run_episodes(inputs.env, policy, episodes, seed, noise, is_discrete(bundle))
+            traces[mode] = E.run_episodes(inputs.env, policy, episodes, seed, noise)
     top2 = {mode: _trace_margins(bundle, runtimes, mode, trace, noises.get(mode)) for mode, trace in traces.items()}
     top2 = {mode: v for mode, v in top2.items() if v is not None}
+    observed_state = None
     if inputs.recorded is not None:
-        observed, label = inputs.recorded, "recorded"
+        observed, label, observed_state = inputs.recorded, "recorded", inputs.recorded_state
     elif traces:
         trace = next(iter(traces.values()))
         observed, label = trace.obs[trace.alive], "episode"
+        observed_state = None if trace.states is None else trace.states[trace.alive]
     else:
         observed, label = None, "episode"
-    feeds = comparison_feeds(bundle, observations, seed, observed, label, OBS_STREAM)
+    feeds = comparison_feeds(bundle, observations, seed, observed, label, OBS_STREAM, observed_state)
     outputs = {g: runtimes[g].infer(*feeds.graph_inputs(bundle, g)) for g in bundle.graphs}
     evidence = None
     if without_norm:
@@ -104,9 +106,10 @@ def _input_scaled(bundle: Bundle, runtimes: Mapping[str, Runtime], feeds: Feeds)
     """The deciding graph's decision output on the finite feeds with the observations scaled by each of
     ``INPUT_SCALES``: the evidence that names a graph missing (or repeating) the Cell's input scaling."""
     graph = bundle.mode_graph("deterministic") or bundle.graphs[0]
-    decision = bundle.contract(graph).action.distribution_output
+    contract = bundle.contract(graph)
+    decision = contract.action.distribution_output
     inputs = feeds.graph_inputs(bundle, graph)
-    if inputs[0].dtype.kind != "f":
+    if contract.obs_dict or inputs[0].dtype.kind != "f":
         return {}
     rows = feeds.finite
     scaled = {}
@@ -120,8 +123,9 @@ def _input_scaled(bundle: Bundle, runtimes: Mapping[str, Runtime], feeds: Feeds)
 def _trace_margins(
     bundle: Bundle, runtimes: Mapping[str, Runtime], mode: str, trace: E.EpisodeTrace, noise: np.ndarray | None
 ) -> np.ndarray | None:
-    """The reference's top-2 decision-score margin and scale at every step of a trace (discrete actions only):
-    what a reduced-precision preset needs to judge a differing action on teacher-forced replay."""
+    """The reference's top-2 decision-score margin and magnitudes at every step of a trace (discrete actions
+    only): what judges a differing action on teacher-forced replay. ``[T, K, 4]``; ``[T, K, heads, 4]`` for
+    several heads. A policy that carries state is fed the states it was fed along the trace."""
     graph = bundle.mode_graph(mode)
     contract = bundle.contract(graph)  # type: ignore[arg-type]
     if contract.action.kind not in ("argmax", "categorical"):
@@ -129,10 +133,15 @@ def _trace_margins(
     steps, k = trace.alive.shape
     obs = trace.obs.reshape(steps * k, *trace.obs.shape[2:])
     flat_noise = None if noise is None else noise[:steps].reshape(steps * k, -1)
-    inputs = [obs, flat_noise] if contract.takes_noise else [obs]
+    state = None if trace.states is None else trace.states.reshape(steps * k)
+    graph_noise = [flat_noise] if contract.takes_noise else []
+    inputs = [*contract.obs_inputs(obs), *graph_noise, *contract.state_inputs(state)]
     outputs = runtimes[graph].infer(*inputs)  # type: ignore[index]
-    scores = contract.decision_scores(outputs, flat_noise)
-    return top2_margin(scores, outputs[contract.action.distribution_output]).reshape(steps, k, -1)  # type: ignore
+    heads = contract.action.heads
+    per_head = [top2_margin(contract.decision_scores(outputs, flat_noise, h), outputs[head])
+                for h, head in enumerate(heads)]  # fmt: skip
+    margins = per_head[0] if len(heads) == 1 else np.stack(per_head, -2)
+    return margins.reshape(steps, k, *margins.shape[1:])
 
 
 def changed_on_rerun(bundle: Bundle, graph: str, runtime: Runtime, feeds: Feeds) -> list[str]:

@@ -90,6 +90,11 @@ def check_runtime(
         _close(runtimes)
         checks.append(Check(name, "load", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
         return RuntimeReport({"status": "error", "reason": str(exc)}, checks, {})
+    cast = _input_casts(runtimes)
+    if cast:
+        _close(runtimes)
+        checks.append(Check(name, "input_dtypes", "fail", cast, diagnosis={"stage": "runtime", "detail": cast}))
+        return RuntimeReport({"status": "error", "reason": cast}, checks, {})
     first = next(iter(runtimes.values()))
     info = {"status": "ran", "versions": first.versions(),
             "tolerance": {k: {**v.to_dict(), "rule": v.describe()} for k, v in tolerance.items()}}  # fmt: skip
@@ -113,13 +118,12 @@ def check_runtime(
             noise = ref.episode_noise.get(mode)
             atol = _action_atol(bundle, mode, tolerance, trace.actions[trace.alive])
             margins = near_ties(ref.top2.get(mode), tolerance, bundle, mode, _ordinary_magnitude(bundle, ref, mode))
-            teacher = teacher_forced_check(
-                name, mode, trace, policy, noise, is_discrete(bundle), atol, margins, preset.max_flip_rate
-            )
+            teacher = teacher_forced_check(name, mode, trace, policy, noise, atol, margins, preset.max_flip_rate,
+                                           tolerance)  # fmt: skip
             checks.append(teacher)
             assert inputs.env is not None
             follow = trace if env_deterministic else None
-            own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, is_discrete(bundle), follow)
+            own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, follow)
             diff = E.action_differences(trace, own, is_discrete(bundle), atol)
             diffs[mode] = diff["per_step_max"]
             checks.append(free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset, margins))
@@ -136,6 +140,18 @@ def check_runtime(
         checks.append(Check(name, "restarts", "warn", f"the runtime's process was restarted: {'; '.join(restarts)}; "
                             "every comparison above comes from a complete answer"))  # fmt: skip
     return RuntimeReport(info, checks, diffs)
+
+
+def _input_casts(runtimes: Mapping[str, Runtime]) -> str | None:
+    """A loaded model whose inputs are not the dtypes the contract declares (the runtime would cast them)."""
+    for graph, rt in runtimes.items():
+        declared = [m.dtype for m in rt.inputs]
+        actual = rt.model_input_dtypes()
+        if actual is not None and list(actual) != declared:
+            pairs = ", ".join(f"{m.name} {a} (contract: {m.dtype})" for m, a in zip(rt.inputs, actual, strict=False)
+                              if a != m.dtype)  # fmt: skip
+            return f"the {graph} model in {rt.name} takes {pairs}: the runtime would cast the input"
+    return None
 
 
 def _died(name: str, exc: RuntimeDied) -> Check:
@@ -163,12 +179,10 @@ def _compare_outputs(
     ref_out, got_out = _select(expected, finite), _select(got, finite)
     noise = ref.feeds.noise.get(graph)
     flips, flipped = None, np.zeros(int(finite.sum()), bool)
-    decision = contract.action.distribution_output
-    if contract.action.is_discrete and _same_shape(ref_out, got_out, decision):
+    heads = contract.action.heads
+    if contract.action.is_discrete and all(_same_shape(ref_out, got_out, head) for head in heads):
         graph_noise = noise[finite] if noise is not None and contract.takes_noise else None
-        scores_tol = tolerance[decision]
-        row_atol = scores_tol.row_atol(ref_out[decision], pooled)
-        flips, flipped = judge_flips(contract, ref_out, got_out, graph_noise, preset, scores_tol, row_atol)
+        flips, flipped = judge_flips(contract, ref_out, got_out, graph_noise, preset, tolerance, pooled)
     cmps = {}
     for k in expected:
         r, g, rows = _rows(expected[k], finite), _rows(got[k], finite), pooled
@@ -199,42 +213,57 @@ def _compare_outputs(
 
 def judge_flips(
     contract: PolicyContract, ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], noise: np.ndarray | None,
-    preset: Preset, tol: Tolerance, row_atol: np.ndarray | None = None,
+    preset: Preset, tolerance: Mapping[str, Tolerance], pooled: np.ndarray | None = None,
+    row_atol: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, Any], np.ndarray]:  # fmt: skip
-    """Discrete actions that differ, each explained or not by the tolerance granted to the scores: a flip from
-    the reference's choice ``i`` to ``j`` is within tolerance when the reference's score margin ``s_i - s_j`` is at
-    most the two entries' allowances (``Tolerance.allowance``). Returns the verdict and the flipped-row mask."""
+    """Discrete actions that differ, head by head, each explained or not by the tolerance granted to the scores: a
+    flip from the reference's choice ``i`` to ``j`` is within tolerance when the reference's score margin
+    ``s_i - s_j`` is at most what the two entries' allowances close (``stats.score_allowance``). ``row_atol``
+    overrides a head's per-row atol (default ``Tolerance.row_atol`` with ``pooled`` ordinary rows). Returns the
+    verdict and the rows where any head flipped."""
+    a = contract.action
     ref_action, got_action = contract.env_action(ref), contract.env_action(got)
-    flipped = np.asarray(ref_action != got_action).reshape(len(ref_action), -1).any(1)
-    rows = np.flatnonzero(flipped)
-    scores = contract.decision_scores(ref, noise)
-    explained = np.zeros(len(rows), bool)
-    margins = np.full(len(rows), np.nan)
-    if scores is not None and len(rows):
-        values = np.asarray(ref[contract.action.distribution_output], np.float64)[rows]
-        s = np.asarray(scores, np.float64)[rows]
-        n = s.shape[-1]
-        i = np.asarray(ref_action).astype(np.int64)[rows]
-        j = np.asarray(got_action).astype(np.int64)[rows]
-        valid = (j >= 0) & (j < n)  # an index outside the scores is never a near-tie
-        j = np.clip(j, 0, n - 1)
-        at = np.arange(len(rows))
-        atol = tol.atol if row_atol is None else np.asarray(row_atol)[rows]
-        margins = s[at, i] - s[at, j]
-        bound = score_allowance(tol, values[at, i], values[at, j], atol, contract.action.probs is not None)
-        explained = valid & (margins <= bound)
-    rate = len(rows) / max(1, len(ref_action))
-    ok = not len(rows) or (bool(explained.all()) and rate <= preset.max_flip_rate)
+    n = len(ref_action)
+    ra, ga = np.asarray(ref_action).reshape(n, -1), np.asarray(got_action).reshape(n, -1)
+    flipped = (ra != ga).any(1)
+    rows_all, margins_all, explained_all, heads = [], [], [], []
+    for h, head in enumerate(a.heads):
+        rows = np.flatnonzero(ra[:, h] != ga[:, h])
+        scores = contract.decision_scores(ref, noise, h)
+        explained = np.zeros(len(rows), bool)
+        margins = np.full(len(rows), np.nan)
+        if scores is not None and len(rows):
+            tol = tolerance[head]
+            values = np.asarray(ref[head], np.float64)
+            atol = (row_atol or {}).get(head)
+            atol = (tol.row_atol(values, pooled) if atol is None else np.asarray(atol))[rows]
+            s, v = np.asarray(scores, np.float64)[rows], values[rows]
+            i, j = ra[rows, h].astype(np.int64), ga[rows, h].astype(np.int64)
+            valid = (j >= 0) & (j < s.shape[-1])  # an index outside the scores is never a near-tie
+            j = np.clip(j, 0, s.shape[-1] - 1)
+            at = np.arange(len(rows))
+            margins = s[at, i] - s[at, j]
+            bound = score_allowance(tol, v[at, i], v[at, j], atol, a.probs is not None)
+            explained = valid & (margins <= bound)
+        heads.append({"head": head, "flips": int(len(rows)), "explained": int(explained.sum())})
+        rows_all.append(rows)
+        margins_all.append(margins)
+        explained_all.append(explained)
+    explained = np.concatenate(explained_all)
+    rate = int(flipped.sum()) / max(1, n)
+    ok = not flipped.any() or (bool(explained.all()) and rate <= preset.max_flip_rate)
     verdict = {
         "ok": ok,
-        "flips": int(len(rows)),
-        "count": int(len(ref_action)),
+        "flips": int(len(explained)),
+        "count": int(n),
         "explained": int(explained.sum()),
         "rate": rate,
         "max_rate": preset.max_flip_rate,
-        "rows": rows[:20].tolist(),
-        "margins": margins[:20].tolist(),
+        "rows": np.concatenate(rows_all)[:20].tolist(),
+        "margins": np.concatenate(margins_all)[:20].tolist(),
     }
+    if a.multi_head:
+        verdict["heads"] = heads
     return verdict, flipped
 
 
@@ -311,13 +340,14 @@ def _ordinary_magnitude(bundle: Bundle, ref: Reference, mode: str) -> float:
     """The largest magnitude of ``mode``'s decision scores over the ordinary observation rows: what a tolerance that
     grows with magnitude grants every ordinary row (``stats.Tolerance.row_atol``)."""
     graph = bundle.mode_graph(mode)
-    decision = bundle.contract(graph).action.distribution_output  # type: ignore[arg-type]
-    scores = np.asarray(ref.outputs.get(graph, {}).get(decision, np.zeros(0)), np.float64)  # type: ignore[call-overload]
     rows = ref.feeds.ordinary & ref.feeds.finite
-    if scores.ndim < 1 or scores.shape[0] != len(rows) or not rows.any():
-        return 0.0
-    finite = scores[rows]
-    return float(np.abs(finite[np.isfinite(finite)]).max(initial=0.0))
+    largest = 0.0
+    for head in bundle.contract(graph).action.heads:  # type: ignore[arg-type]
+        scores = np.asarray(ref.outputs.get(graph, {}).get(head, np.zeros(0)), np.float64)  # type: ignore[call-overload]
+        if scores.ndim >= 1 and scores.shape[0] == len(rows) and rows.any():
+            finite = scores[rows]
+            largest = max(largest, float(np.abs(finite[np.isfinite(finite)]).max(initial=0.0)))
+    return largest
 
 
 def _action_atol(
@@ -347,10 +377,11 @@ def _diagnose(
     param = cmps[graph][decision]
     tol = tolerance[decision]
     e = Evidence(
-        param_ok=param.passed, action_ok=True, sample_ok=True,
+        param_ok=all(cmps[graph][head].passed for head in a.heads), action_ok=True, sample_ok=True,
         value_ok=all(cmps[g][c.value].passed for g in bundle.graphs if (c := bundle.contract(g)).value),
         max_rel_param=param.max_rel, cosine_param=param.cosine, precision=bundle.precision,
         checkpoint_matches=checkpoint_matches,
+        state_ok=all(cmps[g][st.next].passed for g in bundle.graphs for st in bundle.contract(g).states),
     )  # fmt: skip
     if not _same_shape(ref_out, got_out, decision):
         return Diagnosis("network", f"output {decision!r} has shape {param.shape_mismatch}: the graph's shapes are "

@@ -93,12 +93,13 @@ TOLERANCE_PRESETS: dict[str, Tolerance] = {name: preset.tolerance for name, pres
 # value of magnitude 51), and on the ±1e4 edge rows at most 1e-5 x their own magnitude (bench/ort_tolerance.py,
 # bench/results/ort_tolerance.md). Its fp32 atol is therefore 1e-5 plus 1e-4 x the row's magnitude: 3x the
 # measured need, and tight enough to see a weight moved by 1e-2.
-# MindSpore's own graph paths run the training kernels: measured bitwise equal, so they are held to 1e-6,
-# tight enough to see a single weight moved by 1e-3 (~1e-5 on the Gaussian mean).
+# MindSpore's own graph paths run the training kernels: bitwise equal on MLPs, a few ULP of the row's magnitude
+# where graph mode fuses differently (1.2e-6 on GRU logits of magnitude ~8), so they are held to 1e-6 plus 1e-6 x
+# the row's magnitude: tight enough to see a single weight moved by 1e-3 (~1e-5 on the Gaussian mean).
 RUNTIME_OVERRIDES: dict[str, dict[str, Tolerance]] = {
     "onnxruntime": {"fp32": Tolerance(1e-5, 1e-4, scale=1e-4)},
-    "ms-graph": {"fp32": Tolerance(1e-6, 1e-6)},
-    "ms-mindir": {"fp32": Tolerance(1e-6, 1e-6)},
+    "ms-graph": {"fp32": Tolerance(1e-6, 1e-6, scale=1e-6)},
+    "ms-mindir": {"fp32": Tolerance(1e-6, 1e-6, scale=1e-6)},
 }
 
 

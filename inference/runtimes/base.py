@@ -108,6 +108,11 @@ class Runtime(abc.ABC):
         """Versions that matter for the compatibility contract with the exporter."""
         return {}
 
+    def model_input_dtypes(self) -> list[np.dtype] | None:
+        """The input dtypes the loaded model itself declares (after ``open``), when the runtime can tell: verify
+        compares them with the contract's, since a runtime that casts an input silently is a finding."""
+        return None
+
     # -- inference ------------------------------------------------------------------------------------
     def infer(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Run one batch; returns outputs keyed by the contract's output names."""

@@ -77,6 +77,9 @@ class LiteRuntime(Runtime):
     def _unload(self) -> None:
         self.runner.close()
 
+    def model_input_dtypes(self) -> list[np.dtype]:
+        return [t.dtype for t in self.runner.inputs]
+
     def versions(self) -> dict[str, str]:
         return {"mindspore_lite": getattr(getattr(self, "runner", None), "lite_version", "unknown")}
 

@@ -48,6 +48,11 @@ class OnnxRuntime(Runtime):
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         return self.session.run(self.output_names, dict(zip(self.input_names, arrays, strict=True)))
 
+    def model_input_dtypes(self) -> list[np.dtype]:
+        onnx_types = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int32)": "int32",
+                      "tensor(int64)": "int64", "tensor(float16)": "float16", "tensor(double)": "float64"}  # fmt: skip
+        return [np.dtype(onnx_types.get(i.type, "object")) for i in self.session.get_inputs()]
+
     def versions(self) -> dict[str, str]:
         import onnxruntime as ort
 

@@ -30,7 +30,7 @@ from inference.tensors import TensorMeta
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
 from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, symbolic_batch
-from msrl_consistency.artifacts.onnx_patterns import fuse_leaky_relu
+from msrl_consistency.artifacts.onnx_patterns import fuse_leaky_relu, hoist_input_transposes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONVERTER = REPO_ROOT / ".lite" / "bin" / "msrl-lite-convert"
@@ -80,15 +80,12 @@ def probe_graph(cell: nn.Cell, contract: PolicyContract, name: str = "policy") -
 
     Raises ``ContractError`` when the Cell and the contract disagree (output count, shapes, dtypes).
     """
-    f32 = np.dtype("float32")
-    inputs = [TensorMeta("obs", f32, (-1, *contract.obs_shape))]
-    if contract.noise_shape is not None:
-        inputs.append(TensorMeta("noise", f32, (-1, *contract.noise_shape)))
+    inputs = contract.input_metas()
     shapes: list[list[tuple[int, ...]]] = []
     dtypes: list[np.dtype] = []
     rng = np.random.default_rng(0)
     for batch in (2, 3):
-        feeds = [Tensor(rng.standard_normal((batch, *t.shape[1:])).astype(np.float32)) for t in inputs]
+        feeds = [Tensor(example(t, batch, rng)) for t in inputs]
         try:
             with compat.execution_mode(graph=False):
                 outs = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
@@ -143,8 +140,18 @@ def export_heads(policy: ActorCritic, precision: str = "fp32") -> dict[str, nn.C
     return {"policy": DeterministicPolicy(policy), "policy_sample": StochasticPolicy(policy)}
 
 
+def example(meta: TensorMeta, batch: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """An input of ``meta``'s dtype and shape at ``batch``: standard-normal floats (or 0.5 everywhere without
+    ``rng``), integers in 0..255."""
+    shape = (batch, *meta.shape[1:])
+    if meta.dtype.kind in "iu":
+        return (rng.integers(0, 256, shape) if rng is not None else np.full(shape, 1)).astype(meta.dtype)
+    return (rng.standard_normal(shape) if rng is not None else np.full(shape, 0.5)).astype(meta.dtype)
+
+
 def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
-    dynamic = [Tensor(shape=[None, *t.shape[1:]], dtype=ms.float32) for t in graph.inputs]
+    """MindIR with a dynamic batch; every input keeps its dtype (a uint8 frame stays uint8)."""
+    dynamic = [Tensor(shape=[None, *t.shape[1:]], dtype=compat.ms_dtype(t.dtype)) for t in graph.inputs]
     ms.export(cell, *dynamic, file_name=str(path.with_suffix("")), file_format="MINDIR")
     return path
 
@@ -154,7 +161,7 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     inputs and outputs the contract's names. ``ConversionError`` when a constant cannot be made symbolic."""
     exports = []
     for batch in EXPORT_BATCHES:
-        examples = [Tensor(np.full((batch, *t.shape[1:]), 0.5, np.float32)) for t in graph.inputs]
+        examples = [Tensor(example(t, batch)) for t in graph.inputs]
         ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
         exports.append(onnx.load(str(path)))
     try:
@@ -163,17 +170,8 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
         path.unlink()
         raise ConversionError(f"ONNX: {exc}") from None
     fuse_leaky_relu(model)
-    renames = {old.name: new.name for old, new in zip(model.graph.output, graph.outputs, strict=True)}
-    for node in model.graph.node:
-        node.output[:] = [renames.get(o, o) for o in node.output]
-        node.input[:] = [renames.get(i, i) for i in node.input]
-    for value in model.graph.output:
-        value.name = renames[value.name]
-    for value, meta in zip(model.graph.input, graph.inputs, strict=True):
-        if value.name != meta.name:  # MindSpore names inputs after ``construct``'s parameters
-            for node in model.graph.node:
-                node.input[:] = [meta.name if i == value.name else i for i in node.input]
-            value.name = meta.name
+    hoist_input_transposes(model)
+    _name_io(model, graph)
     outputs = zip(model.graph.output, graph.outputs, strict=True)
     for value in [*model.graph.input, *(v for v, meta in outputs if meta.shape[:1] == (-1,))]:
         value.type.tensor_type.shape.dim[0].dim_param = "batch"
@@ -181,6 +179,32 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def _name_io(model: onnx.ModelProto, graph: GraphIO) -> None:
+    """Give the ONNX graph's inputs and outputs the contract's names (MindSpore names inputs after ``construct``'s
+    parameters and outputs by node number). An output that is not a node's own (an input passed through, or the
+    same tensor returned twice) gets an ``Identity`` node of its own name."""
+    for value, meta in zip(model.graph.input, graph.inputs, strict=True):
+        if value.name != meta.name:
+            for node in model.graph.node:
+                node.input[:] = [meta.name if i == value.name else i for i in node.input]
+            for out in model.graph.output:
+                out.name = meta.name if out.name == value.name else out.name
+            value.name = meta.name
+    produced = {o for node in model.graph.node for o in node.output}
+    renamed: dict[str, str] = {}  # a node output → the contract name it now has
+    for value, meta in zip(model.graph.output, graph.outputs, strict=True):
+        source = value.name
+        if source in produced and source not in renamed:
+            for node in model.graph.node:
+                node.output[:] = [meta.name if o == source else o for o in node.output]
+                node.input[:] = [meta.name if i == source else i for i in node.input]
+            renamed[source] = meta.name
+        else:
+            src = renamed.get(source, source)
+            model.graph.node.append(onnx.helper.make_node("Identity", [src], [meta.name], name=f"{meta.name}/out"))
+        value.name = meta.name
 
 
 class ConversionError(RuntimeError):
