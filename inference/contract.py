@@ -259,6 +259,12 @@ class PolicyContract:
             return np.dtype(self.observations[0].dtype)
         return np.dtype([(f.name, f.dtype, f.shape) for f in self.observations])
 
+    def empty_observations(self, n: int) -> np.ndarray:
+        """``n`` zero observation rows (``obs_dtype``; an array observation keeps its shape)."""
+        if self.obs_dict:
+            return np.zeros(n, self.obs_dtype)
+        return np.zeros((n, *self.obs_shape), self.obs_dtype)
+
     def input_metas(self) -> list[TensorMeta]:
         """The graph's inputs in order: observation(s), noise, states (``-1`` the batch)."""
         metas = [f.meta() for f in self.observations]
@@ -276,7 +282,7 @@ class PolicyContract:
         """Env observations (arrays, or dicts for a ``Dict`` observation) as one batch of rows (``obs_dtype``)."""
         if not self.obs_dict:
             return np.asarray(np.stack([np.asarray(r) for r in rows]), self.observations[0].dtype)
-        batch = np.zeros(len(rows), self.obs_dtype)
+        batch = self.empty_observations(len(rows))
         for f in self.observations:
             batch[f.name] = np.stack([np.asarray(r[f.name]) for r in rows])
         return batch

@@ -188,7 +188,7 @@ def as_rows(contract: PolicyContract, columns: dict[str, np.ndarray]) -> np.ndar
     """Observation rows of ``contract.obs_dtype`` from one array per input."""
     if not contract.obs_dict:
         return np.asarray(columns[OBS], contract.obs_dtype)
-    rows = np.zeros(len(next(iter(columns.values()))), contract.obs_dtype)
+    rows = contract.empty_observations(len(next(iter(columns.values()))))
     for name, column in columns.items():
         rows[name] = column
     return rows
@@ -222,7 +222,7 @@ def comparison_feeds(
     """
     rng = np.random.default_rng([seed, stream])
     contract = bundle.contract(bundle.graphs[0])
-    observed = np.zeros(0, contract.obs_dtype) if observed is None else observed
+    observed = contract.empty_observations(0) if observed is None else observed
     cap = n if observed_label == "recorded" else n // 3
     n_obs = min(len(observed), cap)
     picked = np.sort(rng.choice(len(observed), n_obs, replace=False)) if n_obs else np.zeros(0, int)

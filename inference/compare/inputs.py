@@ -126,7 +126,7 @@ def load_observations(
     rows = len(next(iter(columns.values())))
     if any(len(c) != rows for c in columns.values()) or not rows:
         raise UsageError(f"{where}: the observation arrays must hold the same, non-zero number of rows")
-    obs = np.zeros(rows, contract.obs_dtype) if contract.obs_dict else columns[OBS].astype(contract.obs_dtype)
+    obs = contract.empty_observations(rows) if contract.obs_dict else columns[OBS].astype(contract.obs_dtype)
     if contract.obs_dict:
         for name, column in columns.items():
             obs[name] = column

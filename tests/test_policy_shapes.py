@@ -1,0 +1,237 @@
+"""Policies as teams build them: a GRU carrying its state, a CNN on uint8 camera frames from a team's own env,
+two action heads on a ``MultiDiscrete`` env, a ``Dict`` observation. Each exports a full bundle that verifies on
+every runtime and fails against an injected fault; a contract that leaves a head or a key out is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import foreign_envs as fe
+import foreign_policies as fp
+import numpy as np
+import pytest
+
+from inference.compare.verifier import VerifyOptions
+from inference.contract import PolicyContract
+from inference.errors import UsageError
+from msrl_consistency.api import export_policy, verify_policy
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bring-your-own"
+EVERY_RUNTIME = ("ms-graph", "ms-mindir", "lite", "onnxruntime")
+SMALL = ["--observations", "1000", "--episodes", "3"]
+
+
+def options(**kwargs) -> VerifyOptions:
+    return VerifyOptions(**{"observations": 1000, "episodes": 3, "seed": 2, "required": EVERY_RUNTIME, **kwargs})
+
+
+def stages(result) -> set[str]:
+    return {c.diagnosis["stage"] for c in result.failed if c.diagnosis}
+
+
+def cli(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def example_module(work: Path, unique: str):
+    """The example's ``policy.py`` as a module of its own name (every example has a ``policy`` module)."""
+    import importlib.util
+
+    sys.path.insert(0, str(work))  # its own imports (pixel_env) resolve from its directory
+    try:
+        if unique in sys.modules:
+            return sys.modules[unique]
+        spec = importlib.util.spec_from_file_location(unique, work / "policy.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[unique] = module  # MindSpore's graph compiler looks the Cell's module up by name
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    finally:
+        sys.path.remove(str(work))
+    return module
+
+
+def trained_example(tmp_path_factory, name: str, *train_args: str) -> Path:
+    """A copy of ``examples/bring-your-own/NAME`` after its own plain MindSpore training script ran there."""
+    work = tmp_path_factory.mktemp("byo") / name
+    shutil.copytree(EXAMPLES / name, work)
+    proc = subprocess.run([sys.executable, "train.py", *train_args], cwd=work, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return work
+
+
+# -- carried state: a GRU on CartPole-v1 ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def recurrent(tmp_path_factory) -> Path:
+    work = trained_example(tmp_path_factory, "recurrent", "--steps", "80")
+    proc = cli(work, "msrl_consistency.export", "--cell", "policy:make_policy", "--ckpt", "policy.ckpt", "--contract",
+               "contract.toml", "--out", "bundle")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return work
+
+
+def test_a_gru_policy_verifies_with_its_state_threaded_through_every_runtime(recurrent):
+    proc = cli(recurrent, "msrl_consistency.verify", "--bundle", "bundle", "--cell", "policy:make_policy", *SMALL,
+               "--require", ",".join(EVERY_RUNTIME), "--out", "r")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    report = json.loads((recurrent / "r" / "report.json").read_text())
+    manifest = json.loads((recurrent / "bundle" / "manifest.json").read_text())["graphs"]["policy"]
+    assert [i["name"] for i in manifest["inputs"]] == ["obs", "h"]
+    assert {f for f, e in manifest["files"].items() if "file" in e} == {"mindir", "onnx", "ms"}
+    teacher = [c for c in report["checks"] if c["name"].startswith("episodes.teacher_forced")]
+    assert teacher and all("state" in c["metrics"] and c["metrics"]["state"]["first_divergent_step"] is None
+                           for c in teacher)  # fmt: skip
+
+
+def test_a_gru_whose_state_is_not_fed_back_fails_at_the_state(recurrent):
+    policy = example_module(recurrent, "recurrent_policy")
+    stuck = export_policy(policy.make_stuck_policy(), recurrent / "contract.toml", recurrent / "stuck",
+                          checkpoint=recurrent / "policy.ckpt")  # fmt: skip
+    result = _verify_in(recurrent, stuck.root, runtimes=("ms-mindir", "lite", "onnxruntime"), required=())
+    assert result.exit_code == 1 and stages(result) == {"state"}, result.console_table()
+    teacher = next(c for c in result.failed if c.name.startswith("episodes.teacher_forced"))
+    assert teacher.metrics["state"]["first_divergent_step"] == 1 and "state h first leaves" in teacher.summary
+
+
+def test_a_gru_with_a_nudged_weight_fails(recurrent, tmp_path):
+    import mindspore as ms
+
+    policy = example_module(recurrent, "recurrent_policy")
+    cell = policy.make_policy()
+    ms.load_checkpoint(str(recurrent / "policy.ckpt"), cell)
+    nudged = export_policy(fp.nudge(cell, "gru.weight_ih", 0.05), recurrent / "contract.toml", tmp_path / "n")
+    result = _verify_in(recurrent, nudged.root)
+    assert result.exit_code == 1 and stages(result) == {"network"}, result.console_table()
+
+
+def test_the_golden_file_and_play_carry_the_state_on_the_deploy_side(recurrent, tmp_path):
+    from inference.compare.golden import load_golden, save_golden
+
+    result = _verify_in(recurrent, recurrent / "bundle", runtimes=("ms-graph",), required=())
+    save_golden(tmp_path / "g.npz", result.reference, result.bundle, result.inputs.get("env"))
+    golden = load_golden(tmp_path / "g.npz", result.bundle)
+    assert golden.feeds.state is not None and all(t.states is not None for t in golden.traces.values())
+    deploy = "import sys; sys.modules['mindspore'] = None\nfrom inference.check import cli\ncli()"
+    args = [str(recurrent / "bundle"), "--golden", str(tmp_path / "g.npz"), "--out", str(tmp_path / "r"), "--quiet"]
+    proc = subprocess.run([sys.executable, "-c", deploy, *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    play = "import sys; sys.modules['mindspore'] = None\nfrom inference.play import main\nsys.exit(main(sys.argv[1:]))"
+    seed = str(result.reference.seed)  # play's episode k is reset with seed + k, as verify's
+    proc = subprocess.run([sys.executable, "-c", play, str(recurrent / "bundle"), "--episodes", "2", "--seed", seed],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and "mean return" in proc.stdout, proc.stderr[-2000:]
+    played = [float(line.split("return ")[1].split()[0]) for line in proc.stdout.splitlines()
+              if line.startswith("episode")]  # fmt: skip
+    reference = result.reference.traces["deterministic"].returns[:2]
+    assert played == pytest.approx(list(reference))  # the device's episodes, state carried, are the reference's
+
+
+def _verify_in(work: Path, bundle: Path, **kwargs):
+    policy = example_module(work, "recurrent_policy")
+    return verify_policy(policy.make_policy(), None, bundle, checkpoint=work / "policy.ckpt", options=options(**kwargs))
+
+
+# -- uint8 camera frames from a team's own env ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pixel(tmp_path_factory) -> Path:
+    work = trained_example(tmp_path_factory, "pixel", "--steps", "80")
+    proc = cli(work, "msrl_consistency.export", "--cell", "policy:make_policy", "--ckpt", "policy.ckpt", "--contract",
+               "contract.toml", "--out", "bundle")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return work
+
+
+def test_a_cnn_on_uint8_frames_keeps_its_dtype_everywhere_and_verifies(pixel):
+    import onnx
+
+    manifest = json.loads((pixel / "bundle" / "manifest.json").read_text())["graphs"]["policy"]
+    assert manifest["inputs"] == [{"name": "obs", "dtype": "uint8", "shape": [-1, 16, 16, 3]}]
+    assert onnx.load(str(pixel / "bundle" / "policy.onnx")).graph.input[0].type.tensor_type.elem_type == 2  # uint8
+    proc = cli(pixel, "msrl_consistency.verify", "--bundle", "bundle", "--cell", "policy:make_policy", "--env",
+               "pixel_env:make_env", *SMALL, "--require", ",".join(EVERY_RUNTIME), "--out", "r")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_uint8_feeds_are_integer_frames_with_black_and_white_and_no_nan(pixel):
+    from inference.bundle import load_bundle
+    from inference.compare.feeds import comparison_feeds
+
+    bundle = load_bundle(pixel / "bundle")
+    feeds = comparison_feeds(bundle, 500, 0, None, "episode", 17)
+    assert feeds.obs.dtype == np.uint8 and feeds.finite.all() and "nan" not in set(feeds.source)
+    frames = feeds.obs.reshape(len(feeds.obs), -1)
+    assert (frames == 0).all(1).any() and (frames == 255).all(1).any()  # an all-black and an all-white frame
+    assert frames.min() == 0 and frames.max() == 255
+
+
+def test_a_pixel_policy_nudged_or_fed_floats_fails(pixel, tmp_path):
+    import mindspore as ms
+
+    policy = example_module(pixel, "pixel_policy")
+    cell = policy.make_policy()
+    ms.load_checkpoint(str(pixel / "policy.ckpt"), cell)
+    nudged = export_policy(fp.nudge(cell, "conv2.weight", 0.2), pixel / "contract.toml", tmp_path / "n")
+    sys.path.insert(0, str(pixel))
+    try:
+        import pixel_env
+    finally:
+        sys.path.remove(str(pixel))
+    result = verify_policy(policy.make_policy(), None, nudged.root, checkpoint=pixel / "policy.ckpt",
+                           env=pixel_env.make_env, options=options())  # fmt: skip
+    assert result.exit_code == 1 and stages(result) == {"network"}, result.console_table()
+
+
+# -- several action heads, a Dict observation -----------------------------------------------------------------------
+SHAPES = {
+    "two heads on MultiDiscrete([2, 3])": (fp.make_two_head, fp.TWO_HEAD_CONTRACT, fe.make_two_head, "body.0.weight"),
+    "a Dict observation (vector + uint8 frame)": (fp.make_dict_policy, fp.DICT_CONTRACT, fe.make_dict, "vec.weight"),
+}
+
+
+@pytest.mark.parametrize("case", list(SHAPES))
+def test_heads_and_dict_observations_verify_everywhere_and_fail_when_nudged(tmp_path, case):
+    make, contract, env, weight = SHAPES[case]
+    bundle = export_policy(make(), contract, tmp_path / "b")
+    files = bundle.manifest["graphs"]["policy"]["files"]
+    assert {f for f, e in files.items() if "file" in e} == {"mindir", "onnx", "ms"}
+    result = verify_policy(make(), None, bundle.root, env=env, options=options())
+    assert result.exit_code == 0, result.console_table(only_failed=True)
+    nudged = export_policy(fp.nudge(make(), weight, 0.3), contract, tmp_path / "n")
+    result = verify_policy(make(), None, nudged.root, env=env, options=options())
+    assert result.exit_code == 1 and stages(result) == {"network"}, result.console_table()
+
+
+def test_a_contract_that_leaves_a_head_or_a_key_out_is_refused(tmp_path):
+    import mindspore as ms
+    from mindspore import nn
+
+    one_head = {**fp.TWO_HEAD_CONTRACT, "action": {"kind": "categorical", "logits": "direction"}}
+    bundle = export_policy(fp.make_two_head(), one_head, tmp_path / "heads")
+    with pytest.raises(UsageError, match=r"MultiDiscrete\(\[2 3\]\), 2 heads; the contract's categorical action "
+                       "has 1 head") as info:  # fmt: skip
+        verify_policy(fp.make_two_head(), None, bundle.root, env=fe.make_two_head, options=options(required=()))
+    assert "\n" not in str(info.value)
+    ms.set_seed(0)
+    vector_only = nn.Dense(4, 2)  # a Cell that reads the vector and ignores the camera
+    contract = {"input": {"obs": {"vec": [4]}}, "outputs": {"names": ["logits"]},
+                "action": {"kind": "categorical", "logits": "logits"}}  # fmt: skip
+    bundle = export_policy(vector_only, contract, tmp_path / "keys")
+    with pytest.raises(UsageError, match=r"the contract leaves out \['img'\]") as info:
+        verify_policy(vector_only, None, bundle.root, env=fe.make_dict, options=options(required=()))
+    assert "\n" not in str(info.value)
+
+
+def test_every_new_contract_key_parses_and_round_trips():
+    examples = [PolicyContract.from_toml(EXAMPLES / name / "contract.toml") for name in ("recurrent", "pixel")]
+    examples += [PolicyContract.from_dict(c) for c in (fp.TWO_HEAD_CONTRACT, fp.DICT_CONTRACT)]
+    recurrent, pixel, heads, dict_obs = examples
+    assert recurrent.states[0].name == "h" and recurrent.states[0].next == "h_next"
+    assert [m.name for m in recurrent.input_metas()] == ["obs", "h"]
+    assert pixel.observations[0].dtype == "uint8" and heads.action.heads == ("direction", "strength")
+    assert dict_obs.obs_dict and [f.name for f in dict_obs.observations] == ["vec", "img"]
+    for contract in examples:
+        assert PolicyContract.from_dict(contract.to_dict()) == contract
