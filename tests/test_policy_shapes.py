@@ -235,3 +235,44 @@ def test_every_new_contract_key_parses_and_round_trips():
     assert dict_obs.obs_dict and [f.name for f in dict_obs.observations] == ["vec", "img"]
     for contract in examples:
         assert PolicyContract.from_dict(contract.to_dict()) == contract
+
+
+def test_recorded_observations_may_carry_the_state_columns(recurrent, tmp_path):
+    """A team's recording of its device: observations and the hidden state it had at each one."""
+    result = _verify_in(recurrent, recurrent / "bundle", runtimes=("ms-graph",), required=())
+    trace = result.reference.traces["deterministic"]
+    obs, state = trace.obs[trace.alive], trace.states[trace.alive]
+    np.savez(tmp_path / "rec.npz", obs=obs, h=state["h"])
+    policy = example_module(recurrent, "recurrent_policy")
+    only_lite = options(runtimes=("lite",), required=())
+    recorded = verify_policy(policy.make_policy(), None, recurrent / "bundle", checkpoint=recurrent / "policy.ckpt",
+                             observations=tmp_path / "rec.npz", options=only_lite)  # fmt: skip
+    assert recorded.exit_code == 0, recorded.console_table(only_failed=True)
+    feeds = recorded.reference.feeds
+    rows = feeds.source == "recorded"
+    assert rows.sum() == min(len(obs), 1000) and feeds.state is not None
+    assert not np.allclose(feeds.state["h"][rows], 0.0)  # the recorded states, not the init
+
+
+def test_a_runtime_whose_model_would_cast_an_input_is_a_finding(pixel, tmp_path):
+    """The .onnx swapped for one that takes float32 frames: ONNX Runtime would cast the camera's bytes."""
+    import onnx
+
+    from inference.bundle import sha256_file
+
+    copy = tmp_path / "b"
+    shutil.copytree(pixel / "bundle", copy)
+    model = onnx.load(str(copy / "policy.onnx"))
+    model.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    cast = next(n for n in model.graph.node if n.op_type == "Cast")
+    cast.attribute[0].i = onnx.TensorProto.FLOAT
+    onnx.save(model, str(copy / "policy.onnx"))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["graphs"]["policy"]["files"]["onnx"]["sha256"] = sha256_file(copy / "policy.onnx")
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    policy = example_module(pixel, "pixel_policy")
+    result = verify_policy(policy.make_policy(), None, copy, checkpoint=pixel / "policy.ckpt",
+                           observations=np.zeros((20, 16, 16, 3), np.uint8),
+                           options=options(runtimes=("onnxruntime",), required=()))  # fmt: skip
+    check = next(c for c in result.failed if c.runtime == "onnxruntime")
+    assert check.name == "input_dtypes" and "obs float32 (contract: uint8)" in check.summary
