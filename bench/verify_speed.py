@@ -1,10 +1,12 @@
 """Wall time of a full verify (10k observations, 20 episodes per mode, every available runtime) per policy.
 
-Cases: our CartPole-v1 bundle; the two bring-your-own examples (a Pendulum ``PolicyNet`` 64x64 exported with
-plain ``mindspore.export`` and as a bundle, a CartPole DQN Q-network), which never touch our trainer; and, when
-given with ``--biped-bundle``/``--biped-ckpt``, a BipedalWalker-v3 bundle (256-256-128, episodes up to 1,600
-steps). Each row also shows the reference-only time measured in the same run (``--runtimes ms-graph``: builds
-the reference and compares one runtime) as its baseline. Target: every full verify <= 60 s.
+Cases: our CartPole-v1 bundle; the bring-your-own examples (a Pendulum ``PolicyNet`` 64x64 exported with
+plain ``mindspore.export`` and as a bundle, a CartPole DQN Q-network, a GRU carrying its state, a CNN on uint8
+camera frames from the team's own env), which never touch our trainer; a two-head policy on a ``MultiDiscrete``
+env and a ``Dict``-observation policy (``tests/foreign_policies.py``); and, when given with
+``--biped-bundle``/``--biped-ckpt``, a BipedalWalker-v3 bundle (256-256-128, episodes up to 1,600 steps). Each
+row also shows the reference-only time measured in the same run (``--runtimes ms-graph``: builds the reference
+and compares one runtime) as its baseline. Target: every full verify <= 60 s.
 
     python bench/verify_speed.py [--biped-bundle B --biped-ckpt C]
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from inference_latency import prepare
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bring-your-own"
+TESTS = Path(__file__).resolve().parents[1] / "tests"
 TARGET_S = 60.0
 
 
@@ -42,6 +45,47 @@ def example(name: str, out: Path, *train_args: str) -> Path:
     return work
 
 
+def exported(work: Path, factory: str, contract: str) -> None:
+    if not (work / "bundle" / "manifest.json").exists():
+        subprocess.run([sys.executable, "-m", "msrl_consistency.export", "--cell", factory, "--contract", contract,
+                        *(["--ckpt", "policy.ckpt"] if (work / "policy.ckpt").exists() else []), "--out", "bundle"],
+                       cwd=work, check=True, capture_output=True)  # fmt: skip
+
+
+def shapes(out: Path) -> Path:
+    """A team directory with the two-head and Dict policies (and their envs) and their contracts as TOML."""
+    work = out / "shapes"
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("foreign_policies.py", "foreign_envs.py"):
+        shutil.copy(TESTS / name, work)
+    sys.path.insert(0, str(work))
+    import foreign_policies as fp
+
+    for name, contract in (("two_head", fp.TWO_HEAD_CONTRACT), ("dict", fp.DICT_CONTRACT)):
+        (work / name).mkdir(exist_ok=True)
+        for module in ("foreign_policies.py", "foreign_envs.py"):
+            shutil.copy(TESTS / module, work / name)
+        (work / name / "contract.toml").write_text(toml(contract))
+    return work
+
+
+def toml(data: dict, prefix: str = "") -> str:
+    """A contract dict as TOML (tables and inline tables; enough for contracts)."""
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    lines = [f"[{prefix}]"] if prefix and scalars else []
+    lines += [f"{k} = {_value(v)}" for k, v in scalars.items()]
+    for k, v in tables.items():
+        lines += ["", toml(v, f"{prefix}.{k}" if prefix else k)]
+    return "\n".join(lines) + "\n"
+
+
+def _value(v) -> str:  # noqa: ANN001
+    import json
+
+    return json.dumps(v)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("reports/bench/verify_speed"))
@@ -53,6 +97,13 @@ def main() -> None:
     bundle, ckpt = prepare(args.out)
     pendulum = example("pendulum", args.out.resolve(), "--iterations", "10")
     dqn = example("cartpole-dqn", args.out.resolve(), "--steps", "3000")
+    recurrent = example("recurrent", args.out.resolve())
+    pixel = example("pixel", args.out.resolve())
+    exported(recurrent, "policy:make_policy", "contract.toml")
+    exported(pixel, "policy:make_policy", "contract.toml")
+    team = shapes(args.out.resolve())
+    exported(team / "two_head", "foreign_policies:make_two_head", "contract.toml")
+    exported(team / "dict", "foreign_policies:make_dict_policy", "contract.toml")
     if not (pendulum / "bundle" / "manifest.json").exists():
         subprocess.run([sys.executable, "-m", "msrl_consistency.export", "--cell", "policy:make_policy", "--ckpt",
                         "policy.ckpt", "--contract", "contract.toml", "--out", "bundle"], cwd=pendulum, check=True,
@@ -61,9 +112,16 @@ def main() -> None:
         ("CartPole-v1, our bundle (64x64)", ["--bundle", str(bundle.resolve()), "--ckpt", str(ckpt.resolve())], None),
         ("Pendulum PolicyNet 64x64, user MindIR (no bundle)", ["--mindir", "policy_model.mindir", "--cell",
          "policy:make_policy", "--ckpt", "policy.ckpt", "--contract", "contract.toml"], pendulum),
-        ("Pendulum PolicyNet 64x64, exported bundle", ["--bundle", "bundle"], pendulum),
+        ("Pendulum PolicyNet 64x64, exported bundle", ["--bundle", "bundle", "--cell", "policy:make_policy"], pendulum),
         ("CartPole DQN 64x64, user MindIR", ["--mindir", "qnet.mindir", "--cell", "qnet:make_qnet", "--ckpt",
          "qnet.ckpt", "--contract", "contract.toml"], dqn),
+        ("CartPole GRU 16 (carried state), bundle", ["--bundle", "bundle", "--cell", "policy:make_policy"], recurrent),
+        ("Pixel CNN on uint8 16x16x3 frames (team env), bundle", ["--bundle", "bundle", "--cell", "policy:make_policy",
+         "--env", "pixel_env:make_env"], pixel),
+        ("Two heads on MultiDiscrete([2, 3]), bundle", ["--bundle", "bundle", "--cell",
+         "foreign_policies:make_two_head", "--env", "foreign_envs:make_two_head"], team / "two_head"),
+        ("Dict observation (vector + uint8 frame), bundle", ["--bundle", "bundle", "--cell",
+         "foreign_policies:make_dict_policy", "--env", "foreign_envs:make_dict"], team / "dict"),
     ]  # fmt: skip
     if args.biped_bundle and args.biped_ckpt:
         biped = ["--bundle", str(args.biped_bundle.resolve()), "--ckpt", str(args.biped_ckpt.resolve())]
