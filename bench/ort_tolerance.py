@@ -75,6 +75,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--envs", default="CartPole-v1,Pendulum-v1,BipedalWalker-v3")
     p.add_argument("--steps", type=int, default=8192, help="training steps per preset")
+    p.add_argument("--runs", type=Path, nargs="*", default=[], help="trained run directories to measure as well")
     p.add_argument("--out", type=Path, default=Path("reports/bench/ort_tolerance"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -92,6 +93,11 @@ def main() -> None:
         ckpt = train(env_id, args.steps, args.out / "runs")
         bundle = export_run(ckpt, Path(tempfile.mkdtemp(dir=args.out)) / env_id, ExportOptions(), force=True)
         cases.append((f"{env_id} (trained {args.steps} steps)", bundle, TrainerCells(ckpt, bundle.policy_spec)))
+    for run in args.runs:
+        ckpt = run / "checkpoint.ckpt"
+        bundle = export_run(ckpt, Path(tempfile.mkdtemp(dir=args.out)) / run.name, ExportOptions(), force=True)
+        steps = bundle.manifest["source"]["global_step"]
+        cases.append((f"{bundle.env_id} {run.name} ({steps} steps)", bundle, TrainerCells(ckpt, bundle.policy_spec)))
     cnn, cell = cnn_bundle(Path(tempfile.mkdtemp(dir=args.out)))
     cases.append(("CNN 8x8x3 frames (seeded)", cnn, lambda _graph: cell))
     print(f"| policy | graph.output | ordinary max abs Δ | ordinary max abs ref | ratio | edge max Δ / magnitude | "
