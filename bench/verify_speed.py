@@ -8,6 +8,10 @@ env and a ``Dict``-observation policy (``tests/foreign_policies.py``); and, when
 row also shows the reference-only time measured in the same run (``--runtimes ms-graph``: builds the reference
 and compares one runtime) as its baseline. Target: every full verify <= 60 s.
 
+A second table times localisation: the CartPole bundle exported with one hidden layer's weight scaled (every
+runtime fails at the network stage), verified with ``--no-localize`` (baseline) and as by default (each failing
+runtime names its first diverging layer). Target: at most 10 s added.
+
     python bench/verify_speed.py [--biped-bundle B --biped-ckpt C]
 """
 
@@ -50,6 +54,30 @@ def exported(work: Path, factory: str, contract: str) -> None:
         subprocess.run([sys.executable, "-m", "msrl_consistency.export", "--cell", factory, "--contract", contract,
                         *(["--ckpt", "policy.ckpt"] if (work / "policy.ckpt").exists() else []), "--out", "bundle"],
                        cwd=work, check=True, capture_output=True)  # fmt: skip
+
+
+FAULTY = """
+import sys
+from pathlib import Path
+from msrl_consistency.agent import PolicySpec
+from msrl_consistency.api import export_run
+from msrl_consistency.artifacts import run_dir as rd
+from msrl_consistency.artifacts.bundle import ExportOptions
+from msrl_consistency.artifacts.checkpoint import load_policy
+ckpt, out = Path(sys.argv[1]), Path(sys.argv[2])
+policy = load_policy(ckpt, PolicySpec.from_dict(rd.read_run_json(ckpt.parent)["policy_spec"]))
+weight = policy.actor.layers[2].weight
+weight.set_data(type(weight.value())(weight.asnumpy() * 1.5))
+export_run(ckpt, out, ExportOptions(), policy=policy, force=True)
+"""
+
+
+def faulty_bundle(ckpt: Path, out: Path) -> Path:
+    """The checkpoint's policy with ``actor.layers.2``'s weight scaled by 1.5, exported to every format."""
+    bundle = out / "bundle-cartpole-faulty"
+    if not (bundle / "manifest.json").exists():
+        subprocess.run([sys.executable, "-c", FAULTY, str(ckpt), str(bundle)], check=True, capture_output=True)
+    return bundle
 
 
 def shapes(out: Path) -> Path:
@@ -133,6 +161,14 @@ def main() -> None:
         total, code = timed([*case, *full, "--out", str((args.out / f"full-{k}").resolve())], cwd)
         verdict = "yes" if total <= TARGET_S else "no"
         print(f"| {label} | {base:.1f} | {total:.1f} | {total / base:.2f}x | {code} | {verdict} |", flush=True)
+    faulty = ["--bundle", str(faulty_bundle(ckpt, args.out).resolve()), "--ckpt", str(ckpt.resolve()), *full]
+    print("\n| failing policy | --no-localize (s) | localized (s) | added (s) | exit | added <= 10 s |")
+    print("|---|---:|---:|---:|---:|---|")
+    base, _ = timed([*faulty, "--no-localize", "--out", str((args.out / "faulty-base").resolve())])
+    total, code = timed([*faulty, "--out", str((args.out / "faulty-localized").resolve())])
+    verdict = "yes" if total - base <= 10 else "no"
+    print(f"| CartPole-v1, actor.layers.2 x1.5 (every runtime fails) | {base:.1f} | {total:.1f} | {total - base:.1f} | "
+          f"{code} | {verdict} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -196,7 +196,12 @@ say "SDK $SDK ($LAYOUT layout, $SDK_ARCH), Lite $VERSION (from $VSRC), linking $
 # ---- 4. compile -----------------------------------------------------------------------------------------
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd -P)"
-CXXFLAGS=(-O2 -std=c++17 -Wall -I"$INC_ROOT" -I"$INC_ROOT/include" -DMSRL_LITE_VERSION="\"$VERSION\"")
+# The C++ string ABI the SDK was built with: most of its API passes strings as vector<char>, but the kernel
+# callbacks' MSCallBackParam holds std::string, which must have Lite's own layout (the PyPI 2.0.0 wheel: the old
+# ABI; reading it with the new one threw std::bad_alloc).
+if nm -D --defined-only "$LIB/$RTLIB" 2>/dev/null | grep -q __cxx11; then CXX_ABI=1; else CXX_ABI=0; fi
+CXXFLAGS=(-O2 -std=c++17 -Wall -D_GLIBCXX_USE_CXX11_ABI=$CXX_ABI -I"$INC_ROOT" -I"$INC_ROOT/include"
+          -DMSRL_LITE_VERSION="\"$VERSION\"")
 # -rpath-link resolves the runtime's own dependencies at link time; a DT_RPATH (not RUNPATH, which is not
 # inherited by those indirect dependencies) lets the binaries run without LD_LIBRARY_PATH.
 LDFLAGS=(-L"$LIB" -Wl,-rpath-link,"$LIB" -Wl,--disable-new-dtags -Wl,-rpath,"$LIB")
@@ -204,7 +209,7 @@ COMMON=(main protocol json lite_log errors mindir_probe pinning server)
 
 # Rebuild when the sources, the SDK, its version or the compiler changed (content hash, not timestamps).
 key=$( { cat "$SRC"/*.cc "$SRC"/*.h "$0"; [[ -f "$CONVERTER_SRC" ]] && cat "$CONVERTER_SRC";
-         echo "$SDK $VERSION $RTLIB $CXX $TARGET $RUNNER_ONLY"; } | sha256sum | cut -c1-16)
+         echo "$SDK $VERSION $RTLIB $CXX $TARGET $RUNNER_ONLY $CXX_ABI"; } | sha256sum | cut -c1-16)
 
 compile() {  # output, libraries..., -- sources (.cc or objects)...
     local out=$1

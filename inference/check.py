@@ -49,17 +49,18 @@ def check_golden(
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> VerifyResult:
     """Every selected runtime against the golden file's reference; episodes on the env it was recorded on."""
-    from inference.compare.golden import load_golden, read_golden
+    from inference.compare.golden import golden_layers, load_golden, read_golden
     from inference.compare.inputs import Inputs, resolve_inputs
     from inference.compare.verifier import verify
 
     reference = load_golden(golden, bundle)
+    localizer = golden_layers(golden, bundle, options.device)
     inputs = Inputs()
     if reference.traces:  # free-running episodes need the env the golden file was recorded on
         given = {k: v for k, v in observation_args.items() if v is not None}
         recorded = read_golden(golden)[0].get("env")
         inputs = resolve_inputs(bundle, **(given or _env_arg(recorded)))
-    return verify(bundle, options, inputs, reference=reference, progress=progress)
+    return verify(bundle, options, inputs, reference=reference, progress=progress, localizer=localizer)
 
 
 def _env_arg(env: str | None) -> dict[str, str | None]:
@@ -103,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", choices=sorted(PRESETS), help="tolerance preset (default: bundle precision)")
     p.add_argument("--tol", action="append", type=parse_tolerance, default=[], metavar="OUTPUT=ATOL,RTOL",
                    help="per-output tolerance override, repeatable")  # fmt: skip
+    p.add_argument("--localize", action=argparse.BooleanOptionalAction, default=None,
+                   help="name the first diverging layer of every runtime (the golden file must record layers: verify "
+                   "--golden-layers); --no-localize: of none; default: of a runtime failing at the network stage")
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     return p
 
@@ -128,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         required=names(args.require),
         device=args.device,
         device_id=args.device_id,
+        localize={None: "auto", True: "always", False: "never"}[args.localize],
     )
     started = time.perf_counter()
     if not args.quiet:

@@ -11,11 +11,13 @@ Protocol (all integers little-endian), over the runner's stdin/stdout:
   "device", "max_rows", "inputs": [{"name", "dtype", "shape"}], "outputs": [...]}`` or ``{"ok": false, "kind":
   "load"|"mindir_version"|"device"|"args"|"missing", "error"}`` and exits with 4/5/6/2/3 respectively
   (``mindir_version`` adds ``mind_ir_version`` and ``max_mind_ir_version``, both as Lite read them).
-* Request: ``u32 magic, u32 op`` (1 infer, 2 ping, 3 quit); infer adds ``u32 n_inputs`` and per input
-  ``u32 dtype, u32 ndim, i64 dims[ndim], u64 nbytes, bytes``, in the model's input order.
+* Request: ``u32 magic, u32 op`` (1 infer, 2 ping, 3 quit, 4 tap); infer and tap add ``u32 n_inputs`` and per
+  input ``u32 dtype, u32 ndim, i64 dims[ndim], u64 nbytes, bytes``, in the model's input order.
 * Response: ``u32 magic, u32 status`` (0 ok, 1 bad request, 2 inference failure); if ok ``u32 n_outputs``
   and per output ``u32 name_len, name, u32 dtype, u32 ndim, i64 dims[ndim], u64 nbytes, bytes``, else
-  ``u32 msg_len, msg``. Ping answers status 0 with no outputs; quit and EOF end the process with code 0.
+  ``u32 msg_len, msg``. Ping answers status 0 with no outputs; quit and EOF end the process with code 0. A tap
+  answers ``u32 n_kernels`` and per kernel, in execution order, ``u32 name_len, name, u32 type_len, type, u32
+  n_outputs`` and its outputs framed as above (every kernel's outputs: layer localisation).
 * Dtype codes: 0 float32, 1 float16, 2 int32, 3 int64, 4 uint8, 5 bool (one byte).
 * A request whose first dimension exceeds ``max_rows`` (``--max-rows``, default 65536) is refused with status 1
   and its payload skipped unbuffered: one huge batch would otherwise grow Lite's buffers for the runner's life.
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -46,7 +49,7 @@ from inference.mindir import read_header
 from inference.tensors import FeedError, TensorMeta
 
 MAGIC = 0x4D534C52
-OP_INFER, OP_PING, OP_QUIT = 1, 2, 3
+OP_INFER, OP_PING, OP_QUIT, OP_TAP = 1, 2, 3, 4
 STATUS_OK, STATUS_BAD_REQUEST, STATUS_INFER_FAILED = 0, 1, 2
 DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(t) for t in (np.float32, np.float16, np.int32, np.int64, np.uint8, np.bool_)
@@ -143,6 +146,15 @@ _STATUS_ERRORS: dict[int, type[Exception]] = {
     STATUS_BAD_REQUEST: FeedError,
     STATUS_INFER_FAILED: InferenceError,
 }
+
+
+@dataclass(frozen=True)
+class KernelOutputs:
+    """One Lite kernel's outputs from a tap request: its name (the converter's node name), type and tensors."""
+
+    name: str
+    kind: str
+    outputs: dict[str, np.ndarray]
 
 
 def runner_path() -> Path:
@@ -325,6 +337,42 @@ class LiteRunner:
             off = self._need(nbytes, deadline)
             out[name] = np.frombuffer(buf[off : off + nbytes], dtype=DTYPES[code]).reshape(dims)
         return out
+
+    def infer_taps(self, *arrays: np.ndarray) -> list[KernelOutputs]:
+        """Run the model once and return every kernel's outputs, in execution order (Lite's names and types: a
+        kernel the converter fused carries the fused ops' last output)."""
+        self._alive()
+        if len(arrays) != len(self.inputs):
+            raise FeedError(f"expected {len(self.inputs)} inputs, got {len(arrays)}")
+        parts = [_U32X3.pack(MAGIC, OP_TAP, len(self.inputs))]
+        for meta, arr in zip(self.inputs, arrays, strict=True):
+            arr = np.ascontiguousarray(arr)
+            parts += [self._feed_head(meta, arr), arr.data]
+        self._send(b"".join(parts))
+        deadline = time.monotonic() + self.timeout
+        self._status(deadline)
+        (count,) = _U32.unpack_from(self._buf, self._need(4, deadline))
+        kernels = []
+        for _ in range(count):
+            name, kind = self._string(deadline), self._string(deadline)
+            (n_out,) = _U32.unpack_from(self._buf, self._need(4, deadline))
+            kernels.append(KernelOutputs(name, kind, dict(self._tensor(deadline) for _ in range(n_out))))
+        return kernels
+
+    def _string(self, deadline: float) -> str:
+        (n,) = _U32.unpack_from(self._buf, self._need(4, deadline))
+        off = self._need(n, deadline)
+        return self._buf[off : off + n].decode(errors="replace")
+
+    def _tensor(self, deadline: float) -> tuple[str, np.ndarray]:
+        name = self._string(deadline)
+        code, ndim = _U32X2.unpack_from(self._buf, self._need(8, deadline))
+        dims = struct.unpack_from(f"<{ndim}q", self._buf, self._need(8 * ndim, deadline))
+        (nbytes,) = _U64.unpack_from(self._buf, self._need(8, deadline))
+        if code >= len(DTYPES):
+            self._crashed(f"runner sent unknown dtype code {code}")
+        off = self._need(nbytes, deadline)
+        return name, np.frombuffer(bytes(self._buf[off : off + nbytes]), dtype=DTYPES[code]).reshape(dims)
 
     def ping(self) -> float:
         """Round-trip an empty request; returns the elapsed seconds (a liveness and latency probe)."""

@@ -1,7 +1,7 @@
 """msrl-consistency: train PPO with MindSpore, export it, and prove every runtime acts like training.
 
-The library API (``export_policy``, ``verify_policy``, ``assert_policy_consistent``, ``PolicyContract``) takes
-any team's own policy Cell; it is imported lazily, so ``import msrl_consistency`` stays light.
+The library API (``export_policy``, ``verify_policy``, ``assert_policy_consistent``, ``PolicyContract``,
+``localize``) takes any team's own policy Cell; it is imported lazily, so ``import msrl_consistency`` stays light.
 
 Data flow, one sub-package per stage:
 ``envs`` → ``agent`` (policy Cells, in-graph pre/post-processing) → ``training`` (PPO) → ``artifacts``
@@ -24,6 +24,7 @@ _API = {
     "verify_run": "msrl_consistency.api",
     "PolicyContract": "inference.contract",
     "assert_policy_consistent": "msrl_consistency.testing",
+    "localize": "msrl_consistency.localization",
 }
 
 

@@ -42,6 +42,7 @@ from msrl_consistency.artifacts.bundle import (
 from msrl_consistency.artifacts.cells import TrainerCells, UserCells
 from msrl_consistency.artifacts.checkpoint import load_policy
 from msrl_consistency.artifacts.selfcheck import self_check
+from msrl_consistency.localization import CellLocalizer
 
 ContractLike = PolicyContract | str | Path | Mapping[str, Any]
 CellLike = nn.Cell | str | Callable[[], nn.Cell]
@@ -229,7 +230,9 @@ def verify_run(
         raise UsageError(f"{bundle.root} was exported from a user's Cell: verify it with --cell MODULE:FACTORY")
     options = options or VerifyOptions()
     inputs = inputs or resolve_inputs(bundle)
-    return verify(bundle, options, inputs, TrainerCells(checkpoint, bundle.policy_spec), checkpoint, **kwargs)
+    cells = TrainerCells(checkpoint, bundle.policy_spec)
+    kwargs.setdefault("localizer", CellLocalizer(bundle, cells, options.device))
+    return verify(bundle, options, inputs, cells, checkpoint, **kwargs)
 
 
 @compat.gc_frozen()
@@ -260,7 +263,8 @@ def verify_policy(
     with cells.caller_mode_kept():
         bundle = open_model(model, contract, cells)
         inputs = resolve_inputs(bundle, env_id, env, observations)
-        return verify(bundle, options, inputs, cells, checkpoint, reference, progress=progress)
+        localizer = CellLocalizer(bundle, cells, options.device)
+        return verify(bundle, options, inputs, cells, checkpoint, reference, progress=progress, localizer=localizer)
 
 
 def open_model(model: str | Path, contract: ContractLike | None, cells: UserCells | None = None) -> Bundle:

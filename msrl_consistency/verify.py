@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from inference.compare.checks import VerifyResult
     from inference.compare.verifier import VerifyOptions
     from msrl_consistency.artifacts.cells import UserCells
+    from msrl_consistency.localization import CellLocalizer
 
 
 
@@ -72,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-golden", type=Path, help="record inputs, reference outputs and episode traces (.npz)")
     p.add_argument("--golden", type=Path, help="compare runtimes against a golden file instead of the training path")
     p.add_argument("--out", type=Path, default=Path("reports/verify"), help="report directory")
+    p.add_argument("--localize", action=argparse.BooleanOptionalAction, default=None,
+                   help="name the first diverging layer of every runtime compared (--no-localize: of none; default: "
+                   "of a runtime failing at the network, precision or version stage)")  # fmt: skip
+    p.add_argument("--golden-layers", action="store_true",
+                   help="with --save-golden: record every layer's reference outputs too, so a deploy box without "
+                   "MindSpore can name the diverging layer (inference.check)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     return p
 
@@ -92,6 +99,8 @@ def _check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"unknown runtime {name!r}; choose from {', '.join(RUNTIMES)}")
     if args.golden and (args.cell or args.ckpt):
         raise UsageError("--golden replaces the training path: drop --cell/--ckpt")
+    if args.golden_layers and (not args.save_golden or args.golden):
+        raise UsageError("--golden-layers records layer outputs into --save-golden (from the training path)")
     if args.ckpt is not None:
         args.ckpt = rd.checkpoint_path(args.ckpt)
     for path in (args.contract, args.golden, args.baseline, args.observations_file):
@@ -117,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         required=names(args.require),
         device=args.device,
         device_id=args.device_id,
+        localize={None: "auto", True: "always", False: "never"}[args.localize],
     )
 
     def progress(message: str) -> None:
@@ -125,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     with _gc_frozen_unless_golden(args):
-        result, against = _run(args, options, progress)
+        result, against, localizer = _run(args, options, progress)
     if args.baseline:
         result.checks.append(check_baseline(args.baseline, result))
     if args.save_baseline:
@@ -133,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_golden:
         from inference.compare.golden import save_golden
 
-        save_golden(args.save_golden, result.reference, result.bundle, result.inputs.get("env"))
+        layers = localizer.record(result.reference.feeds) if args.golden_layers and localizer else None
+        save_golden(args.save_golden, result.reference, result.bundle, result.inputs.get("env"), layers)
     return finish(result, args.out, against, start, args.quiet)
 
 
@@ -149,8 +160,9 @@ def _gc_frozen_unless_golden(args: argparse.Namespace) -> contextlib.AbstractCon
 
 def _run(
     args: argparse.Namespace, options: VerifyOptions, progress: Callable[[str], None]
-) -> tuple[VerifyResult, str]:
-    """Resolve the model, the training path and the observations; run verify. Returns (result, description)."""
+) -> tuple[VerifyResult, str, CellLocalizer | None]:
+    """Resolve the model, the training path and the observations; run verify. Returns the result, a description,
+    and the localizer (the training path's Cells; None for a golden check)."""
     from inference.bundle import BundleError, load_bundle
     from inference.compare.inputs import check_same_contract, resolve_inputs
     from inference.compare.verifier import verify
@@ -176,7 +188,9 @@ def _run(
             say(f"note: the bundle was exported from {recorded}; verifying against --cell {args.cell} as asked")
         inputs = resolve_inputs(bundle, **observation_args)
         say(f"verifying {location} on {inputs.label} against {args.cell} ...")
-        return verify(bundle, options, inputs, cells, checkpoint, progress=progress), f"{location} vs {args.cell}"
+        localizer = _localizer(bundle, cells, options)
+        result = verify(bundle, options, inputs, cells, checkpoint, progress=progress, localizer=localizer)
+        return result, f"{location} vs {args.cell}", localizer
     try:
         bundle = load_bundle(location)
     except BundleError as exc:
@@ -189,7 +203,7 @@ def _run(
     if args.golden:
         say(f"verifying {bundle.root} against {args.golden} ...")
         result = check_golden(bundle, args.golden, options, observation_args, progress)
-        return result, f"golden {args.golden.name}"
+        return result, f"golden {args.golden.name}", None
     source = bundle.manifest.get("source") or {}
     checkpoint = args.ckpt or _manifest_checkpoint(source, say)
     if source.get("kind") == "cell":
@@ -207,7 +221,15 @@ def _run(
     inputs = resolve_inputs(bundle, **observation_args)
     against = checkpoint or source.get("cell")
     say(f"verifying {bundle.root} on {inputs.label} against {against} ...")
-    return verify(bundle, options, inputs, cells, checkpoint, progress=progress), f"{bundle.root} vs {against}"
+    localizer = _localizer(bundle, cells, options)
+    result = verify(bundle, options, inputs, cells, checkpoint, progress=progress, localizer=localizer)
+    return result, f"{bundle.root} vs {against}", localizer
+
+
+def _localizer(bundle: Bundle, cells: object, options: VerifyOptions) -> CellLocalizer:
+    from msrl_consistency.localization import CellLocalizer
+
+    return CellLocalizer(bundle, cells, options.device)
 
 
 def _manifest_checkpoint(source: dict, say: Callable[[str], None]) -> Path | None:

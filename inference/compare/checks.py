@@ -18,6 +18,7 @@ from inference.errors import EXIT_INCONSISTENT, EXIT_OK, EXIT_RUNTIME_UNAVAILABL
 if TYPE_CHECKING:
     from inference.compare.reference import Reference
     from inference.compare.verifier import VerifyOptions
+    from inference.localize import Localization
 
 REPORT_SCHEMA = "msrl-consistency/verify-report"
 REPORT_SCHEMA_VERSION = 2
@@ -45,6 +46,7 @@ class VerifyResult:
     reference: Reference
     episode_diffs: dict[str, dict[str, np.ndarray]]  # runtime -> mode -> per-step max action difference
     inputs: dict[str, Any] = field(default_factory=dict)  # where observations came from (env, file, golden)
+    localizations: dict[str, Localization] = field(default_factory=dict)  # runtime -> its first diverging layer
 
     @property
     def failed(self) -> list[Check]:

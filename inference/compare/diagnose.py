@@ -97,6 +97,9 @@ def diagnose(e: Evidence) -> Diagnosis:
         where = "the sampling graph's outputs differ" if e.separate_sampling_graph else "sampled actions differ"
         return Diagnosis("sampling", f"deterministic outputs agree but {where} under identical noise: the noise "
                          "stream or its transformation differs")  # fmt: skip
+    if not e.value_ok:
+        return Diagnosis("network", "the actor's outputs agree but the value output differs: the critic's weights or "
+                         "layers differ from the Cell's")  # fmt: skip
     if not e.state_ok:
         return Diagnosis("state", "the decision outputs agree but the carried state's next output does not: the graph "
                          "does not return the state the Cell carries (next names another output, or the state is not "

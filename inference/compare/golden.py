@@ -25,6 +25,7 @@ from inference.compare.episodes import EpisodeTrace
 from inference.compare.feeds import Feeds
 from inference.compare.reference import Reference
 from inference.errors import UsageError
+from inference.localize import LayerPlan, RecordedLayers
 
 GOLDEN_FORMAT = "msrl-consistency/golden"
 GOLDEN_VERSION = 3
@@ -32,7 +33,11 @@ TRACE_FIELDS = ("obs", "actions", "rewards", "alive")
 _V1_GRAPHS = {"det": "policy", "sto": "policy_sample"}
 
 
-def save_golden(path: Path, reference: Reference, bundle: Bundle, env_label: str | None) -> None:
+def save_golden(
+    path: Path, reference: Reference, bundle: Bundle, env_label: str | None, layers: dict[str, np.ndarray] | None = None
+) -> None:
+    """The reference in one ``.npz``; ``layers`` (``verify --save-golden --golden-layers``) adds the arrays a
+    deploy box needs to name the first diverging layer."""
     arrays: dict[str, np.ndarray] = {"obs": reference.feeds.obs, "source": reference.feeds.source.astype("U8")}
     if reference.feeds.state is not None:
         arrays["state"] = reference.feeds.state
@@ -55,6 +60,7 @@ def save_golden(path: Path, reference: Reference, bundle: Bundle, env_label: str
         "manifest_sha256": sha256_file(bundle.root / "manifest.json") if (bundle.root / "manifest.json").is_file()
         else None,
     }  # fmt: skip
+    arrays.update(layers or {})
     arrays["meta"] = np.array(json.dumps(meta))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
@@ -114,3 +120,15 @@ def _upgrade_v1(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out["noise/policy_sample"] = arrays["noise"]
     out["episode_noise/stochastic"] = arrays["episode_noise"]
     return out
+
+
+def golden_layers(path: Path, bundle: Bundle, device: str = "cpu") -> RecordedLayers | None:
+    """The layers a golden file recorded (``verify --golden-layers``), as the deploy side's localizer; None if none."""
+    _, arrays = read_golden(path)
+    if "layers/plan" not in arrays:
+        return None
+    count = lambda prefix: sum(k.startswith(prefix) for k in arrays)  # noqa: E731
+    inputs = [arrays[f"layers/input/{k}"] for k in range(count("layers/input/"))]
+    outputs = [arrays[f"layers/output/{k}"] for k in range(count("layers/output/"))]
+    plan = LayerPlan.from_dict(json.loads(str(arrays["layers/plan"])))
+    return RecordedLayers(str(arrays["layers/graph"]), plan, arrays["layers/rows"], inputs, outputs, bundle, device)

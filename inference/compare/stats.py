@@ -88,16 +88,18 @@ PRESETS: dict[str, Preset] = {
                    return_tolerance=0.05),
 }  # fmt: skip
 TOLERANCE_PRESETS: dict[str, Tolerance] = {name: preset.tolerance for name, preset in PRESETS.items()}
-# ONNX Runtime's MLAS GEMM sums in another order, so its error grows with the magnitude of what it sums: measured
-# on the trainer's presets and a CNN, at most 3.2e-5 x the largest magnitude among the ordinary rows (1.3e-3 on a
-# value of magnitude 51), and on the ±1e4 edge rows at most 1e-5 x their own magnitude (bench/ort_tolerance.py,
-# bench/results/ort_tolerance.md). Its fp32 atol is therefore 1e-5 plus 1e-4 x the row's magnitude: 3x the
-# measured need, and tight enough to see a weight moved by 1e-2.
+# ONNX Runtime differs from MindSpore's CPU kernels in two ways that grow with magnitude: its MLAS GEMM sums in
+# another order, and its Tanh is exact where MindSpore's CPU Tanh is an approximation (|error| up to 1.0e-4 near
+# |x| = 5, ``compat`` notes), so a squash to bounds ±b moves actions by up to 1e-4 x b. Measured on the trainer's
+# presets (8,192 steps and fully trained runs, 5 seeds each) and a CNN: at most 1.1e-4 x the largest magnitude
+# among the ordinary rows (2.2e-4 on a Pendulum action saturated at 2), and on the ±1e4 edge rows at most 1e-5 x
+# their own magnitude (bench/ort_tolerance.py, bench/results/ort_tolerance.md). Its fp32 atol is therefore 1e-5
+# plus 2e-4 x the row's magnitude: 1.8x the measured need, and tight enough to see a weight moved by 1e-2.
 # MindSpore's own graph paths run the training kernels: bitwise equal on MLPs, a few ULP of the row's magnitude
 # where graph mode fuses differently (1.2e-6 on GRU logits of magnitude ~8), so they are held to 1e-6 plus 1e-6 x
 # the row's magnitude: tight enough to see a single weight moved by 1e-3 (~1e-5 on the Gaussian mean).
 RUNTIME_OVERRIDES: dict[str, dict[str, Tolerance]] = {
-    "onnxruntime": {"fp32": Tolerance(1e-5, 1e-4, scale=1e-4)},
+    "onnxruntime": {"fp32": Tolerance(1e-5, 1e-4, scale=2e-4)},
     "ms-graph": {"fp32": Tolerance(1e-6, 1e-6, scale=1e-6)},
     "ms-mindir": {"fp32": Tolerance(1e-6, 1e-6, scale=1e-6)},
 }

@@ -22,13 +22,17 @@ from inference.compare.checks import Check, VerifyResult
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
 from inference.compare.reference import REFERENCE, Reference, build_reference
-from inference.compare.runtime_check import IN_GRAPH_RANDOMNESS, check_runtime
+from inference.compare.runtime_check import IN_GRAPH_RANDOMNESS, RuntimeReport, check_runtime
 from inference.compare.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
 from inference.compare.versions import version_checks
-from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError
+from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
+from inference.localize import Localization, Localizer
 from inference.runtimes.base import CellProvider, Runtime, RuntimeSource
 from inference.runtimes.registry import RUNTIMES, create
 from inference.spaces import check_env_spaces
+
+LOCALIZE_MODES = ("auto", "always", "never")
+LOCALIZE_STAGES = {"network", "precision", "version"}
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,16 @@ class VerifyOptions:
     required: tuple[str, ...] = ()
     device: str = "cpu"
     device_id: int = 0
+    # "auto": name the first diverging layer of a runtime that fails at the network, precision or version stage (and
+    # of Lite on an fp16 bundle: where the fp16 error grows); "always": of every runtime compared; "never".
+    localize: str = "auto"
 
     def validate(self, bundle: Bundle) -> str:
         """Every argument checked before any work; returns the tolerance preset."""
         if self.observations < 16 or self.episodes < 1:
             raise UsageError("observations must be >= 16 and episodes >= 1")
+        if self.localize not in LOCALIZE_MODES:
+            raise UsageError(f"localize must be one of {', '.join(LOCALIZE_MODES)}, got {self.localize!r}")
         preset = self.tolerance or bundle.precision
         if preset not in TOLERANCE_PRESETS:
             raise UsageError(f"unknown tolerance preset {preset!r}; choose {', '.join(TOLERANCE_PRESETS)}")
@@ -69,11 +78,14 @@ def verify(
     reference: Reference | None = None,
     extra_runtimes: Mapping[str, Mapping[str, Runtime]] | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
+    localizer: Localizer | None = None,
 ) -> VerifyResult:
     """Compare every selected runtime against ``reference`` (built from ``cells`` on ``inputs`` when not given).
 
     ``checkpoint`` only feeds the provenance check (was the bundle exported from it?); ``extra_runtimes`` adds
-    runtimes that are not in the registry (graph name → Runtime), e.g. a team's own deploy wrapper.
+    runtimes that are not in the registry (graph name → Runtime), e.g. a team's own deploy wrapper. ``localizer``
+    (the training side's, or a golden file's recorded layers) names the first diverging layer of a runtime as
+    ``options.localize`` says.
     """
     preset = options.validate(bundle)
     source = RuntimeSource(bundle, cells, options.device, options.device_id)
@@ -87,6 +99,7 @@ def verify(
         check_env_matches_contract(bundle, inputs.env)
     checks: list[Check] = []
     runtimes: dict[str, dict] = {}
+    localizations: dict[str, Localization] = {}
     env_deterministic = False  # free-running episodes may then skip the env steps that follow the reference
     if inputs.env is not None:
         checks.append(_env_check(inputs.env, options.seed))
@@ -145,11 +158,40 @@ def verify(
         runtimes[name], episode_diffs[name] = report.info, report.episode_diffs
         checks += report.checks
         progress(f"{name}: {report.info['status']} ({time.perf_counter() - started:.1f} s)")
+        if localizer is not None and _wants_localization(options.localize, report, bundle, name):
+            localizations[name] = _localize(localizer, bundle, reference, report, name, tolerance_for(preset, name))
+            progress(localizations[name].line())
     checks.extend(version_checks(bundle, runtimes))
-    result = VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe())
+    result = VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe(),
+                          localizations)  # fmt: skip
     if not result.compared:
         checks.append(nothing_compared(runtimes))
     return result
+
+
+def _wants_localization(mode: str, report: RuntimeReport, bundle: Bundle, name: str) -> bool:
+    if mode == "never" or report.info.get("status") != "ran":
+        return False
+    stages = {c.diagnosis["stage"] for c in report.checks if c.status == "fail" and c.diagnosis}
+    return mode == "always" or bool(stages & LOCALIZE_STAGES) or (bundle.precision == "fp16" and name == "lite")
+
+
+def _localize(
+    localizer: Localizer, bundle: Bundle, reference: Reference, report: RuntimeReport, name: str, tol: Tolerance
+) -> Localization:
+    """The runtime's per-layer comparison, on the graph whose outputs failed (else the deciding graph) and the rows
+    where its decision output differs most. A localisation that cannot run says why; it never ends the verdict."""
+    failed = [c.name.split(".", 1)[1] for c in report.checks
+              if c.name.startswith("observations.") and c.status == "fail"]  # fmt: skip
+    graph = failed[0] if failed else bundle.mode_graph("deterministic") or bundle.graphs[0]
+    rows = report.worst_rows.get(graph, np.zeros(0, int))
+    if not len(rows):
+        return Localization(name, None, None, [], "not localized: no ordinary observation row to run on")
+    inputs = [x[rows] for x in reference.feeds.graph_inputs(bundle, graph)]
+    try:
+        return localizer(name, graph, rows, inputs, tol)
+    except Exception as exc:  # noqa: BLE001 - a layer search that fails is reported, the verdict stands
+        return Localization(name, None, None, [], f"not localized: {first_line(exc)}", method="none")
 
 
 def logits_that_are_probabilities(bundle: Bundle, reference: Reference) -> list[Check]:

@@ -63,6 +63,7 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
         },
         "runtimes": result.runtimes,
         "checks": [c.to_dict() for c in result.checks],
+        "localization": {name: loc.to_dict() for name, loc in result.localizations.items()},
     }
 
 
@@ -80,6 +81,9 @@ def console_table(result: VerifyResult, only_failed: bool = False) -> str:
             if name not in named and info.get("status") not in ("ran", "reference")]  # fmt: skip
     if idle and not only_failed:
         lines.append("\nnot compared here: " + "; ".join(idle))
+    if result.localizations:
+        lines.append("")
+        lines += [loc.line() for loc in result.localizations.values()]
     return "\n".join(lines) + f"\n\n{result.verdict_line()}"
 
 
@@ -101,6 +105,7 @@ def markdown(result: VerifyResult) -> str:
         if c.diagnosis:
             detail += f" — **{c.diagnosis['stage']}**: {c.diagnosis['detail']}"
         out.append(f"| {c.runtime} | {c.name} | {icon[c.status]} {c.status} | {detail} |")
+    out += _localization_markdown(result)
     defaults = result.bundle.defaults()
     if defaults:
         out += ["", "## Manifest defaults", "", "Optional fields the manifest leaves out, and what verify assumed:", ""]
@@ -116,6 +121,50 @@ def markdown(result: VerifyResult) -> str:
                     if nan.get("outputs_differing") else "")  # fmt: skip
         out.append(f"- **{name}**: {info['status']} {('— ' + extra) if extra else ''}{tolerance}{nan_text}")
     return "\n".join(out) + "\n"
+
+
+def _localization_markdown(result: VerifyResult) -> list[str]:
+    """Per localised runtime: its first diverging layer, then the layers up to it and a few after."""
+    if not result.localizations:
+        return []
+    out = ["", "## Where it diverges", ""]
+    for loc in result.localizations.values():
+        out += [f"**{loc.line()}** (by {loc.method})", ""]
+        if loc.layers:
+            out += ["| layer | type | status | cosine | max abs | max rel | note |", "|---|---|---|---:|---:|---:|---|"]
+            for row in loc.layers:
+                nums = [f"{v:.6f}" if k == 0 and v is not None else (f"{v:.2e}" if v is not None else "–")
+                        for k, v in enumerate((row.cosine, row.max_abs, row.max_rel))]  # fmt: skip
+                out.append(f"| {row.scope} | {row.kind} | {row.status} | {' | '.join(nums)} | {row.note} |")
+            out.append("")
+    return out
+
+
+def plot_layer_errors(result: VerifyResult, out: Path) -> bool:
+    """The per-layer error along the network, one line per localised runtime (where an error starts or grows)."""
+    series = {name: loc for name, loc in result.localizations.items()
+              if loc.method == "layer outputs" and any(r.max_abs is not None for r in loc.layers)}  # fmt: skip
+    if not series:
+        return False
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    for name, loc in series.items():
+        errors = [max(r.max_abs, 1e-12) if r.max_abs is not None else np.nan for r in loc.layers]
+        ax.plot(range(len(errors)), errors, marker="o", lw=1, label=name)
+        ax.set_xticks(range(len(loc.layers)), [r.scope for r in loc.layers], rotation=30, ha="right", fontsize=7)
+    ax.set(yscale="log", ylabel="max |Δ| vs the reference layer", title="per-layer error along the network")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, format="png", dpi=100)
+    plt.close(fig)
+    return True
 
 
 def _subject(result: VerifyResult) -> str:
@@ -179,7 +228,8 @@ def plot_action_diffs(result: VerifyResult, out: Path) -> bool:
     return True
 
 
-REPORT_FILES = {"json": "report.json", "md": "report.md", "junit": "junit.xml", "plot": "action_diff.png"}
+REPORT_FILES = {"json": "report.json", "md": "report.md", "junit": "junit.xml", "plot": "action_diff.png",
+                "layers": "layer_errors.png"}  # fmt: skip
 
 
 def check_report_dir(out: Path) -> None:
@@ -209,6 +259,8 @@ def write_reports(result: VerifyResult, out_dir: Path) -> dict[str, Path]:
         paths["junit"].write_text(junit(result))
         if not plot_action_diffs(result, paths["plot"]):
             paths.pop("plot")
+        if not plot_layer_errors(result, paths["layers"]):
+            paths.pop("layers")
         replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

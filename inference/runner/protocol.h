@@ -11,7 +11,7 @@
 namespace msrl {
 
 constexpr uint32_t kMagic = 0x4D534C52;  // "MSLR" read as a u32; on the wire (little-endian): "RLSM"
-constexpr uint32_t kOpInfer = 1, kOpPing = 2, kOpQuit = 3;
+constexpr uint32_t kOpInfer = 1, kOpPing = 2, kOpQuit = 3, kOpTap = 4;
 constexpr uint32_t kOk = 0, kBadRequest = 1, kInferFailed = 2;
 constexpr uint32_t kMaxInputs = 1024, kMaxRank = 32;
 
@@ -64,6 +64,7 @@ class Writer {
     auto *b = static_cast<const uint8_t *>(p);
     buf_.insert(buf_.end(), b, b + n);
   }
+  void Append(const Writer &other) { buf_.insert(buf_.end(), other.buf_.begin(), other.buf_.end()); }
   bool Flush(int fd) { return WriteAll(fd, buf_.data(), buf_.size()); }
   // Drops a large buffer's capacity after an oversized response, so it is not kept for the process's life.
   void Shrink(size_t keep) {

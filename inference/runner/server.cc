@@ -37,8 +37,8 @@ int Server::Run() {
       out_.Put(kMagic);
       out_.Put(kOk);
       out_.Put<uint32_t>(0);
-    } else if (hdr[1] == kOpInfer) {
-      if (!Infer()) return Desync("truncated or malformed infer request");
+    } else if (hdr[1] == kOpInfer || hdr[1] == kOpTap) {
+      if (!Infer(hdr[1] == kOpTap)) return Desync("truncated or malformed infer request");
     } else {
       return Desync("unknown op " + std::to_string(hdr[1]));
     }
@@ -66,7 +66,7 @@ void Server::Error(uint32_t status, const std::string &msg) {
 // Reads the whole frame first (keeping the stream in sync), then validates; returns false only when the frame
 // itself is unreadable. A payload whose rows exceed the cap is skipped, never buffered, so a refused request
 // costs no memory.
-bool Server::Infer() {
+bool Server::Infer(bool tap) {
   uint32_t n = 0;
   if (!in_.Get(&n) || n > kMaxInputs) return false;
   if (n > feeds_.size()) feeds_.resize(n);
@@ -104,7 +104,7 @@ bool Server::Infer() {
     Error(kBadRequest, err);
     return true;
   }
-  err = Predict(n);
+  err = Predict(n, tap);
   if (!err.empty()) Error(kInferFailed, err);
   ReleaseLargeBuffers(n);
   return true;
@@ -141,7 +141,7 @@ std::string Server::Validate(uint32_t n) const {
   return "";
 }
 
-std::string Server::Predict(uint32_t n) {
+std::string Server::Predict(uint32_t n, bool tap) {
   bool resize = false;
   for (uint32_t i = 0; i < n; ++i) resize |= feeds_[i].dims != current_[i];
   if (resize) {
@@ -159,28 +159,57 @@ std::string Server::Predict(uint32_t n) {
     std::memcpy(dst, feeds_[i].data.data(), feeds_[i].nbytes);
   }
   follower_.Follow();
-  mindspore::Status st = model_->Predict(inputs_, &outputs_);
-  if (st.IsError()) return "predict failed: " + OneLine(st.ToString());
-
   out_.Clear();
   out_.Put(kMagic);
   out_.Put(kOk);
+  mindspore::Status st;
+  if (!tap) {
+    st = model_->Predict(inputs_, &outputs_);
+  } else {
+    // Response body: u32 n_kernels, then per kernel its name, type and outputs (each as a model output is sent).
+    uint32_t kernels = 0;
+    Writer body;
+    auto after = [&](const std::vector<mindspore::MSTensor> &, const std::vector<mindspore::MSTensor> &outs,
+                     const mindspore::MSCallBackParam &op) {
+      ++kernels;
+      for (const std::string *s : {&op.node_name, &op.node_type}) {
+        body.Put(static_cast<uint32_t>(s->size()));
+        body.Bytes(s->data(), s->size());
+      }
+      uint32_t carried = 0;
+      for (const auto &t : outs) carried += DtypeCode(t.DataType()) >= 0 && t.Data() != nullptr;
+      body.Put(carried);
+      for (auto t : outs) {
+        if (DtypeCode(t.DataType()) >= 0 && t.Data() != nullptr) PutTensor(&body, &t);
+      }
+      return true;
+    };
+    st = model_->Predict(inputs_, &outputs_, nullptr, after);
+    out_.Put(kernels);
+    out_.Append(body);
+    return st.IsError() ? "predict failed: " + OneLine(st.ToString()) : "";
+  }
+  if (st.IsError()) return "predict failed: " + OneLine(st.ToString());
   out_.Put(static_cast<uint32_t>(outputs_.size()));
   for (auto &t : outputs_) {
-    const int code = DtypeCode(t.DataType());
-    if (code < 0) return "output '" + t.Name() + "' has a dtype the protocol cannot carry";
-    const std::string name = t.Name();
-    out_.Put(static_cast<uint32_t>(name.size()));
-    out_.Bytes(name.data(), name.size());
-    out_.Put(static_cast<uint32_t>(code));
-    const auto &shape = t.Shape();
-    out_.Put(static_cast<uint32_t>(shape.size()));
-    out_.Bytes(shape.data(), shape.size() * sizeof(int64_t));
-    const uint64_t nbytes = t.DataSize();
-    out_.Put(nbytes);
-    if (nbytes) out_.Bytes(t.MutableData(), nbytes);
+    if (DtypeCode(t.DataType()) < 0) return "output '" + t.Name() + "' has a dtype the protocol cannot carry";
+    PutTensor(&out_, &t);
   }
   return "";
+}
+
+// One tensor as the protocol frames it: name, dtype code, dims, nbytes, bytes.
+void Server::PutTensor(Writer *w, mindspore::MSTensor *t) {
+  const std::string name = t->Name();
+  w->Put(static_cast<uint32_t>(name.size()));
+  w->Bytes(name.data(), name.size());
+  w->Put(static_cast<uint32_t>(DtypeCode(t->DataType())));
+  const auto &shape = t->Shape();
+  w->Put(static_cast<uint32_t>(shape.size()));
+  w->Bytes(shape.data(), shape.size() * sizeof(int64_t));
+  const uint64_t nbytes = t->DataSize();
+  w->Put(nbytes);
+  if (nbytes) w->Bytes(t->MutableData(), nbytes);
 }
 
 // After a large request, give its feed buffers back and ask malloc to return freed heap pages to the system;

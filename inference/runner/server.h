@@ -1,5 +1,6 @@
-// The request loop: reads infer/ping/quit frames, validates feeds against the model's inputs, runs Predict
-// and writes the response frame.
+// The request loop: reads infer/tap/ping/quit frames, validates feeds against the model's inputs, runs Predict
+// and writes the response frame. A tap request runs the same Predict with a callback after every kernel and
+// answers with each kernel's name, type and outputs (layer localisation).
 #pragma once
 
 #include <cstdint>
@@ -35,9 +36,10 @@ class Server {
 
   int Desync(const std::string &msg);
   void Error(uint32_t status, const std::string &msg);
-  bool Infer();
+  bool Infer(bool tap);
   std::string Validate(uint32_t n) const;
-  std::string Predict(uint32_t n);
+  std::string Predict(uint32_t n, bool tap);
+  static void PutTensor(Writer *w, mindspore::MSTensor *t);
   void ReleaseLargeBuffers(uint32_t n);
 
   mindspore::Model *model_;
@@ -48,6 +50,7 @@ class Server {
   std::vector<mindspore::MSTensor> inputs_, outputs_;
   std::vector<std::vector<int64_t>> declared_, current_;
   std::vector<Feed> feeds_;
+  std::vector<uint8_t> taps_;  // tap requests: every kernel's outputs, framed as the response body
   ThreadFollower follower_;
 };
 

@@ -1,0 +1,291 @@
+"""Point at the layer: the first layer of the policy whose output differs in a runtime, by the Cell's scope name.
+
+The training side captures every layer's output in the reference Cell (forward hooks, in call order) and maps each
+layer onto the exported ONNX graph (``LayerPlan``: the tensor that is that layer's output, anchored by the layer's
+own Parameter names, which the exporter keeps as initializer names, then by graph order and op type for layers
+without parameters). A runtime's own intermediate outputs are then read where it can give them:
+
+* ONNX Runtime: every mapped tensor added as a graph output, run with graph optimisations off (one to one);
+* Lite: its kernels' outputs from the runner's tap request (``LiteRunner.infer_taps``). Kernels keep the ONNX node
+  names; a kernel the converter fused carries the fused ops' last output, compared there and reported as the
+  span of layers it covers; convolution outputs in Lite's NHWC layout are compared in the Cell's NCHW.
+
+Each mapped layer is compared (cosine, max abs, max relative error) with the runtime's tolerance; the first that
+fails is the first diverging layer. A layer that cannot be matched is said so, never guessed. Nothing here imports
+MindSpore: the deploy side localises against the plan and layer outputs a golden file records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from inference.compare.stats import Tolerance, compare_arrays
+
+AFTER_FIRST = 3  # layers reported after the first diverging one
+
+
+@dataclass
+class PlannedLayer:
+    """One layer of the reference Cell: its scope name (``actor.layers.2``; ``#2`` for a second call), its Cell
+    type, and the ONNX tensor that is its output (None, with ``why``, when it cannot be matched)."""
+
+    scope: str
+    kind: str
+    tensor: str | None = None
+    why: str = ""
+
+
+Node = tuple[str, str, tuple[str, ...], tuple[str, ...], dict[str, float]]  # name, op, inputs, outputs, attributes
+
+
+@dataclass
+class LayerPlan:
+    """The layers in call order and the ONNX graph's nodes ``(name, op_type, inputs, outputs, scalar attributes)``
+    in order."""
+
+    layers: list[PlannedLayer]
+    nodes: list[Node] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": [asdict(layer) for layer in self.layers], "nodes": [list(n) for n in self.nodes]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LayerPlan:
+        nodes = [(n[0], n[1], tuple(n[2]), tuple(n[3]), dict(n[4])) for n in data.get("nodes", [])]
+        return cls([PlannedLayer(**layer) for layer in data["layers"]], nodes)
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A tensor a Lite kernel fused away: the kernel, the tensor it does output, and the elementwise ops between."""
+
+    kernel: str
+    output: str
+    tail: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]  # (op type, its scalar attributes)
+
+
+# NumPy mirrors of the activations Lite fuses into a preceding kernel: the reference of a fused layer's output is
+# carried through them to the kernel's output.
+ACTIVATIONS: dict[str, Callable[[np.ndarray, Mapping[str, float]], np.ndarray]] = {
+    "Relu": lambda x, a: np.maximum(x, 0),
+    "Tanh": lambda x, a: np.tanh(x),
+    "Sigmoid": lambda x, a: 1 / (1 + np.exp(-x)),
+    "LeakyRelu": lambda x, a: np.where(x >= 0, x, a.get("alpha", 0.01) * x),
+    "Identity": lambda x, a: x,
+}
+
+
+@dataclass
+class LayerComparison:
+    scope: str
+    kind: str
+    status: str  # pass | fail | unmatched | fused
+    cosine: float | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Localization:
+    """One runtime's localisation: the first diverging layer (None: none found, ``message`` says why)."""
+
+    runtime: str
+    first: str | None
+    first_kind: str | None
+    layers: list[LayerComparison]
+    message: str
+    method: str = "layer outputs"
+
+    def line(self) -> str:
+        if self.first is None:
+            return f"{self.runtime}: {self.message}"
+        head = next(c for c in self.layers if c.scope == self.first)
+        return (f"{self.runtime}: first diverging layer: {self.first} ({self.first_kind}), cosine {head.cosine:.6f}, "
+                f"max abs {head.max_abs:.2e}, max rel {head.max_rel:.2e}{'; ' + self.message if self.message else ''}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "method": self.method, "first_diverging_layer": self.first,
+                "first_diverging_kind": self.first_kind, "message": self.message,
+                "layers": [asdict(c) for c in self.layers]}  # fmt: skip
+
+
+def compare_layers(
+    runtime: str, plan: LayerPlan, reference: Sequence[np.ndarray], got: Mapping[str, np.ndarray],
+    tol: Tolerance, fused: Mapping[str, str] | None = None,
+) -> Localization:  # fmt: skip
+    """Compare each planned layer's reference output (``reference``, in plan order) with the runtime's value of its
+    tensor (``got``); ``fused``: tensor → the kernel that fused it away (no value of its own in this runtime)."""
+    rows: list[LayerComparison] = []
+    first = None
+    for layer, want in zip(plan.layers, reference, strict=True):
+        if layer.tensor is None:
+            rows.append(LayerComparison(layer.scope, layer.kind, "unmatched", note=layer.why))
+            continue
+        note, tensor = "", layer.tensor
+        if tensor not in got and fused and tensor in fused:
+            f = fused[tensor]
+            if not all(op in ACTIVATIONS for op, _ in f.tail) or f.output not in got:
+                rows.append(LayerComparison(layer.scope, layer.kind, "fused", note=f"fused into kernel {f.kernel}"))
+                continue
+            for op, attrs in f.tail:  # the reference carried to the fused kernel's output
+                want = ACTIVATIONS[op](np.asarray(want, np.float64), dict(attrs)).astype(np.float32)
+            note = f"fused with {'+'.join(op for op, _ in f.tail)} in kernel {f.kernel}: compared at its output"
+            tensor = f.output
+        if tensor not in got:
+            rows.append(LayerComparison(layer.scope, layer.kind, "unmatched", note=f"no output {tensor!r} here"))
+            continue
+        value = to_layout(np.asarray(got[tensor]), np.asarray(want))
+        if value is None:
+            rows.append(LayerComparison(layer.scope, layer.kind, "unmatched",
+                                        note=f"shape {list(np.shape(got[layer.tensor]))} vs {list(np.shape(want))}"))
+            continue
+        with np.errstate(all="ignore"):
+            cmp = compare_arrays(layer.scope, want, value, tol)
+        row = LayerComparison(layer.scope, layer.kind, "pass" if cmp.passed else "fail", cmp.cosine, cmp.max_abs,
+                              cmp.max_rel, note)  # fmt: skip
+        rows.append(row)
+        if not cmp.passed and first is None:
+            first = row
+    return _conclude(runtime, rows, first)
+
+
+def _conclude(runtime: str, rows: list[LayerComparison], first: LayerComparison | None) -> Localization:
+    if first is None:
+        compared = sum(r.status in ("pass", "fail") for r in rows)
+        why = (f"every one of the {compared} matched layers agrees within tolerance{_growth(rows)}") if compared else (
+            "no layer could be matched in this runtime")  # fmt: skip
+        return Localization(runtime, None, None, rows, why)
+    at = rows.index(first)
+    return Localization(runtime, first.scope, first.kind, rows[: at + 1 + AFTER_FIRST], first.note)
+
+
+def _growth(rows: Sequence[LayerComparison]) -> str:
+    """Where an error within tolerance appears and where it peaks along the network (an fp16 graph's rounding)."""
+    compared = [r for r in rows if r.max_abs]
+    if not compared:
+        return ""
+    first, peak = compared[0], max(compared, key=lambda r: r.max_abs or 0.0)
+    if peak is first:
+        return f"; the error appears at {first.scope} (max abs {first.max_abs:.1e}) and does not grow after it"
+    return (f"; the error appears at {first.scope} (max abs {first.max_abs:.1e}) and peaks at {peak.scope} "
+            f"({peak.max_abs:.1e})")
+
+
+# runtime, graph, the feed rows to run on, the graph's inputs on them, the runtime's tolerance → the comparison
+Localizer = Callable[[str, str, np.ndarray, Sequence[np.ndarray], Tolerance], Localization]
+
+
+@dataclass
+class RecordedLayers:
+    """A golden file's layers (``verify --save-golden --golden-layers``): the plan of the deciding graph, the feed
+    rows recorded with the graph's inputs on them, and every layer's reference output there. The deploy side's
+    localizer, without MindSpore: it runs on the recorded rows among those asked for (all of them if none is)."""
+
+    graph: str
+    plan: LayerPlan
+    rows: np.ndarray
+    inputs: list[np.ndarray]
+    outputs: list[np.ndarray]
+    bundle: Any  # inference.bundle.Bundle
+    device: str = "cpu"
+
+    def __call__(
+        self, runtime: str, graph: str, rows: np.ndarray, inputs: Sequence[np.ndarray], tol: Tolerance
+    ) -> Localization:
+        if graph != self.graph:
+            return Localization(runtime, None, None, [], f"not localized: the golden file records layers of "
+                                f"{self.graph!r}, not {graph!r}", method="none")  # fmt: skip
+        keep = np.isin(self.rows, rows)
+        picked = np.flatnonzero(keep) if keep.any() else np.arange(len(self.rows))
+        feeds = [x[picked] for x in self.inputs]
+        reference = [out[picked] for out in self.outputs]
+        if runtime == "lite":
+            from inference.lite_client import LiteRunner
+
+            with LiteRunner(self.bundle.file(graph, "ms"), device=self.device) as runner:
+                values, fused = lite_tensors(self.plan, runner.infer_taps(*feeds))
+            return compare_layers(runtime, self.plan, reference, values, tol, fused)
+        if runtime == "onnxruntime":
+            try:
+                import onnx  # noqa: F401 - the ONNX graph is edited to expose its intermediate tensors
+            except ImportError:
+                return Localization(runtime, None, None, [], "not localized: needs the onnx package", method="none")
+            names = [layer.tensor for layer in self.plan.layers if layer.tensor]
+            got = onnx_tensors(str(self.bundle.file(graph, "onnx")), names, feeds)
+            return compare_layers(runtime, self.plan, reference, got, tol)
+        return Localization(runtime, None, None, [], f"not localized: {runtime} gives no per-layer outputs here",
+                            method="none")  # fmt: skip
+
+
+def to_layout(value: np.ndarray, like: np.ndarray) -> np.ndarray | None:
+    """``value`` in ``like``'s layout: as it is, or an NHWC tensor (Lite's convolutions) as NCHW; None if neither."""
+    if value.shape == like.shape:
+        return value
+    if value.ndim == 4 and like.ndim == 4 and value.shape == (like.shape[0], *like.shape[2:], like.shape[1]):
+        return np.transpose(value, (0, 3, 1, 2))
+    if value.size == like.size and value.shape[:1] == like.shape[:1]:
+        return value.reshape(like.shape)
+    return None
+
+
+def lite_tensors(plan: LayerPlan, kernels: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict[str, Fused]]:
+    """ONNX tensor name → value from Lite's kernel taps, and the tensors fused away (``Fused``).
+
+    A kernel carries an ONNX node's name; its output is that node's output, or, when the converter fused the
+    node's successors into it, the output of the last one fused (the ONNX nodes after it with no kernel of their
+    own, consuming its result). A ``<node>_post`` transpose kernel carries ``<node>``'s output in NCHW.
+    """
+    by_name = {k.name: k for k in kernels}
+    values: dict[str, np.ndarray] = {}
+    fused: dict[str, Fused] = {}
+    nodes = plan.nodes
+    k = 0
+    while k < len(nodes):
+        kernel = by_name.get(nodes[k][0])
+        if kernel is None or not kernel.outputs:
+            k += 1
+            continue
+        chain, last = [nodes[k][3][0]], k
+        while last + 1 < len(nodes) and nodes[last + 1][0] not in by_name and chain[-1] in nodes[last + 1][2]:
+            last += 1
+            chain.append(nodes[last][3][0])
+        values[chain[-1]] = next(iter(kernel.outputs.values()))
+        for at, inner in enumerate(chain[:-1]):
+            tail = tuple((n[1], tuple(sorted(n[4].items()))) for n in nodes[k + at + 1 : last + 1])
+            fused[inner] = Fused(kernel.name, chain[-1], tail)
+        k = last + 1
+    for kernel in kernels:
+        if kernel.name.endswith("_post") and kernel.outputs:  # Lite's layout change back to NCHW after a kernel
+            node = next((n for n in nodes if n[0] == kernel.name[: -len("_post")]), None)
+            if node is not None:
+                values[node[3][0]] = next(iter(kernel.outputs.values()))
+                fused.pop(node[3][0], None)
+    return values, fused
+
+
+def onnx_tensors(model_path: str, names: Sequence[str], inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """The named intermediate tensors of an ONNX graph on ``inputs``, from ONNX Runtime with graph optimisations off
+    (so nodes stay one to one). Needs the ``onnx`` package to add them as outputs."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(model_path)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.output]}
+    present = {o.name for o in model.graph.output}
+    for name in names:
+        if name not in present and name in types:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3  # errors only: unused initializers are no news here
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {i.name: a for i, a in zip(session.get_inputs(), inputs, strict=True)}
+    wanted = [n for n in names if n in {o.name for o in session.get_outputs()}]
+    return dict(zip(wanted, session.run(wanted, feed), strict=True))

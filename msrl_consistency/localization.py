@@ -1,0 +1,302 @@
+"""Layer localisation, the training side: every layer's output in the reference Cell, the layers mapped onto the
+exported graph, and ``localize(cell, runtime, observations)`` (the library entry point; verify calls the same).
+
+* ``capture_layers``: forward hooks on every leaf sub-Cell (PyNative), outputs in call order, named by the Cell's
+  scope (``actor.layers.2``; wrappers with a single child are not part of the name).
+* ``plan_layers``: each layer's output tensor in the exported ONNX graph. A layer with Parameters is anchored by
+  them (MindSpore exports them as initializers under their names): its output is that of the last node reading
+  one, followed through shape-only nodes to the layer's shape. A layer without Parameters is the next node of a
+  matching op type. Anything else stays unmatched, with the reason.
+* The MindIR (``ms-mindir``): MindSpore gives no per-layer outputs of a loaded MindIR on CPU (its kernels lose the
+  Cell scope), so its Parameters are compared with the Cell's instead: the first layer whose weights differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mindspore import Tensor, nn
+
+from inference.bundle import Bundle
+from inference.compare.stats import Tolerance, compare_arrays
+from inference.localize import (
+    LayerComparison,
+    LayerPlan,
+    Localization,
+    PlannedLayer,
+    compare_layers,
+    lite_tensors,
+    onnx_tensors,
+)
+from inference.tensors import TensorMeta
+from msrl_consistency import compat
+
+# Cell type → the ONNX op types that compute it (layers without Parameters are matched by these, in order).
+OP_TYPES = {
+    "ReLU": {"Relu"}, "Tanh": {"Tanh"}, "Sigmoid": {"Sigmoid"}, "LeakyReLU": {"LeakyRelu", "Max"},
+    "Softmax": {"Softmax"}, "LogSoftmax": {"LogSoftmax"}, "Softplus": {"Softplus"}, "ELU": {"Elu"},
+    "ReLU6": {"Clip"}, "Flatten": {"Flatten", "Reshape"}, "GELU": {"Gelu", "Mul"},
+}  # fmt: skip
+IDENTITY_IN_EVAL = {"Dropout", "Dropout1d", "Dropout2d", "Identity"}
+SHAPE_ONLY = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+@dataclass
+class CapturedLayer:
+    scope: str  # the reported name: the path below the wrappers that hold a single child
+    kind: str
+    params: tuple[str, ...]
+    output: np.ndarray
+    path: str = ""  # the full path from the exported Cell (``policy.normalizer``)
+
+
+def leaf_cells(cell: nn.Cell) -> list[tuple[str, str, nn.Cell]]:
+    """Every sub-Cell without children: (reported scope, full path, Cell); the scope drops the wrappers that hold
+    a single child."""
+    root, prefix = cell, ""
+    while len(children := list(root.name_cells().items())) == 1 and not list(root.get_parameters(expand=False)):
+        name, root = children[0]
+        prefix += f"{name}."
+    return [(name[len(prefix) :] if name.startswith(prefix) else name, name, sub)
+            for name, sub in cell.cells_and_names() if name and not sub.name_cells()]  # fmt: skip
+
+
+def capture_layers(cell: nn.Cell, inputs: Sequence[np.ndarray]) -> tuple[list[CapturedLayer], list[np.ndarray]]:
+    """Run ``cell`` once in PyNative on ``inputs``; every leaf layer's (first) output in call order, and the
+    Cell's own outputs. A layer called twice appears twice (``scope#2``)."""
+    captured: list[CapturedLayer] = []
+    calls: dict[str, int] = {}
+    handles = []
+    for scope, path, sub in leaf_cells(cell):
+        params = tuple(p.name for p in sub.get_parameters(expand=False))
+
+        def hook(c: nn.Cell, _inputs: Any, output: Any, scope: str = scope, path: str = path,
+                 params: tuple[str, ...] = params) -> None:  # fmt: skip
+            calls[scope] = calls.get(scope, 0) + 1
+            name = scope if calls[scope] == 1 else f"{scope}#{calls[scope]}"
+            first = output[0] if isinstance(output, tuple | list) else output
+            captured.append(CapturedLayer(name, type(c).__name__, params, first.asnumpy(), path))
+
+        handles.append(sub.register_forward_hook(hook))
+    try:
+        with compat.execution_mode(graph=False):
+            outputs = [o.asnumpy() for o in compat.as_tuple(cell(*[Tensor(a) for a in inputs]))]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured, outputs
+
+
+def plan_layers(layers: Sequence[CapturedLayer], onnx_path: Path) -> LayerPlan:
+    """Each captured layer's output tensor in the ONNX graph (see the module docstring)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path))
+    inferred = onnx.shape_inference.infer_shapes(model)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.value_info, *inferred.graph.output]}
+    nodes = [(n.name, n.op_type, tuple(n.input), tuple(n.output), _scalars(n)) for n in model.graph.node]
+    planned, last_pos = [], -1
+    for layer in layers:
+        pos, why = _anchor(layer, nodes, last_pos)
+        tensor = None
+        if pos is not None:
+            pos = _follow_shape_ops(nodes, pos, ranks, layer.output.ndim)
+            tensor, last_pos = nodes[pos][3][0], pos
+        planned.append(PlannedLayer(layer.scope, layer.kind, tensor, why if tensor is None else ""))
+    return LayerPlan(planned, nodes)
+
+
+def _scalars(node: Any) -> dict[str, float]:
+    """A node's float and int attributes (LeakyRelu's alpha...)."""
+    import onnx
+
+    kinds = (onnx.AttributeProto.FLOAT, onnx.AttributeProto.INT)
+    return {a.name: float(onnx.helper.get_attribute_value(a)) for a in node.attribute if a.type in kinds}
+
+
+def _anchor(layer: CapturedLayer, nodes: Sequence[tuple], after: int) -> tuple[int | None, str]:
+    """The node whose output is the layer's: the last one that reads its Parameters or carries its scope in its
+    name (the exporter names a sub-Cell's own operations ``Default/<cell>-<Type>/...``); for a layer with neither,
+    the next node of a matching op type."""
+    scope = re.compile("Default/" + "/".join(rf"{re.escape(part)}-[^/]+" for part in layer.path.split(".")) + "/")
+    if layer.params:
+        readers = [k for k, n in enumerate(nodes) if set(n[2]) & set(layer.params)]
+        if not readers:
+            return None, f"its parameters ({', '.join(layer.params)}) are not initializers of the ONNX graph"
+        scoped = [k for k in _downstream(nodes, min(readers)) if layer.path and scope.search(nodes[k][0])]
+        return max(readers + scoped), ""
+    scoped = [k for k in _downstream(nodes, after) if layer.path and scope.search(nodes[k][0])] if after >= 0 else []
+    if scoped:
+        return max(scoped), ""
+    if layer.kind in IDENTITY_IN_EVAL:
+        return None, "an identity in eval mode: the graph has no op of its own for it (its input is compared)"
+    ops = OP_TYPES.get(layer.kind)
+    if ops is None:
+        return None, f"no ONNX op is known to compute a {layer.kind} layer"
+    pos = next((k for k in range(after + 1, len(nodes)) if nodes[k][1] in ops), None)
+    return pos, "" if pos is not None else f"no {'/'.join(sorted(ops))} node after the previous layer"
+
+
+def _downstream(nodes: Sequence[tuple], start: int) -> list[int]:
+    """The nodes that consume, directly or not, the output of node ``start`` (the exporter's scope names are not
+    always right: an op of another Cell can carry a layer's scope, but it does not read that layer's result)."""
+    reached, found = set(nodes[start][3]), []
+    for k in range(start + 1, len(nodes)):
+        if reached & set(nodes[k][2]):
+            reached |= set(nodes[k][3])
+            found.append(k)
+    return found
+
+
+def _follow_shape_ops(nodes: Sequence[tuple], pos: int, ranks: Mapping[str, int], rank: int) -> int:
+    """From the anchored node, through reshapes that bring its output to the layer's rank (BatchNorm1d's)."""
+    while ranks.get(nodes[pos][3][0], rank) != rank and pos + 1 < len(nodes):
+        following = nodes[pos + 1]
+        reshapes = following[1] in SHAPE_ONLY or following[1] == "BatchNormalization"
+        if not reshapes or nodes[pos][3][0] not in following[2]:
+            break
+        pos += 1
+    return pos
+
+
+@contextlib.contextmanager
+def onnx_of(bundle: Bundle, graph: str, cell: nn.Cell) -> Iterator[Path]:
+    """The ONNX graph a bundle's ``.ms`` was converted from: the bundle's own, or (an fp16 bundle keeps none) the
+    float32 Cell exported again the same way (MindSpore's exporter is deterministic: the same node names)."""
+    entry = bundle.graph(graph)["files"].get("onnx") or {}
+    if "file" in entry and "failed" not in entry:
+        yield bundle.file(graph, "onnx")
+        return
+    from msrl_consistency.artifacts.graphs import GraphIO, write_onnx
+
+    meta = bundle.graph(graph)
+    io = GraphIO(graph, meta.get("kind", "deterministic"), tuple(TensorMeta.from_manifest(t) for t in meta["inputs"]),
+                 tuple(TensorMeta.from_manifest(t) for t in meta["outputs"]))  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="msrl-localize-") as tmp:
+        yield write_onnx(cell, io, Path(tmp) / f"{graph}.onnx")
+
+
+def localize(
+    cell: nn.Cell, runtime: str, observations: Sequence[np.ndarray], bundle: Bundle, graph: str = "policy",
+    tolerance: Tolerance | None = None, device: str = "cpu",
+) -> Localization:  # fmt: skip
+    """The per-layer comparison of ``runtime`` (``onnxruntime``, ``lite`` or ``ms-mindir``) with ``cell`` on the
+    graph's inputs ``observations`` (a few rows suffice), for ``bundle``'s ``graph``."""
+    from inference.compare.stats import tolerance_for
+
+    tolerance = tolerance or tolerance_for(bundle.precision, runtime)
+    cell.set_train(False)
+    layers, _ = capture_layers(cell, observations)
+    if runtime == "ms-mindir":
+        return mindir_parameters(cell, bundle.file(graph, "mindir"), layers)
+    with onnx_of(bundle, graph, cell) as onnx_path:
+        plan = plan_layers(layers, onnx_path)
+    reference = [layer.output for layer in layers]
+    if runtime == "onnxruntime":
+        names = [layer.tensor for layer in plan.layers if layer.tensor]
+        got = onnx_tensors(str(bundle.file(graph, "onnx")), names, observations)
+        return compare_layers(runtime, plan, reference, got, tolerance)
+    if runtime == "lite":
+        from inference.lite_client import LiteRunner
+
+        with LiteRunner(bundle.file(graph, "ms"), device=device) as runner:
+            values, fused = lite_tensors(plan, runner.infer_taps(*observations))
+        return compare_layers(runtime, plan, reference, values, tolerance, fused)
+    return Localization(runtime, None, None, [], f"{runtime} gives no per-layer outputs", method="none")
+
+
+class CellLocalizer:
+    """Verify's localizer on the training side: the reference Cells of ``cells`` against the bundle's graphs."""
+
+    def __init__(self, bundle: Bundle, cells: Any, device: str = "cpu") -> None:
+        self.bundle, self.cells, self.device = bundle, cells, device
+
+    def __call__(
+        self, runtime: str, graph: str, rows: np.ndarray, inputs: Sequence[np.ndarray], tol: Tolerance
+    ) -> Localization:
+        if runtime in ("onnxruntime", "lite", "ms-mindir"):
+            return localize(self.cells(graph), runtime, inputs, self.bundle, graph, tol, self.device)
+        why = {"ms-graph": "ms-graph runs the reference Cell itself (its own Parameters), compiled: a compiled Cell's "
+               "per-layer outputs need MindSpore's dump (MINDSPORE_DUMP_CONFIG)"}.get(runtime, f"{runtime} gives "
+               "no per-layer outputs")  # fmt: skip
+        return Localization(runtime, None, None, [], f"not localized: {why}", method="none")
+
+    def record(self, feeds: Any) -> dict[str, np.ndarray]:
+        """The golden-file arrays that let a deploy box name the diverging layer (``record_layers``)."""
+        graph = self.bundle.mode_graph("deterministic") or self.bundle.graphs[0]
+        return record_layers(self.cells(graph), self.bundle, graph, feeds)
+
+
+def mindir_parameters(cell: nn.Cell, mindir: Path, layers: Sequence[CapturedLayer]) -> Localization:
+    """The MindIR's Parameters against the Cell's, layer by layer in call order: the first layer whose weights
+    differ (MindSpore gives no per-layer outputs of a loaded MindIR on CPU)."""
+    from mindspore.train import mind_ir_pb2
+
+    model = mind_ir_pb2.ModelProto()
+    model.ParseFromString(Path(mindir).read_bytes())
+    stored = {p.name.rsplit(":", 1)[-1]: _tensor(p) for p in model.graph.parameter}
+    own = {p.name: p.asnumpy() for p in cell.get_parameters()}
+    rows, first = [], None
+    for layer in layers:
+        if not layer.params:
+            continue
+        missing = [name for name in layer.params if name not in stored]
+        if missing:
+            rows.append(LayerComparison(layer.scope, layer.kind, "unmatched", note=f"{missing[0]} not in the MindIR"))
+            continue
+        worst = None
+        for name in layer.params:
+            cmp = compare_arrays(name, own[name], stored[name].reshape(own[name].shape), Tolerance(0.0, 0.0))
+            if worst is None or cmp.max_abs > worst.max_abs:
+                worst = cmp
+        row = LayerComparison(layer.scope, layer.kind, "pass" if worst.passed else "fail", worst.cosine,
+                              worst.max_abs, worst.max_rel, note="parameters")  # type: ignore[union-attr]  # fmt: skip
+        rows.append(row)
+        if not worst.passed and first is None:  # type: ignore[union-attr]
+            first = row
+    loc = compare_result("ms-mindir", rows, first)
+    loc.method = "parameters (a loaded MindIR gives no per-layer outputs on CPU)"
+    return loc
+
+
+def compare_result(runtime: str, rows: list[LayerComparison], first: LayerComparison | None) -> Localization:
+    if first is None:
+        return Localization(runtime, None, None, rows, "every layer's parameters equal the Cell's: the difference is "
+                            "in the graph's operations, not its weights")  # fmt: skip
+    at = rows.index(first)
+    return Localization(runtime, first.scope, first.kind, rows[: at + 4], "its parameters differ from the Cell's")
+
+
+def _tensor(proto: Any) -> np.ndarray:
+    """A MindIR parameter's values (float32 raw data as MindSpore writes it)."""
+    dtype = {1: np.float32, 2: np.uint8, 3: np.int8, 6: np.int32, 7: np.int64, 10: np.float16, 11: np.float64}.get(
+        proto.data_type, np.float32)  # fmt: skip
+    return np.frombuffer(proto.raw_data, dtype).reshape(tuple(proto.dims)) if proto.raw_data else np.zeros(0, dtype)
+
+
+GOLDEN_LAYER_ROWS = 64
+
+
+def record_layers(cell: nn.Cell, bundle: Bundle, graph: str, feeds: Any) -> dict[str, np.ndarray]:
+    """Golden-file arrays for the deploy side's localizer (``inference.localize.RecordedLayers``): the deciding
+    graph's layer plan, the first ordinary rows of the feeds with the graph's inputs, every layer's output there."""
+    import json
+
+    rows = np.flatnonzero(feeds.finite & feeds.ordinary)[:GOLDEN_LAYER_ROWS]
+    inputs = [x[rows] for x in feeds.graph_inputs(bundle, graph)]
+    cell.set_train(False)
+    layers, _ = capture_layers(cell, inputs)
+    with onnx_of(bundle, graph, cell) as onnx_path:
+        plan = plan_layers(layers, onnx_path)
+    arrays = {"layers/graph": np.array(graph), "layers/plan": np.array(json.dumps(plan.to_dict())),
+              "layers/rows": rows}  # fmt: skip
+    arrays.update({f"layers/input/{k}": x for k, x in enumerate(inputs)})
+    arrays.update({f"layers/output/{k}": layer.output for k, layer in enumerate(layers)})
+    return arrays

@@ -1,0 +1,152 @@
+"""Point at the layer: a fault injected at a known layer is named by every runtime that carries it, no earlier layer
+is, and the deploy side names it from a golden file's recorded layers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from foreign_policies import FRAME_CONTRACT, make_frame_cnn, nudge
+
+from inference.bundle import load_bundle, sha256_file
+from inference.compare.verifier import VerifyOptions
+from inference.report.writers import write_reports
+from msrl_consistency.api import export_policy, export_run, verify_policy, verify_run
+from msrl_consistency.artifacts.bundle import ExportOptions
+
+RUNTIMES = ("ms-mindir", "onnxruntime", "lite")
+FAST = dict(observations=400, episodes=1, seed=3)
+
+
+def scaled_export(ckpt, out, part: str, index: int = 2, **options):
+    """The checkpoint's policy with one hidden layer's weight scaled by 1.5, exported to every format."""
+    from msrl_consistency.agent import PolicySpec
+    from msrl_consistency.artifacts import run_dir as rd
+    from msrl_consistency.artifacts.checkpoint import load_policy
+
+    policy = load_policy(ckpt, PolicySpec.from_dict(rd.read_run_json(ckpt.parent)["policy_spec"]))
+    weight = getattr(policy, part).layers[index].weight
+    weight.set_data(type(weight.value())(weight.asnumpy() * 1.5))
+    return export_run(ckpt, out, ExportOptions(**options), policy=policy)
+
+
+def assert_named(loc, scope: str) -> None:
+    """``scope`` is the first diverging layer, and layers before it were compared and agree."""
+    assert loc.first == scope, (loc.line(), [(r.scope, r.status, r.max_abs) for r in loc.layers])
+    before = loc.layers[: [r.scope for r in loc.layers].index(scope)]
+    assert any(r.status == "pass" for r in before) and not any(r.status == "fail" for r in before)
+
+
+@pytest.mark.parametrize("part", ["actor", "critic"])
+def test_a_scaled_hidden_layer_is_named_by_every_runtime(cartpole_ckpt, tmp_path, part):
+    bundle = scaled_export(cartpole_ckpt, tmp_path / "bundle", part)
+    result = verify_run(bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=RUNTIMES))
+    assert result.exit_code == 1
+    assert set(result.localizations) == set(RUNTIMES), result.console_table(only_failed=True)
+    for name in RUNTIMES:
+        assert_named(result.localizations[name], f"{part}.layers.2")
+    assert result.localizations["ms-mindir"].method.startswith("parameters")
+    paths = write_reports(result, tmp_path / "report")
+    report = json.loads(paths["json"].read_text())
+    assert report["localization"]["lite"]["first_diverging_layer"] == f"{part}.layers.2"
+    md = paths["md"].read_text()
+    assert f"onnxruntime: first diverging layer: {part}.layers.2 (Dense)" in md and "## Where it diverges" in md
+    assert paths["layers"].stat().st_size > 1000
+    assert f"lite: first diverging layer: {part}.layers.2" in result.console_table()
+
+
+def test_a_passing_verify_and_no_localize_localize_nothing(cartpole_bundle, cartpole_ckpt, tmp_path):
+    result = verify_run(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=RUNTIMES))
+    assert result.exit_code == 0 and result.localizations == {}
+    bundle = scaled_export(cartpole_ckpt, tmp_path / "bundle", "actor", formats=("mindir",))
+    result = verify_run(bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=("ms-mindir",), localize="never"))
+    assert result.exit_code == 1 and result.localizations == {}
+
+
+def replace_first(bundle_root, graph_file: str, op: str, by: str) -> None:
+    """Edit an ONNX graph of a bundle (the first ``op`` node becomes ``by``) and record its new hash, as a broken
+    conversion tool would leave it."""
+    import onnx
+
+    path = bundle_root / graph_file
+    model = onnx.load(str(path))
+    next(n for n in model.graph.node if n.op_type == op).op_type = by
+    onnx.save(model, str(path))
+    manifest = json.loads((bundle_root / "manifest.json").read_text())
+    for graph in manifest["graphs"].values():
+        for entry in graph["files"].values():
+            if entry.get("file") == graph_file:
+                entry["sha256"] = sha256_file(path)
+    (bundle_root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def test_an_activation_replaced_in_onnx_is_named_by_onnx_runtime_only(cartpole_bundle, cartpole_ckpt, tmp_path):
+    root = tmp_path / "bundle"
+    shutil.copytree(cartpole_bundle.root, root)
+    replace_first(root, "policy.onnx", "Tanh", "Relu")
+    result = verify_run(load_bundle(root), cartpole_ckpt, VerifyOptions(**FAST, runtimes=RUNTIMES))
+    assert result.exit_code == 1
+    assert {c.runtime for c in result.failed} == {"onnxruntime"}, result.console_table(only_failed=True)
+    assert set(result.localizations) == {"onnxruntime"}
+    assert_named(result.localizations["onnxruntime"], "actor.layers.1")
+
+
+def test_a_changed_weight_in_a_cnns_second_convolution_is_named(tmp_path):
+    bundle = export_policy(nudge(make_frame_cnn(), "conv2.weight", 0.5), FRAME_CONTRACT, tmp_path / "bundle")
+    frames = np.random.default_rng(0).integers(0, 256, (64, 8, 8, 3)).astype(np.float32)
+    result = verify_policy(make_frame_cnn(), None, bundle.root, observations=frames,
+                           options=VerifyOptions(**FAST, runtimes=RUNTIMES))  # fmt: skip
+    assert result.exit_code == 1
+    for name in RUNTIMES:
+        assert_named(result.localizations[name], "conv2")
+    lite = result.localizations["lite"]  # Lite fuses each convolution with its ReLU: compared at the fused output
+    assert "fused with Relu" in next(r for r in lite.layers if r.scope == "conv2").note
+
+
+def test_the_library_entry_point_returns_the_per_layer_comparison(tmp_path):
+    import msrl_consistency
+
+    bundle = export_policy(nudge(make_frame_cnn(), "conv2.weight", 0.5), FRAME_CONTRACT, tmp_path / "bundle")
+    frames = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3)).astype(np.float32)
+    loc = msrl_consistency.localize(make_frame_cnn(), "onnxruntime", [frames], bundle)
+    assert_named(loc, "conv2")
+    assert [r.scope for r in loc.layers][:2] == ["conv1", "conv2"] and loc.to_dict()["first_diverging_layer"] == "conv2"
+
+
+def test_the_deploy_side_names_the_layer_from_a_golden_file(cartpole_bundle, cartpole_ckpt, tmp_path):
+    from msrl_consistency.verify import main as verify_main
+
+    golden = tmp_path / "golden.npz"
+    code = verify_main(["--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--runtimes",
+                        "onnxruntime", "--observations", "400", "--episodes", "1", "--save-golden", str(golden),
+                        "--golden-layers", "--out", str(tmp_path / "r0"), "--quiet"])  # fmt: skip
+    assert code == 0
+    faulty = scaled_export(cartpole_ckpt, tmp_path / "faulty", "actor")
+    script = (
+        "import sys; sys.modules['mindspore'] = None\n"
+        "from inference.check import main\n"
+        f"sys.exit(main([{str(faulty.root)!r}, '--golden', {str(golden)!r}, '--runtimes', 'onnxruntime,lite', "
+        f"'--out', {str(tmp_path / 'r')!r}]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:] + proc.stdout[-2000:]
+    for name in ("onnxruntime", "lite"):
+        assert f"{name}: first diverging layer: actor.layers.2 (Dense)" in proc.stdout, proc.stdout[-3000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["localization"]["lite"]["first_diverging_layer"] == "actor.layers.2"
+
+
+def test_an_fp16_report_shows_where_the_error_grows(cartpole_ckpt, tmp_path):
+    bundle = export_run(cartpole_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16", formats=("mindir", "ms")))
+    result = verify_run(bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=("lite",)))
+    assert result.exit_code == 0, result.console_table(only_failed=True)
+    lite = result.localizations["lite"]
+    errors = [r.max_abs for r in lite.layers if r.max_abs is not None]
+    assert lite.first is None and len(errors) >= 5 and max(errors) > 1e-4  # fp16 rounding, within its tolerance
+    assert "the error appears at normalizer" in lite.message
+    paths = write_reports(result, tmp_path / "report")
+    assert "lite: every one of the" in paths["md"].read_text() and paths["layers"].is_file()
