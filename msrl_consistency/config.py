@@ -307,15 +307,16 @@ def build_parser(prog: str = "python -m msrl_consistency.train") -> argparse.Arg
     for f in dataclasses.fields(TrainConfig):
         hint = hints[f.name]
         kind: Any = {bool: _parse_bool, int: int, float: float, str: str}.get(hint, _parse_int_list)
-        parser.add_argument(
-            f"--{_flag(f.name)}",
-            dest=f.name,
-            type=kind,
-            default=argparse.SUPPRESS,
-            metavar="BOOL" if hint is bool else None,
-            # argparse %-formats help texts: a docstring's "20-40%" made --help raise
-            help=f"{docs.get(f.name, '')} (default: {getattr(defaults, f.name)})".replace("%", "%%"),
-        )
+        # argparse %-formats help texts: a docstring's "20-40%" made --help raise
+        text = f"{docs.get(f.name, '')} (default: {getattr(defaults, f.name)})".replace("%", "%%")
+        if hint is bool:  # a switch as users type it (--profile, --no-profile); --profile true|false still works
+            text = text[:-1] + f"; --no-{_flag(f.name)}: off)"
+            parser.add_argument(f"--{_flag(f.name)}", dest=f.name, type=kind, nargs="?", const=True,
+                                default=argparse.SUPPRESS, metavar="BOOL", help=text)  # fmt: skip
+            parser.add_argument(f"--no-{_flag(f.name)}", dest=f.name, action="store_false", default=argparse.SUPPRESS,
+                                help=argparse.SUPPRESS)  # fmt: skip
+            continue
+        parser.add_argument(f"--{_flag(f.name)}", dest=f.name, type=kind, default=argparse.SUPPRESS, help=text)
     return parser
 
 

@@ -23,6 +23,14 @@ def run_main(*argv: str) -> int:
     return train.main(list(argv))
 
 
+def test_boolean_fields_are_switches_as_users_type_them():
+    cfg = parse_config(["--profile", "--no-progress", "--compile-cache", "false", "--seed", "2"])
+    assert (cfg.profile, cfg.progress, cfg.compile_cache, cfg.seed) == (True, False, False, 2)
+    assert parse_config(["--profile", "true", "--no-profile"]).profile is False  # the last one given wins
+    with pytest.raises(SystemExit):
+        parse_config(["--profile", "maybe"])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
