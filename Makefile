@@ -50,6 +50,11 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal
 
+# The inner loop: every test not marked slow (end-to-end training, msrun, venv builds, full verifies).
+quick: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal -m "not slow"
+
 # The consistency gate CI runs: for each env, a small policy, a full export, and verify must exit 0.
 GATE_ENVS := CartPole-v1 Pendulum-v1
 define gate_env
