@@ -2,7 +2,7 @@
 
 Layouts (CartPole preset: 32 steps per env, 4 minibatches x 10 epochs = 40 updates per iteration):
 
-* ``1x8``  one process, 8 envs: today's single-process run;
+* ``1x8``  one process, 8 envs: the single-process run;
 * ``2x4``  2 ranks x 4 envs: the same global batch (what ``scale_learning.py`` compares for learning);
 * ``2x4 rank-adv``  the same with per-rank advantage normalisation (no advantage AllReduce);
 * ``2x8``  2 ranks x 8 envs: the same work per rank (what adding a machine with its own envs does).

@@ -1,6 +1,6 @@
 """Soak the deployed runner: N single-observation requests (default 200,000) over repeated seeded inputs.
 
-Reports the runner's RSS over time and the bitwise drift of answers to repeated inputs (issue 10's soak), via
+Reports the runner's RSS over time and the bitwise drift of answers to repeated inputs, via
 ``python -m inference.bench --soak N``. Usage: ``python bench/soak.py [--bundle DIR] [--requests N]``; without
 ``--bundle`` a small CartPole-v1 policy is trained and exported into reports/bench/ first (needs MindSpore).
 """

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Normal
 
+from msrl_consistency.config import TrainConfig  # the defaults only: no MindSpore import
+
 # Argument validation costs more than the tiny MLPs on every call; the inputs here are always valid.
 Distribution.set_default_validate_args(False)
 
@@ -30,31 +32,34 @@ IGNORED_KEYS = {"env_id", "total_steps", "seed", "run_dir", "resume", "device", 
                 "updates_per_call", "update_graphs", "graph_kernel"}  # fmt: skip
 
 
+_DEFAULTS = TrainConfig()
+
+
 @dataclass
 class HParams:
-    """The algorithm's knobs, named and defaulted exactly like ``msrl_consistency.config.TrainConfig``."""
+    """The algorithm's knobs, named like ``msrl_consistency.config.TrainConfig`` and defaulted from it."""
 
-    num_envs: int = 8
-    num_steps: int = 128
-    learning_rate: float = 2.5e-4
-    anneal_lr: bool = True
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 4
-    norm_adv: bool = True
-    clip_coef: float = 0.2
-    clip_vloss: bool = True
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    normalize_obs: bool = True
-    clip_obs: float = 10.0
-    action_postprocess: str = "clip"
-    init_log_std: float = 0.0
-    reward_scale: float = 1.0
+    num_envs: int = _DEFAULTS.num_envs
+    num_steps: int = _DEFAULTS.num_steps
+    learning_rate: float = _DEFAULTS.learning_rate
+    anneal_lr: bool = _DEFAULTS.anneal_lr
+    gamma: float = _DEFAULTS.gamma
+    gae_lambda: float = _DEFAULTS.gae_lambda
+    num_minibatches: int = _DEFAULTS.num_minibatches
+    update_epochs: int = _DEFAULTS.update_epochs
+    norm_adv: bool = _DEFAULTS.norm_adv
+    clip_coef: float = _DEFAULTS.clip_coef
+    clip_vloss: bool = _DEFAULTS.clip_vloss
+    ent_coef: float = _DEFAULTS.ent_coef
+    vf_coef: float = _DEFAULTS.vf_coef
+    max_grad_norm: float = _DEFAULTS.max_grad_norm
+    hidden_sizes: tuple[int, ...] = tuple(_DEFAULTS.hidden_sizes)
+    activation: str = _DEFAULTS.activation
+    normalize_obs: bool = _DEFAULTS.normalize_obs
+    clip_obs: float = _DEFAULTS.clip_obs
+    action_postprocess: str = _DEFAULTS.action_postprocess
+    init_log_std: float = _DEFAULTS.init_log_std
+    reward_scale: float = _DEFAULTS.reward_scale
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> HParams:

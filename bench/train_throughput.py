@@ -44,7 +44,7 @@ from msrl_consistency.config import load_toml, parse_config, preset_path  # noqa
 
 # "Solved" levels for the training curve: the moving average of the last WINDOW episodes must stay at or above.
 THRESHOLDS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0, "BipedalWalker-v3": 300.0, "Hopper-v5": 3000.0}
-# The issue's targets: CartPole's training returns stay >= 475; the others' deterministic evaluation reaches thr.
+# The targets: CartPole's training returns stay >= 475; the others' deterministic evaluation reaches thr.
 TRAINING_MEAN_TARGET = {"CartPole-v1"}
 # The PyTorch twin at its own best settings ("torch-best"): the presets tuned for this algorithm before the envs per
 # act call were raised for MindSpore's fixed per-call cost (a cost PyTorch does not have).
@@ -53,8 +53,8 @@ TORCH_BEST: dict[str, dict[str, Any]] = {
                         gamma=0.99, gae_lambda=0.8, ent_coef=0.0, clip_vloss=False),
     "Pendulum-v1": dict(num_envs=4, num_steps=512, num_minibatches=32, update_epochs=10, learning_rate=1e-3,
                         gamma=0.9, gae_lambda=0.95, ent_coef=0.0, reward_scale=0.1, init_log_std=-0.5),
-    # Our preset before session 27 (value loss clipped): the twin's best on ten seeds, where the new one leaves seed 4
-    # under 300 until 2.87M steps (bench/results/bipedalwalker_twin_10seeds_s27.md).
+    # Our preset with the value loss clipped: the twin's best on ten seeds (10/10 by 1.15M steps), where ours' preset
+    # leaves seed 4 under 300 until 2.87M steps (bench/results/bipedalwalker_twin_10seeds.md).
     "BipedalWalker-v3": dict(num_envs=16, num_steps=256, num_minibatches=8, update_epochs=10, learning_rate=3e-4,
                              gamma=0.99, gae_lambda=0.95, ent_coef=0.0, hidden_sizes=[256, 256, 128],
                              reward_scale=0.1, init_log_std=-0.5, clip_vloss=True),

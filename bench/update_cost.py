@@ -16,7 +16,7 @@ loss, then PPO's loss, the gradient clip, Adam) and times the cut graphs side by
 have to shrink.
 
 ``--graph-kernel`` times ours with and without MindSpore's graph-kernel fusion (AKG compiles fused kernels on the
-CPU; session 14), one process per setting and round, alternating, and reports the first calls' compile seconds too.
+CPU), one process per setting and round, alternating, and reports the first calls' compile seconds too.
 The Trainer uses it with ``--graph-kernel true`` (Pendulum's preset): ``results/graph_kernel.md``.
 """
 

@@ -3,18 +3,15 @@ target counts as infinitely late, and the last table names who reached it first 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+import pytest
+from bench_script import load
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("train_throughput", REPO / "bench" / "train_throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # the driver module imports no MindSpore and no PyTorch
-    return module
+@pytest.fixture
+def bench():
+    return load("train_throughput")  # the driver module imports no MindSpore and no PyTorch
 
 
 def run(framework: str, seed: int, round_: int | None, wall: float | None, steps: int | None) -> dict[str, Any]:
@@ -26,8 +23,7 @@ def run(framework: str, seed: int, round_: int | None, wall: float | None, steps
     return r
 
 
-def test_rounds_are_compared_by_their_median_and_the_first_framework_is_named():
-    bench = load_bench()
+def test_rounds_are_compared_by_their_median_and_the_first_framework_is_named(bench):
     results = [
         # seed 1: ours had one slow round (a slow phase of the host); its median still beats the twin's.
         run("ours", 1, 1, 8.0, 24_000), run("torch", 1, 1, 8.5, 23_000),
@@ -51,8 +47,7 @@ def test_rounds_are_compared_by_their_median_and_the_first_framework_is_named():
     assert sum(line.startswith("| ours | CartPole-v1 | 1 | 2 | ") for line in table) == 1
 
 
-def test_a_target_reached_in_fewer_than_half_the_rounds_is_not_a_median():
-    bench = load_bench()
+def test_a_target_reached_in_fewer_than_half_the_rounds_is_not_a_median(bench):
     assert bench.median_or_none([5.0, None, None]) is None
     assert bench.median_or_none([5.0, 7.0, None]) == 7.0
     assert bench.median_or_none([]) is None
@@ -61,8 +56,7 @@ def test_a_target_reached_in_fewer_than_half_the_rounds_is_not_a_median():
     assert "| CartPole-v1 | 1 | – (9.0-9.0, 1/3) | 21.0 (20.0-22.0, 3/3) | torch |" in bench.tables(results)
 
 
-def test_results_of_single_round_runs_tabulate_as_before():
-    bench = load_bench()
+def test_results_of_single_round_runs_tabulate_as_before(bench):
     results = [run("ours", 1, None, 8.9, 24_144), run("torch", 1, None, 8.4, 23_888), run("sb3", 1, None, None, None)]
     table = bench.tables(results)
     assert "| CartPole-v1 | 1 | 8.9 | 8.4 | – | torch |" in table
@@ -70,8 +64,7 @@ def test_results_of_single_round_runs_tabulate_as_before():
     assert "| sb3 | CartPole-v1 | 1 | 1 | 5,000 | 1.00x | 1.00x | 0/1 | – |" in table
 
 
-def test_the_written_table_names_the_hosts_it_was_measured_on(tmp_path):
-    bench = load_bench()
+def test_the_written_table_names_the_hosts_it_was_measured_on(bench, tmp_path):
     results = [run("ours", 1, 1, 8.0, 24_000), run("torch", 1, 1, 8.5, 23_000), run("ours", 2, 1, 5.0, 12_000)]
     hosts = ["Intel A, AVX-512, 2 CPUs", "Intel A, AVX-512, 2 CPUs", "AMD B, AVX2+FMA, 2 CPUs"]
     for r, host in zip(results, hosts, strict=True):
@@ -85,8 +78,7 @@ def test_the_written_table_names_the_hosts_it_was_measured_on(tmp_path):
     assert bench.cpu_summary().endswith(" CPUs")
 
 
-def test_a_run_stopped_by_the_race_is_shown_as_not_there_by_the_leaders_time():
-    bench = load_bench()
+def test_a_run_stopped_by_the_race_is_shown_as_not_there_by_the_leaders_time(bench):
     raced = run("sb3", 1, 1, None, None)
     raced.update(gave_up_after_s=8.0, wall_time=8.3)  # stopped at the first check past ours' 8.0 s
     unraced = run("torch", 1, 1, None, None)  # never reached it in its whole run: no race cell

@@ -3,21 +3,17 @@ bar (``--threshold``) from the evaluations it keeps, without training again."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_script import load
 
-REPO = Path(__file__).resolve().parents[1]
 
-
-def load_preset_seeds():
-    spec = importlib.util.spec_from_file_location("preset_seeds", REPO / "bench" / "preset_seeds.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # imports no MindSpore: the runs are CLI subprocesses
-    return module
+@pytest.fixture
+def ps():
+    return load("preset_seeds")  # imports no MindSpore: the runs are CLI subprocesses
 
 
 def stored_run(seed: int, evals: list[tuple[int, float]] | None) -> dict[str, Any]:
@@ -29,8 +25,7 @@ def stored_run(seed: int, evals: list[tuple[int, float]] | None) -> dict[str, An
     return r
 
 
-def test_another_bar_is_read_from_the_stored_evaluations(tmp_path, capsys):
-    ps = load_preset_seeds()
+def test_another_bar_is_read_from_the_stored_evaluations(ps, tmp_path, capsys):
     runs = [stored_run(1, [(81_920, 120.0), (327_680, 210.0), (1_802_240, 305.0)]),
             stored_run(2, [(81_920, 150.0), (163_840, 199.9), (245_760, 250.0)])]  # fmt: skip
     target = ps.table(runs).splitlines()[-1]
@@ -43,8 +38,7 @@ def test_another_bar_is_read_from_the_stored_evaluations(tmp_path, capsys):
     assert printed.startswith("Target: the first evaluation >= 200.") and "| 2/2 | 286,720 |" in printed
 
 
-def test_a_bar_needs_stored_evaluations(tmp_path):
-    ps = load_preset_seeds()
+def test_a_bar_needs_stored_evaluations(ps, tmp_path):
     with pytest.raises(SystemExit, match="seed 3 has none"):
         ps.table([stored_run(3, None)], 200.0)
     with pytest.raises(SystemExit, match="no stored runs"):
@@ -58,8 +52,7 @@ def write_logs(run_dir: Path, step: int, evals: list[tuple[int, float]]) -> None
                                        + "".join(f"1,{s},{m}\n" for s, m in evals))  # fmt: skip
 
 
-def test_a_screen_stops_a_run_at_its_target_or_gives_up_on_it(tmp_path):
-    ps = load_preset_seeds()
+def test_a_screen_stops_a_run_at_its_target_or_gives_up_on_it(ps, tmp_path):
     run_dir = tmp_path / "run"
     assert ps.stop_reason("BipedalWalker-v3", run_dir, True, 1_400_000) is None  # nothing logged yet
     write_logs(run_dir, 901_120, [(819_200, 296.0), (901_120, 299.9)])
@@ -72,8 +65,7 @@ def test_a_screen_stops_a_run_at_its_target_or_gives_up_on_it(tmp_path):
     assert ps.stop_reason("CartPole-v1", run_dir, True, 1_400_000) is None  # a training-mean target needs the end
 
 
-def test_a_stopped_run_shows_where_it_was_given_up(tmp_path):
-    ps = load_preset_seeds()
+def test_a_stopped_run_shows_where_it_was_given_up(ps, tmp_path):
     given_up = {**stored_run(2, [(1_392_640, 297.0)]), "global_step": 1_400_832, "stopped": "gave up",
                 "final_eval": None}  # fmt: skip
     reached = {**stored_run(3, [(983_040, 301.0)]), "stopped": "target", "final_eval": None}
