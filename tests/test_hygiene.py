@@ -26,7 +26,6 @@ NUMBERED_REFERENCE = re.compile(r"\w_s\d\d(?:_\w+)?\.(?:md|txt|png|json|csv|toml
 # Files outside this check's first pass that still fail it; each is being reworded elsewhere. Empty this set as they
 # are fixed: test_pending_files_still_fail says when an entry is no longer needed.
 PENDING = {
-    "README.md",  # the training section still labels its rows by sitting and names numbered result files
     "msrl_consistency/training/affinity.py",  # the measurement in its module docstring
     "msrl_consistency/training/profile.py",  # the page-cache measurement in a comment
 }
