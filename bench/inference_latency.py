@@ -1,7 +1,10 @@
 """Per-runtime inference latency on one bundle: single-observation p50/p99 and batch-256 throughput.
 
 ONNX Runtime (in-process) is the baseline measured in the same run; ratios are what to compare across
-machines. Usage: ``python bench/inference_latency.py [--bundle DIR] [--ckpt RUN/checkpoint.ckpt]``
+machines. Two tables: the verify runtimes in this (MindSpore) process, where Lite runs in the runner process; and
+the deploy side, measured in a child process without MindSpore: ONNX Runtime's session, Lite in that process
+(``LiteModel.infer``, and ``infer_into`` without an output copy) and Lite through the runner process, called as
+a control loop calls them. Usage: ``python bench/inference_latency.py [--bundle DIR] [--ckpt RUN/checkpoint.ckpt]``
 (default: trains and exports a small CartPole-v1 policy into reports/bench/).
 """
 
@@ -73,6 +76,52 @@ def measure_raw_lite(bundle: Bundle, obs: np.ndarray, calls: int) -> dict:
     return {"p50_us": p50, "p99_us": p99, "ping_us": ping * 1e6}
 
 
+DEPLOY_SIDE = """
+import json, sys, time
+sys.modules["mindspore"] = None  # the deploy side: Lite may run in this process
+import numpy as np
+import onnxruntime as ort
+from inference.lite_client import LiteRunner
+from inference.lite_inprocess import LiteModel
+onnx_path, ms_path, obs_path, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+obs = np.load(obs_path)
+options = ort.SessionOptions()
+options.intra_op_num_threads = 1
+session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+name = session.get_inputs()[0].name
+model, runner = LiteModel(ms_path), LiteRunner(ms_path)
+calls_of = {"onnxruntime session": lambda x: session.run(None, {name: x}), "lite in this process": model.infer,
+            "lite in this process, infer_into": model.infer_into, "lite runner process": runner.infer}
+rows = {}
+for label, infer in calls_of.items():
+    for i in range(200):
+        infer(obs[i : i + 1]); infer(obs[:256])
+    lat = np.empty(calls)
+    for i in range(calls):
+        row = obs[i % len(obs) : i % len(obs) + 1]
+        t = time.perf_counter(); infer(row); lat[i] = time.perf_counter() - t
+    n = max(50, calls // 10)
+    t = time.perf_counter()
+    for _ in range(n):
+        infer(obs[:256])
+    rows[label] = {"p50_us": float(np.percentile(lat, 50) * 1e6), "p99_us": float(np.percentile(lat, 99) * 1e6),
+                   "batch_obs_s": 256 * n / (time.perf_counter() - t)}
+print(json.dumps(rows))
+"""
+
+
+def deploy_side(bundle: Bundle, obs: np.ndarray, calls: int, out: Path) -> dict:
+    """The deploy side's calls, measured in a child process without MindSpore (see the module docstring)."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "latency_obs.npy", obs)
+    args = [str(bundle.file("policy", "onnx")), str(bundle.file("policy", "ms")), str(out / "latency_obs.npy")]
+    proc = subprocess.run([sys.executable, "-c", DEPLOY_SIDE, *args, str(calls)], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", type=Path)
@@ -99,6 +148,17 @@ def main() -> None:
     for name, r in rows.items():
         print(f"| {name} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['p50_us'] / base['p50_us']:.1f}x | "
               f"{r['batch_obs_s']:,.0f} | {r['batch_obs_s'] / base['batch_obs_s']:.2f}x |")  # fmt: skip
+    deploy = deploy_side(bundle, obs, args.calls, args.out)
+    base = deploy["onnxruntime session"]
+    print("\nThe deploy side (a process without MindSpore), called as a control loop calls it; baseline the ONNX "
+          "Runtime session\n")
+    print("| call | single p50 (µs) | single p99 (µs) | p50 / baseline | p99 / baseline | batch-256 obs/s | "
+          "batch / baseline |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in deploy.items():
+        print(f"| {name} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['p50_us'] / base['p50_us']:.2f}x | "
+              f"{r['p99_us'] / base['p99_us']:.2f}x | {r['batch_obs_s']:,.0f} | "
+              f"{r['batch_obs_s'] / base['batch_obs_s']:.2f}x |")  # fmt: skip
     if "lite" in rows:
         raw = measure_raw_lite(bundle, obs, args.calls)
         target = 50.0

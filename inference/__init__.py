@@ -1,8 +1,9 @@
 """Everything that needs no MindSpore, so an inference box runs it as it is (``pip install ./inference``).
 
-The bundle format and the policy contract, the runtimes without MindSpore (the Lite runner and its NumPy client,
-ONNX Runtime), the comparison and its reports, and the deploy commands (``check``, ``doctor``, ``bench``,
-``play``). The training package builds on this one, never the other way round.
+The bundle format and the policy contract, the runtimes without MindSpore (Lite in this process or in the runner
+process, ONNX Runtime), the comparison and its reports, the deploy commands (``check``, ``doctor``, ``bench``,
+``play``) and ``load(BUNDLE)``, a bundle's policy for a control loop. The training package builds on this one,
+never the other way round.
 """
 
 from inference.lite_client import (
@@ -20,6 +21,7 @@ from inference.lite_client import (
     runner_available,
     runner_path,
 )
+from inference.policy import Policy, load
 
 __all__ = [
     "DeviceUnavailable",
@@ -32,7 +34,9 @@ __all__ = [
     "RunnerCrashed",
     "RunnerTimeout",
     "RunnerUnavailable",
+    "Policy",
     "TensorMeta",
     "runner_available",
+    "load",
     "runner_path",
 ]

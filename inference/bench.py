@@ -1,10 +1,11 @@
 """``python -m inference.bench BUNDLE``: latency, throughput, soak and task return of a policy on MindSpore Lite.
 
-In the manner of Lite's own ``benchmark`` tool, but for policies and through the deployed path (the runner
-process and its pipe, as ``play`` and a deploy loop use it): per batch size, ``--warmup`` untimed then
-``--loops`` timed requests, reported as request latency p50/p99/p99.9, latency per observation and
-observations per second. ``--soak N`` sends N single-observation requests cycling over a fixed set of seeded
-inputs and reports the runner's RSS over time and any bitwise drift of the answers to repeated inputs.
+In the manner of Lite's own ``benchmark`` tool, but for policies and through the deployed path (Lite in this
+process, as ``play`` and a deploy loop use it; ``--isolate``: the runner process and its pipe): per batch size,
+``--warmup`` untimed then ``--loops`` timed requests, reported as request latency p50/p99/p99.9, latency per
+observation and observations per second. ``--soak N`` sends N single-observation requests cycling over a fixed
+set of seeded inputs and reports the RSS of the process Lite runs in over time and any bitwise drift of the
+answers to repeated inputs.
 ``--episodes`` plays seeded episodes through the deployed model (``inference.play``) for the task figure.
 Prints a table and writes JSON (``--json``). No timing is asserted anywhere: these are measurements.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ from inference.bundle import Bundle, BundleError, load_bundle
 from inference.contract import ContractError
 from inference.errors import UsageError
 from inference.lite_client import DEFAULT_MAX_ROWS, LiteRunner, LiteRunnerError
+from inference.lite_inprocess import LiteModel
 from inference.play import mode_graph, run_episodes
 from inference.procfs import status_mb
 from inference.sdk import FORMATS, open_runner, runner_info
@@ -64,7 +67,7 @@ def _percentiles(seconds: np.ndarray) -> dict[str, float]:
 
 
 def bench_batches(
-    bundle: Bundle, graph: str, runner: LiteRunner, batches: list[int], warmup: int, loops: int, seed: int
+    bundle: Bundle, graph: str, runner: LiteModel | LiteRunner, batches: list[int], warmup: int, loops: int, seed: int
 ) -> list[dict[str, Any]]:
     obs_dim = runner.inputs[0].shape[-1]
     pool = seeded_observations(bundle, obs_dim, max(batches) * 4, seed)
@@ -87,7 +90,9 @@ def bench_batches(
     return rows
 
 
-def soak(bundle: Bundle, graph: str, runner: LiteRunner, requests: int, distinct: int, seed: int) -> dict[str, Any]:
+def soak(
+    bundle: Bundle, graph: str, runner: LiteModel | LiteRunner, requests: int, distinct: int, seed: int
+) -> dict[str, Any]:
     """N single-observation requests over ``distinct`` fixed inputs; every repeat must be bitwise identical."""
     obs_dim = runner.inputs[0].shape[-1]
     pool = seeded_observations(bundle, obs_dim, distinct, seed + 1)
@@ -164,7 +169,7 @@ def render(result: dict[str, Any]) -> str:
         lines += [
             "",
             f"soak: {s['requests']:,} requests over {s['distinct_inputs']} repeated inputs in {s['seconds']:.1f} s "
-            f"(p50 {s['p50_us']:.1f} µs, p99 {s['p99_us']:.1f} µs, p99.9 {s['p99.9_us']:.1f} µs); runner RSS "
+            f"(p50 {s['p50_us']:.1f} µs, p99 {s['p99_us']:.1f} µs, p99.9 {s['p99.9_us']:.1f} µs); Lite's process RSS "
             f"{s['rss_mb_start']:.1f} -> {s['rss_mb_end']:.1f} MiB (max {s['rss_mb_max']:.1f}); bitwise drift: "
             f"{s['drifted_requests']} requests (max |diff| {s['drift_max_abs']:.3g}); restarts {s['runner_restarts']}",
         ]
@@ -207,6 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "lite_version": runner.lite_version,
         "lite_sdk": info.record if info else None,
         "runner": str(runner.runner),
+        "lite_in_process": runner.pid == os.getpid(),
         "device": args.device,
         "threads": args.threads,
         "warmup": args.warmup,
@@ -244,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="Lite CPU threads")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--device-id", type=int, default=0)
+    p.add_argument("--isolate", action="store_true",
+                   help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
     p.add_argument("--soak", type=int, default=0, metavar="N", help="N single-observation soak requests")
     p.add_argument("--soak-inputs", type=int, default=64, help="distinct inputs the soak cycles over")
     p.add_argument("--episodes", type=int, default=10, help="seeded episodes for the task figure (0: skip)")
@@ -251,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="bench.json", help="where to write the JSON result (default bench.json)")
     args = p.parse_args(argv)
+    if args.isolate:
+        os.environ["MSRL_LITE_ISOLATE"] = "1"
     try:
         result = run(args)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -200,12 +200,13 @@ OUT="$(cd "$OUT" && pwd -P)"
 # callbacks' MSCallBackParam holds std::string, which must have Lite's own layout (the PyPI 2.0.0 wheel: the old
 # ABI; reading it with the new one threw std::bad_alloc).
 if nm -D --defined-only "$LIB/$RTLIB" 2>/dev/null | grep -q __cxx11; then CXX_ABI=1; else CXX_ABI=0; fi
-CXXFLAGS=(-O2 -std=c++17 -Wall -D_GLIBCXX_USE_CXX11_ABI=$CXX_ABI -I"$INC_ROOT" -I"$INC_ROOT/include"
+CXXFLAGS=(-O2 -std=c++17 -Wall -fPIC -D_GLIBCXX_USE_CXX11_ABI=$CXX_ABI -I"$INC_ROOT" -I"$INC_ROOT/include"
           -DMSRL_LITE_VERSION="\"$VERSION\"")
 # -rpath-link resolves the runtime's own dependencies at link time; a DT_RPATH (not RUNPATH, which is not
 # inherited by those indirect dependencies) lets the binaries run without LD_LIBRARY_PATH.
 LDFLAGS=(-L"$LIB" -Wl,-rpath-link,"$LIB" -Wl,--disable-new-dtags -Wl,-rpath,"$LIB")
 COMMON=(main protocol json lite_log errors mindir_probe pinning server)
+INPROCESS=(inprocess protocol json lite_log errors pinning)  # libmsrl-lite.so: Lite in the caller's process
 
 # Rebuild when the sources, the SDK, its version or the compiler changed (content hash, not timestamps).
 key=$( { cat "$SRC"/*.cc "$SRC"/*.h "$0"; [[ -f "$CONVERTER_SRC" ]] && cat "$CONVERTER_SRC";
@@ -240,7 +241,7 @@ LINK_RT="-l${RTLIB#lib}"
 LINK_RT="${LINK_RT%.so}"
 CONVERTER=null
 if [[ "$(cat "$OUT/.build-key" 2>/dev/null || true)" == "$key" && -x "$OUT/msrl-lite-runner" \
-      && -x "$OUT/msrl-lite-runner-test" && -f "$OUT/msrl-lite-runner.json" ]]; then
+      && -x "$OUT/msrl-lite-runner-test" && -f "$OUT/libmsrl-lite.so" && -f "$OUT/msrl-lite-runner.json" ]]; then
     say "$OUT is up to date"
     exit 0
 fi
@@ -248,7 +249,7 @@ rm -f "$OUT/.build-key"
 OBJ=$(mktemp -d "$OUT/.objects.XXXXXX")
 trap 'rm -rf "$OBJ"' EXIT
 srcs=()
-for f in "${COMMON[@]}" request_hook_none request_hook_fault; do srcs+=("$SRC/$f.cc"); done
+for f in "${COMMON[@]}" inprocess request_hook_none request_hook_fault; do srcs+=("$SRC/$f.cc"); done
 say "compiling the runner's sources"
 compile_objects "$OBJ" "${srcs[@]}"
 objs=()
@@ -256,6 +257,10 @@ for f in "${COMMON[@]}"; do objs+=("$OBJ/$f.o"); done
 say "linking msrl-lite-runner and msrl-lite-runner-test (with the fault-injection hook)"
 compile "$OUT/msrl-lite-runner" "$LINK_RT" -- "${objs[@]}" "$OBJ/request_hook_none.o"
 compile "$OUT/msrl-lite-runner-test" "$LINK_RT" -- "${objs[@]}" "$OBJ/request_hook_fault.o"
+say "linking libmsrl-lite.so (Lite in the calling process)"
+lib_objs=()
+for f in "${INPROCESS[@]}"; do lib_objs+=("$OBJ/$f.o"); done
+compile "$OUT/libmsrl-lite.so" -shared "$LINK_RT" -- "${lib_objs[@]}"
 if ((RUNNER_ONLY)); then
     say "converter skipped (--runner-only)"
 elif [[ ! -f "$CONVERTER_SRC" ]]; then
@@ -297,6 +302,7 @@ cat >"$OUT/msrl-lite-runner.json" <<EOF
   "mind_ir_rule": $(json_str "$RULE"),
   "runner": "msrl-lite-runner",
   "test_runner": "msrl-lite-runner-test",
+  "library": "libmsrl-lite.so",
   "converter": $CONVERTER,
   "built": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 }

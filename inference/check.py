@@ -10,6 +10,7 @@ junit.xml, action_diff.png when matplotlib is installed) and the same exit codes
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -107,12 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--localize", action=argparse.BooleanOptionalAction, default=None,
                    help="name the first diverging layer of every runtime (the golden file must record layers: verify "
                    "--golden-layers); --no-localize: of none; default: of a runtime failing at the network stage")
+    p.add_argument("--isolate", action="store_true",
+                   help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.isolate:
+        os.environ["MSRL_LITE_ISOLATE"] = "1"
     from inference.runtimes.registry import RUNTIMES
 
     for name in (*names(args.runtimes), *names(args.require)):

@@ -182,6 +182,24 @@ def runner_available() -> tuple[bool, str]:
     return True, str(path)
 
 
+def load_refusal(
+    kind: str, msg: str, model_path: str, mind_ir_version: int | None = None, max_mind_ir_version: int | None = None
+) -> LiteRunnerError:
+    """The exception for Lite's refusal to load a model (the runner's handshake or the in-process library); a MindIR
+    version refusal also names the MindSpore that wrote the file."""
+    error = _KIND_ERRORS.get(kind, ModelLoadError)(msg)
+    if isinstance(error, MindIRVersionError):
+        error.mind_ir_version, error.max_mind_ir_version = mind_ir_version, max_mind_ir_version
+        try:
+            producer = read_header(model_path).mindspore_version
+        except OSError:
+            producer = None
+        tag = f"MindIR v{mind_ir_version}"
+        if producer and msg.startswith(tag):
+            error.args = (f"{tag} written by MindSpore {producer}{msg[len(tag) :]}",)
+    return error
+
+
 def _one_line(text: str) -> str:
     return " | ".join(part.strip() for part in text.splitlines() if part.strip())
 
@@ -491,21 +509,8 @@ class LiteRunner:
         return hello
 
     def _refusal(self, hello: dict[str, Any]) -> LiteRunnerError:
-        """The exception for a handshake refusal; a MindIR version refusal also names the writing MindSpore."""
-        kind = hello.get("kind", "")
-        msg = str(hello.get("error", "unknown error"))
-        error = _KIND_ERRORS.get(kind, ModelLoadError)(msg)
-        if isinstance(error, MindIRVersionError):
-            error.mind_ir_version = hello.get("mind_ir_version")
-            error.max_mind_ir_version = hello.get("max_mind_ir_version")
-            try:
-                producer = read_header(self.model_path).mindspore_version
-            except OSError:
-                producer = None
-            tag = f"MindIR v{error.mind_ir_version}"
-            if producer and msg.startswith(tag):
-                error.args = (f"{tag} written by MindSpore {producer}{msg[len(tag) :]}",)
-        return error
+        return load_refusal(str(hello.get("kind", "")), str(hello.get("error", "unknown error")), self.model_path,
+                            hello.get("mind_ir_version"), hello.get("max_mind_ir_version"))  # fmt: skip
 
     def _send(self, frame: bytes) -> None:
         view = memoryview(frame)

@@ -1,14 +1,15 @@
 """``python -m inference.play BUNDLE``: play seeded episodes of the bundle's env with MindSpore Lite.
 
-Deploy side only (NumPy, Gymnasium and the Lite runner; no MindSpore): this is how the policy behaves
-on a 310 box. ``--format auto`` (the default) loads the ``.mindir`` where the runner's Lite reads its
-version and the ``.ms`` otherwise. Exit codes: 0 ok, 2 bad bundle or arguments (one ``error:`` line),
-3 runner unavailable, 4-6 and 8-10 runner errors (see ``lite_client``).
+Deploy side only (NumPy, Gymnasium and Lite, in this process or with ``--isolate`` in the runner process; no
+MindSpore): this is how the policy behaves on a 310 box. ``--format auto`` (the default) loads the ``.mindir``
+where this Lite reads its version and the ``.ms`` otherwise. Exit codes: 0 ok, 2 bad bundle or arguments (one
+``error:`` line), 3 Lite unavailable, 4-6 and 8-10 Lite errors (see ``lite_client``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from inference.compare.feeds import finite_rows
 from inference.contract import ContractError
 from inference.errors import UsageError
 from inference.lite_client import LiteRunner, LiteRunnerError
+from inference.lite_inprocess import LiteModel
 from inference.sdk import FORMATS, open_runner
 from inference.spaces import check_env_spaces
 from inference.tensors import FeedError
@@ -58,7 +60,7 @@ def mode_graph(bundle: Bundle, stochastic: bool) -> str:
 
 
 def run_episodes(
-    runner: LiteRunner,
+    runner: LiteModel | LiteRunner,
     bundle: Bundle,
     graph: str,
     episodes: int,
@@ -117,8 +119,9 @@ def play(
     with runner:
         returns = run_episodes(runner, bundle, graph, episodes, seed, stochastic, report=print)
     mode = "stochastic" if stochastic else "deterministic"
+    where = "in this process" if runner.pid == os.getpid() else "runner process"
     print(f"mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} over {episodes} episodes "
-          f"({mode}, .{loaded} on Lite {runner.lite_version}: {why})")  # fmt: skip
+          f"({mode}, .{loaded} on Lite {runner.lite_version}, {where}: {why})")  # fmt: skip
     return returns
 
 
@@ -131,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", default="auto", choices=FORMATS, help="graph file to load in Lite")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--device-id", type=int, default=0)
+    p.add_argument("--isolate", action="store_true",
+                   help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
     args = p.parse_args(argv)
+    if args.isolate:
+        os.environ["MSRL_LITE_ISOLATE"] = "1"
     try:
         play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, args.device, args.device_id)
     except (BundleError, ContractError, FeedError, LiteRunnerError, UsageError) as exc:

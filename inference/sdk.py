@@ -15,11 +15,14 @@ import logging
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inference.bundle import Bundle, BundleError
 from inference.lite_client import RUNNER_NAME, LiteRunner, MindIRVersionError, runner_path
 from inference.mindir import read_header
+
+if TYPE_CHECKING:
+    from inference.lite_inprocess import LiteModel
 
 INFO_FILE = RUNNER_NAME + ".json"
 FORMATS = ("auto", "ms", "mindir")
@@ -104,15 +107,19 @@ def choose_format(bundle: Bundle, graph: str, fmt: str, info: RunnerInfo | None)
     raise BundleError(f"bundle {bundle.root}: {graph} has neither a .mindir nor a .ms file")
 
 
-def open_runner(bundle: Bundle, graph: str, fmt: str = "auto", **kwargs: Any) -> tuple[LiteRunner, str, str]:
-    """A started runner for ``graph`` plus the format it loaded and why; an ``auto`` .mindir that Lite refuses
-    after all falls back to the .ms."""
+def open_runner(
+    bundle: Bundle, graph: str, fmt: str = "auto", **kwargs: Any
+) -> tuple[LiteModel | LiteRunner, str, str]:
+    """Lite loaded with ``graph`` (in this process where it can run here, else the runner process: ``open_lite``)
+    plus the format it loaded and why; an ``auto`` .mindir that Lite refuses after all falls back to the .ms."""
+    from inference.lite_inprocess import open_lite
+
     info = runner_info(kwargs.get("runner"))
     chosen, why = choose_format(bundle, graph, fmt, info)
     try:
-        return LiteRunner(bundle.file(graph, chosen), **kwargs), chosen, why
+        return open_lite(bundle.file(graph, chosen), **kwargs), chosen, why
     except MindIRVersionError as exc:
         if fmt != "auto" or chosen != "mindir" or not has_file(bundle, graph, "ms"):
             raise
         log.warning("falling back to the .ms: %s", exc)
-        return LiteRunner(bundle.file(graph, "ms"), **kwargs), "ms", f"fallback to .ms: {exc}"
+        return open_lite(bundle.file(graph, "ms"), **kwargs), "ms", f"fallback to .ms: {exc}"

@@ -71,6 +71,7 @@ def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, cartpo
     build = [py, "-m", "inference.build_runner", "--sdk", str(REPO / ".lite" / "sdk"), "--runner-only"]
     _run(build, "build_runner", work, env)
     assert (venv / "bin" / "msrl-lite-runner").is_file() and (venv / "bin" / "msrl-lite-runner.json").is_file()
+    assert (venv / "bin" / "libmsrl-lite.so").is_file()  # Lite in the calling process: the deploy side's default
 
     doctor = _run([str(venv / "bin" / "msrl-doctor"), str(cartpole_bundle.root), "--json"], "doctor", work, env)
     report = json.loads(doctor.stdout)
@@ -85,9 +86,10 @@ def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, cartpo
     result = json.loads(out.read_text())
     assert result["lite_version"] == lite_build.VERSION and result["lite_sdk"]["lite_version"] == lite_build.VERSION
     assert result["soak"]["drifted_requests"] == 0 and [b["batch"] for b in result["batches"]] == [1, 16]
+    assert result["lite_in_process"] and result["runner"] == str(venv / "bin" / "libmsrl-lite.so")
 
     play = _run([py, "-m", "inference.play", str(cartpole_bundle.root), "--episodes", "1"], "play", work, env)
-    assert "mean return" in play.stdout and f"Lite {lite_build.VERSION}" in play.stdout
+    assert "mean return" in play.stdout and f"Lite {lite_build.VERSION}, in this process" in play.stdout
     assert float(play.stdout.split("return ")[1].split()[0]) == result["episodes"]["returns"][0]
 
     # The on-device check: a golden file recorded here (the training side), checked there with the deploy side only.
@@ -107,6 +109,7 @@ def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, cartpo
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
     report = json.loads((work / "r-ok" / "report.json").read_text())
     assert report["reference"] == "golden:golden.npz" and report["runtimes"]["lite"]["status"] == "ran"
+    assert report["runtimes"]["lite"]["versions"]["lite_process"] == "in this process"
     assert {c["name"] for c in report["checks"]} >= {"observations.policy", "episodes.free_running.stochastic"}
     other = export_run(train_tiny(tmp_path / "other", "CartPole-v1", seed=7), tmp_path / "other-bundle",
                        ExportOptions(formats=("ms",)))  # fmt: skip

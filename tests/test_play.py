@@ -76,6 +76,6 @@ def test_play_auto_format_falls_back_to_ms_for_a_newer_mindir(cartpole_bundle):
     proc = play(str(cartpole_bundle.root), "--episodes", "1")
     assert proc.returncode == 0, proc.stderr
     v, m = lite_build.VERSION, lite_build.MAX_MINDIR
-    assert f".ms on Lite {v}: fallback to .ms: MindIR v3, Lite {v} reads <= v{m}" in proc.stdout
+    assert f".ms on Lite {v}, in this process: fallback to .ms: MindIR v3, Lite {v} reads <= v{m}" in proc.stdout
     forced = play(str(cartpole_bundle.root), "--episodes", "1", "--format", "mindir")
     assert forced.returncode == 5 and "MindIR v3 written by MindSpore" in forced.stderr

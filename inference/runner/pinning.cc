@@ -5,19 +5,29 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace msrl {
 
-void ThreadFollower::Init() {
-  const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
+std::vector<pid_t> ThreadIds() {
+  std::vector<pid_t> ids;
   DIR *dir = opendir("/proc/self/task");
-  if (dir == nullptr) return;
+  if (dir == nullptr) return ids;
   while (const dirent *e = readdir(dir)) {
     const pid_t tid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (tid > 0 && tid != self) tids_.push_back(tid);
+    if (tid > 0) ids.push_back(tid);
   }
   closedir(dir);
+  return ids;
+}
+
+void ThreadFollower::Init() { InitSince({static_cast<pid_t>(syscall(SYS_gettid))}); }
+
+void ThreadFollower::InitSince(const std::vector<pid_t> &before) {
+  for (pid_t tid : ThreadIds()) {
+    if (std::find(before.begin(), before.end(), tid) == before.end()) tids_.push_back(tid);
+  }
 }
 
 void ThreadFollower::Follow() {

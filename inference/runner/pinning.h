@@ -16,10 +16,16 @@
 
 namespace msrl {
 
+// The ids of this process's threads now.
+std::vector<pid_t> ThreadIds();
+
 class ThreadFollower {
  public:
   // Call after Model::Build, from the serving thread: every other thread of the process then belongs to Lite.
   void Init();
+  // In a process with threads of its own (the in-process library): follow only the threads started since
+  // ``before`` was taken (just before Model::Build), i.e. Lite's.
+  void InitSince(const std::vector<pid_t> &before);
   // Before each Predict: one sched_getcpu() (vDSO, no syscall); re-pins only when the serving thread moved.
   void Follow();
 

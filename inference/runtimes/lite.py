@@ -1,21 +1,25 @@
-"""``lite``: MindSpore Lite through the C++ runner process (``inference/``), on the bundle's ``.ms``.
+"""``lite``: MindSpore Lite's C++ API on the bundle's ``.ms``: in this process (``libmsrl-lite.so``) where it can run
+here, i.e. on the deploy side, else through the runner process (a process that imports MindSpore, or
+``MSRL_LITE_ISOLATE=1``; ``inference.lite_inprocess.open_lite``).
 
-``lite-mindir`` asks the same runner to load the ``.mindir`` directly: with a Lite older than the
-exporter's MindSpore this fails with a version error, which verify reports as a version-contract
-failure rather than as a crash.
+``lite-mindir`` asks Lite to load the ``.mindir`` directly: with a Lite older than the exporter's MindSpore this
+fails with a version error, which verify reports as a version-contract failure rather than as a crash.
 
-A runner killed from outside (``RunnerCrashed.killed_from_outside``) is restarted once and the request repeated;
-a second such death is ``RuntimeDied`` (not a verdict on the graph). A runner that crashes on the graph itself
-(SIGSEGV, SIGABRT) or hangs (its watchdog) is ``InferenceFailed``, a verdict. Every restart is recorded in
-``restarts`` so the report says so.
+In the runner process, a runner killed from outside (``RunnerCrashed.killed_from_outside``) is restarted once and
+the request repeated; a second such death is ``RuntimeDied`` (not a verdict on the graph). A runner that crashes
+on the graph itself (SIGSEGV, SIGABRT) or hangs (its watchdog) is ``InferenceFailed``, a verdict. Every restart is
+recorded in ``restarts`` so the report says so.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 from inference import lite_client as lc
 from inference.errors import MsrlError
+from inference.lite_inprocess import in_process_reason, open_lite
 from inference.runtimes.base import InferenceFailed, Runtime, RuntimeDied, RuntimeSource
 
 
@@ -25,12 +29,14 @@ class IncompatibleModel(MsrlError):
 
 class LiteRuntime(Runtime):
     name = "lite"
-    description = "MindSpore Lite C++ runner (own process) on the bundle's .ms"
+    description = "MindSpore Lite C++ API on the bundle's .ms (in this process, or the runner process)"
     fmt = "ms"
     timeout = 10.0
 
     @classmethod
     def unavailable_reason(cls, source: RuntimeSource) -> str | None:
+        if in_process_reason() is None:
+            return None
         ok, detail = lc.runner_available()
         return None if ok else detail
 
@@ -39,9 +45,8 @@ class LiteRuntime(Runtime):
         self.restarts: list[str] = []
         for attempt in range(2):
             try:
-                self.runner = lc.LiteRunner(
-                    path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout
-                )
+                self.runner = open_lite(path, device=self.source.device, device_id=self.source.device_id,
+                                        timeout=self.timeout)  # fmt: skip
                 break
             except lc.MindIRVersionError as exc:
                 raise IncompatibleModel(f"{self.name}: {exc}") from None
@@ -81,7 +86,9 @@ class LiteRuntime(Runtime):
         return [t.dtype for t in self.runner.inputs]
 
     def versions(self) -> dict[str, str]:
-        return {"mindspore_lite": getattr(getattr(self, "runner", None), "lite_version", "unknown")}
+        runner = getattr(self, "runner", None)
+        where = "in this process" if getattr(runner, "pid", None) == os.getpid() else "runner process"
+        return {"mindspore_lite": getattr(runner, "lite_version", "unknown"), "lite_process": where}
 
 
 class LiteMindirRuntime(LiteRuntime):

@@ -1,0 +1,264 @@
+"""MindSpore Lite in the calling process: ``LiteModel``, over ``libmsrl-lite.so`` (built next to the runner by
+``build_lite.sh``) through ``ctypes``.
+
+The deploy side's default: a control loop pays Lite's own compute, not a pipe and two process wake-ups per step
+(``LiteRunner``). The runner process stays for a process that imports MindSpore (Lite 2.0.0 and MindSpore 2.10
+ship clashing ``libmindspore_core.so``) and for untrusted models (its watchdog kills a hung graph; in-process a
+hang is the caller's): ``open_lite`` chooses, ``MSRL_LITE_ISOLATE=1`` (the commands' ``--isolate``) forces the
+runner. The same context options, load-failure classification and feed checks as the runner, so both give the
+same bits for the same graph and thread count.
+
+Feeds are validated here before Lite sees them (count, dtype, rank, fixed dimensions, the row cap; a
+non-contiguous array is made contiguous, the only copy on the Python side); outputs land in buffers allocated
+once per input shape. ``infer`` returns copies, safe to keep; ``infer_into`` returns those buffers themselves
+(overwritten by the next call: the allocation-free path of a control loop).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inference.lite_client import (
+    DEFAULT_MAX_ROWS,
+    DTYPES,
+    InferenceError,
+    LiteRunner,
+    LiteRunnerError,
+    RunnerUnavailable,
+    load_refusal,
+    runner_path,
+)
+from inference.tensors import FeedError, TensorMeta
+
+LIBRARY_NAME = "libmsrl-lite.so"
+MAX_RANK = 8
+_ERR = 4096
+_SHAPES_KEPT = 8  # output buffers kept for this many distinct input shapes
+
+
+def library_path() -> Path:
+    """``$MSRL_LITE_LIBRARY`` if set, else the library built next to the runner (see ``runner_path``)."""
+    env = os.environ.get("MSRL_LITE_LIBRARY")
+    return Path(env) if env else runner_path().with_name(LIBRARY_NAME)
+
+
+def in_process_reason() -> str | None:
+    """Why Lite cannot run in this process (None: it can)."""
+    if os.environ.get("MSRL_LITE_ISOLATE", "") not in ("", "0"):
+        return "MSRL_LITE_ISOLATE is set (--isolate): Lite runs in the runner process"
+    if "mindspore" in sys.modules and sys.modules["mindspore"] is not None:
+        return "MindSpore is imported in this process (its libmindspore_core.so clashes with Lite's)"
+    if not library_path().is_file():
+        return f"{library_path()} not built (bash inference/build_lite.sh)"
+    return None
+
+
+def open_lite(model_path: str | os.PathLike[str], **kwargs: Any) -> LiteModel | LiteRunner:
+    """Lite on ``model_path``: in this process where it can run here, else in the runner process (which takes the
+    runner's own options, ``timeout`` included)."""
+    if in_process_reason() is None:
+        kwargs = {k: v for k, v in kwargs.items() if k in ("device", "device_id", "threads", "max_rows")}
+        return LiteModel(model_path, **kwargs)
+    return LiteRunner(model_path, **kwargs)
+
+
+class _Library:
+    """The loaded library and its function signatures (one per process)."""
+
+    _instance: _Library | None = None
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        c = ctypes
+        p_i64, p_u64 = c.POINTER(c.c_int64), c.POINTER(c.c_uint64)
+        lib.msrl_lite_version.restype = c.c_char_p
+        lib.msrl_lite_open.restype = c.c_void_p
+        lib.msrl_lite_open.argtypes = [c.c_char_p, c.c_char_p, c.c_uint32, c.c_int, c.c_char_p, c.c_size_t,
+                                       c.c_char_p, c.c_size_t, p_i64]  # fmt: skip
+        lib.msrl_lite_count.argtypes = [c.c_void_p, c.c_int]
+        lib.msrl_lite_describe.argtypes = [c.c_void_p, c.c_int, c.c_int, c.c_char_p, c.c_size_t,
+                                           c.POINTER(c.c_int), p_i64]  # fmt: skip
+        lib.msrl_lite_fetch.argtypes = [c.c_void_p, c.c_int, c.POINTER(c.c_void_p), p_u64, c.c_char_p, c.c_size_t]
+        # msrl_lite_predict is called with ready-made ctypes arguments (_Shape.args): no per-call conversion
+        lib.msrl_lite_close.argtypes = [c.c_void_p]
+        self.lib = lib
+        self.predict = lib.msrl_lite_predict
+        self.version = lib.msrl_lite_version().decode()
+
+    @classmethod
+    def get(cls) -> _Library:
+        if cls._instance is None:
+            path = library_path()
+            if not path.is_file():
+                raise RunnerUnavailable(f"{path} not found (build it: bash inference/build_lite.sh)")
+            try:
+                cls._instance = cls(path)
+            except OSError as exc:
+                raise RunnerUnavailable(f"{path} does not load here: {exc}") from None
+        return cls._instance
+
+
+class _Shape:
+    """What a call at one input signature (shapes, dtypes) needs, prepared once: the feed validation done, the
+    ctypes arguments built, and (after the first call, when Lite knows them) the output buffers."""
+
+    def __init__(self, model: LiteModel, feeds: list[np.ndarray]) -> None:
+        c = ctypes
+        n = len(feeds)
+        flat = [d for a in feeds for d in a.shape]
+        self.data = (c.c_void_p * n)()
+        self.outputs: dict[str, np.ndarray] = {}
+        self.count = c.c_int(0)
+        self.out, self.out_bytes = None, None
+        self.dims = (c.c_int64 * max(len(flat), 1))(*flat)
+        self.ranks = (c.c_int * n)(*[a.ndim for a in feeds])
+        self.nbytes = (c.c_uint64 * n)(*[a.nbytes for a in feeds])
+        # msrl_lite_predict's arguments in order; only the data pointers change from call to call
+        self.args = [c.c_void_p(model._handle), c.c_int(n), self.data, self.nbytes, self.dims, self.ranks, self.count,
+                     None, None, model._error, c.c_size_t(_ERR)]  # fmt: skip
+
+    def allocate(self, metas: list[TensorMeta]) -> None:
+        self.outputs = {meta.name: np.empty(meta.shape, meta.dtype) for meta in metas}
+        arrays = list(self.outputs.values())
+        self.count.value = len(arrays)
+        self.out = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        self.out_bytes = (ctypes.c_uint64 * len(arrays))(*[a.nbytes for a in arrays])
+        self.args[7], self.args[8] = self.out, self.out_bytes
+
+
+class LiteModel:
+    """One model in MindSpore Lite, in this process. ``infer(*arrays)`` / ``infer_into(*arrays)`` run it on one
+    feed per input (model input order) and return the outputs by name; the interface ``LiteRunner`` offers."""
+
+    restarts = 0  # never: there is no process to restart
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        device: str = "cpu",
+        device_id: int = 0,
+        threads: int = 1,
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self._lib = _Library.get()
+        self._handle: int | None = None
+        self.model_path = str(model_path)
+        self.max_rows = max_rows
+        self.lite_version = self._lib.version
+        self.device = device
+        self.runner = library_path()
+        kind, error = ctypes.create_string_buffer(32), ctypes.create_string_buffer(_ERR)
+        versions = (ctypes.c_int64 * 2)(-1, -1)
+        handle = self._lib.lib.msrl_lite_open(self.model_path.encode(), device.encode(), device_id, threads, kind, 32,
+                                              error, _ERR, versions)  # fmt: skip
+        if not handle:
+            known = [v if v >= 0 else None for v in versions]
+            raise load_refusal(kind.value.decode(), error.value.decode(errors="replace"), self.model_path, *known)
+        self._handle = handle
+        self.inputs = self._describe(0)
+        self.outputs = self._describe(1)
+        self._shapes: OrderedDict[tuple, _Shape] = OrderedDict()
+        self._error = ctypes.create_string_buffer(_ERR)
+        self._predict = self._lib.predict
+
+    @property
+    def pid(self) -> int:
+        """The process Lite runs in: this one."""
+        return os.getpid()
+
+    def _describe(self, output: int) -> list[TensorMeta]:
+        metas = []
+        name, dtype, dims = ctypes.create_string_buffer(1024), ctypes.c_int(), (ctypes.c_int64 * MAX_RANK)()
+        for k in range(self._lib.lib.msrl_lite_count(self._handle, output)):
+            rank = self._lib.lib.msrl_lite_describe(self._handle, output, k, name, 1024, ctypes.byref(dtype), dims)
+            shape = tuple(int(d) for d in dims[:rank])
+            metas.append(TensorMeta(name.value.decode(), DTYPES[dtype.value], shape))
+        return metas
+
+    def _check(self, arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+        """Each feed against the model's declared input (before Lite sees it)."""
+        if self._handle is None:
+            raise LiteRunnerError(f"{self.model_path}: the model is closed")
+        if len(arrays) != len(self.inputs):
+            raise FeedError(f"expected {len(self.inputs)} inputs, got {len(arrays)}")
+        feeds = []
+        for meta, arr in zip(self.inputs, arrays, strict=True):
+            if not isinstance(arr, np.ndarray):
+                raise FeedError(f"input '{meta.name}': expected a NumPy array, got {type(arr).__name__}")
+            if arr.dtype != meta.dtype:
+                raise FeedError(f"input '{meta.name}': dtype {arr.dtype} != expected {meta.dtype}")
+            if meta.shape and arr.ndim != len(meta.shape):
+                raise FeedError(f"input '{meta.name}': rank {arr.ndim} != expected {len(meta.shape)}")
+            for d, (want, got) in enumerate(zip(meta.shape, arr.shape, strict=False)):
+                if want >= 0 and d > 0 and want != got:
+                    raise FeedError(f"input '{meta.name}': dim {d} is {got}, the model needs {want}")
+            if arr.ndim and arr.shape[0] > self.max_rows:
+                raise FeedError(f"input '{meta.name}': {arr.shape[0]} rows exceed the cap of {self.max_rows} rows "
+                                "per request (max_rows=...); split the batch")  # fmt: skip
+            feeds.append(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr))
+        return feeds
+
+    def infer_into(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
+        """Run the model; the outputs are buffers owned by this model, overwritten by its next call at the same
+        input shapes (no allocation per call)."""
+        try:  # a signature seen before was validated then: shapes, dtypes and layout decide everything checked
+            key = tuple((a.shape, a.dtype, a.flags.c_contiguous) for a in arrays)
+            shape = self._shapes.get(key)
+        except AttributeError:  # not an array: _check says which input
+            shape = key = None
+        if shape is None:
+            feeds = self._check(arrays)
+            shape = _Shape(self, feeds)
+            if key is not None and all(a.flags.c_contiguous for a in arrays):
+                self._shapes[key] = shape
+                if len(self._shapes) > _SHAPES_KEPT:
+                    self._shapes.popitem(last=False)
+        elif self._handle is None:
+            raise LiteRunnerError(f"{self.model_path}: the model is closed")
+        else:
+            feeds = arrays
+        data = shape.data
+        for k, a in enumerate(feeds):
+            data[k] = a.ctypes.data
+        status = self._predict(*shape.args)
+        if not status and not shape.count.value:  # the first call at these shapes: Lite now knows the output shapes
+            shape.allocate(self._describe(1))
+            status = self._lib.lib.msrl_lite_fetch(self._handle, shape.count, shape.out, shape.out_bytes,
+                                                   self._error, _ERR)  # fmt: skip
+        if status:
+            message = self._error.value.decode(errors="replace")
+            raise (FeedError if status == 1 else InferenceError)(f"{Path(self.model_path).name}: {message}")
+        return shape.outputs
+
+    def infer(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
+        """Run the model; the outputs are the caller's to keep."""
+        return {name: value.copy() for name, value in self.infer_into(*arrays).items()}
+
+    def close(self) -> None:
+        """Free the model (idempotent)."""
+        handle, self._handle = self._handle, None
+        if handle:
+            self._shapes.clear()
+            self._lib.lib.msrl_lite_close(handle)
+
+    def __enter__(self) -> LiteModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:  # noqa: SIM105 - at interpreter shutdown even contextlib may be gone
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,232 @@
+// libmsrl-lite.so: MindSpore Lite in the calling process, behind a minimal C ABI that Python loads with ctypes
+// (inference/lite_inprocess.py). The runner process stays for a process that imports MindSpore (the two ship
+// clashing libmindspore_core.so) and for untrusted models (its watchdog); a deploy loop calls Lite directly here,
+// without the pipe and the two process wake-ups per step.
+//
+// The same context as the runner (threads, CPU or Ascend device, Lite's worker pinned to the caller's CPU with one
+// thread), the same load-failure classification (errors.h), the same feed validation, so the two give bitwise the
+// same outputs for the same graph and thread count. Feeds are copied once, into Lite's own input tensors; outputs
+// once, into buffers the caller owns (no allocation per call at a fixed shape).
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "errors.h"
+#include "json.h"
+#include "include/api/context.h"
+#include "include/api/model.h"
+#include "include/api/status.h"
+#include "include/api/types.h"
+#include "lite_log.h"
+#include "pinning.h"
+#include "protocol.h"
+
+#ifndef MSRL_LITE_VERSION
+#define MSRL_LITE_VERSION "unknown"
+#endif
+
+namespace {
+
+struct Handle {
+  std::unique_ptr<mindspore::Model> model;
+  std::vector<mindspore::MSTensor> inputs, outputs;
+  std::vector<std::vector<int64_t>> declared, current;
+  msrl::ThreadFollower follower;
+  bool follow = false;
+};
+
+void Put(char *buf, size_t len, const std::string &text) {
+  if (buf == nullptr || len == 0) return;
+  const size_t n = text.size() < len - 1 ? text.size() : len - 1;
+  std::memcpy(buf, text.data(), n);
+  buf[n] = '\0';
+}
+
+bool EndsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string Version() {
+  std::string v = mindspore::Version();
+  const size_t sp = v.rfind(' ');
+  v = sp == std::string::npos ? v : v.substr(sp + 1);
+  return v.empty() ? MSRL_LITE_VERSION : v;
+}
+
+// Resizes Lite's inputs when the feed shapes changed since the last call; "" or the reason it failed.
+std::string EnsureShapes(Handle *h, const std::vector<std::vector<int64_t>> &dims) {
+  if (dims == h->current) return "";
+  mindspore::Status st = h->model->Resize(h->inputs, dims);
+  if (st.IsError()) return "resize failed: " + msrl::OneLine(st.ToString());
+  h->inputs = h->model->GetInputs();
+  h->outputs = h->model->GetOutputs();
+  h->current = dims;
+  return "";
+}
+
+}  // namespace
+
+extern "C" {
+
+// The SDK's version (what the library reports, else what build_lite.sh read from the SDK).
+const char *msrl_lite_version() {
+  static const std::string v = Version();
+  return v.c_str();
+}
+
+// Loads a .ms or .mindir. On failure returns null, with the failure's kind ("load", "missing", "args",
+// "mindir_version", "device"), message and, for a MindIR too new for this Lite, the file's and the maximum
+// version in versions[0..1].
+void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, int threads, char *kind,
+                     size_t kind_len, char *error, size_t error_len, int64_t *versions) {
+  const std::string model_path = path, dev = device;
+  const auto fail = [&](const msrl::LoadFailure &f) -> void * {
+    Put(kind, kind_len, f.kind);
+    Put(error, error_len, f.message);
+    versions[0] = f.mind_ir_version;
+    versions[1] = f.max_mind_ir_version;
+    return nullptr;
+  };
+  mindspore::ModelType type;
+  if (EndsWith(model_path, ".ms")) {
+    type = mindspore::kMindIR_Lite;
+  } else if (EndsWith(model_path, ".mindir")) {
+    type = mindspore::kMindIR;
+  } else {
+    return fail({msrl::kExitArgs, "args", "model must end in .ms (MindSpore Lite) or .mindir: '" + model_path + "'"});
+  }
+  if (dev != "cpu" && dev != "ascend") return fail({msrl::kExitArgs, "args", "device must be cpu or ascend"});
+  if (threads < 1) return fail({msrl::kExitArgs, "args", "threads must be a positive integer"});
+  if (!std::ifstream(model_path, std::ios::binary).good()) {
+    return fail({msrl::kExitMissing, "missing", "model file not found or unreadable: '" + model_path + "'"});
+  }
+  auto ctx = std::make_shared<mindspore::Context>();
+  ctx->SetThreadNum(threads);
+  if (dev == "ascend") {
+    auto info = std::make_shared<mindspore::AscendDeviceInfo>();
+    info->SetDeviceID(device_id);
+    ctx->MutableDeviceInfo().push_back(info);
+  } else {
+    auto info = std::make_shared<mindspore::CPUDeviceInfo>();
+    info->SetEnableFP16(false);
+    ctx->MutableDeviceInfo().push_back(info);
+  }
+  auto h = std::make_unique<Handle>();
+  h->model = std::make_unique<mindspore::Model>();
+  const std::vector<pid_t> threads_before = msrl::ThreadIds();
+  msrl::StderrCapture capture;
+  mindspore::Status st = h->model->Build(model_path, type, ctx);
+  const std::string log = capture.Release();
+  if (st.IsError()) return fail(msrl::ClassifyLoadFailure(log, st, model_path, dev, device_id, Version()));
+  h->inputs = h->model->GetInputs();
+  h->outputs = h->model->GetOutputs();
+  for (const auto *group : {&h->inputs, &h->outputs}) {
+    for (const auto &t : *group) {
+      if (msrl::DtypeCode(t.DataType()) < 0) {
+        return fail({msrl::kExitLoad, "load", "tensor '" + t.Name() + "' has Lite dtype " +
+                                                  std::to_string(static_cast<int>(t.DataType())) +
+                                                  ", which msrl-consistency does not carry"});
+      }
+    }
+  }
+  for (const auto &t : h->inputs) {
+    h->declared.push_back(t.Shape());
+    h->current.push_back(t.Shape());
+  }
+  // Lite's worker thread follows the caller's CPU with one thread (pinning.h). In-process, "every other thread
+  // of the process belongs to Lite" does not hold, so only the threads Build started are followed.
+  h->follow = dev == "cpu" && threads == 1;
+  if (h->follow) h->follower.InitSince(threads_before);
+  return h.release();
+}
+
+// Number of inputs (output = 0) or outputs (output = 1).
+int msrl_lite_count(void *handle, int output) {
+  auto *h = static_cast<Handle *>(handle);
+  return static_cast<int>(output ? h->outputs.size() : h->inputs.size());
+}
+
+// One tensor's name, dtype code (protocol.h) and shape as the model currently declares it (after the last
+// resize); returns its rank, or -1 for a bad index. dims must hold 8 entries.
+int msrl_lite_describe(void *handle, int output, int index, char *name, size_t name_len, int *dtype, int64_t *dims) {
+  auto *h = static_cast<Handle *>(handle);
+  const auto &group = output ? h->outputs : h->inputs;
+  if (index < 0 || static_cast<size_t>(index) >= group.size()) return -1;
+  const auto &t = group[index];
+  Put(name, name_len, t.Name());
+  *dtype = msrl::DtypeCode(t.DataType());
+  const auto shape = t.Shape();
+  const size_t rank = shape.size() < 8 ? shape.size() : 8;
+  for (size_t d = 0; d < rank; ++d) dims[d] = shape[d];
+  return static_cast<int>(rank);
+}
+
+// Copies the last call's outputs into the caller's buffers out[i] of out_bytes[i] bytes; 0 ok, 1 a buffer does not
+// fit (error says which).
+int msrl_lite_fetch(void *handle, int n_out, void *const *out, const uint64_t *out_bytes, char *error,
+                    size_t error_len) {
+  auto *h = static_cast<Handle *>(handle);
+  if (static_cast<size_t>(n_out) != h->outputs.size()) {
+    Put(error, error_len, "expected " + std::to_string(h->outputs.size()) + " output buffers");
+    return 1;
+  }
+  for (int i = 0; i < n_out; ++i) {
+    auto &t = h->outputs[i];
+    const uint64_t size = t.DataSize();
+    if (out == nullptr || size != out_bytes[i]) {
+      Put(error, error_len, "output '" + t.Name() + "' has " + std::to_string(size) + " bytes, its buffer " +
+                                std::to_string(out == nullptr ? 0 : out_bytes[i]));
+      return 1;
+    }
+    if (size) std::memcpy(out[i], t.MutableData(), size);
+  }
+  return 0;
+}
+
+// Runs the model. Inputs: n feeds with their data, byte sizes and shapes (validated by the caller against the
+// model's declaration: dtype, rank, fixed dimensions, row cap). Outputs: copied into the caller's buffers (as
+// msrl_lite_fetch); without buffers (n_out = 0: the first call at these shapes, whose output shapes Lite only
+// knows after running) they stay in Lite's tensors for msrl_lite_describe and msrl_lite_fetch. 0 ok; 1 a feed or
+// buffer does not fit; 2 Lite failed.
+int msrl_lite_predict(void *handle, int n, void *const *data, const uint64_t *nbytes, const int64_t *dims,
+                      const int *ranks, int n_out, void *const *out, const uint64_t *out_bytes, char *error,
+                      size_t error_len) {
+  auto *h = static_cast<Handle *>(handle);
+  if (static_cast<size_t>(n) != h->inputs.size()) {
+    Put(error, error_len, "expected " + std::to_string(h->inputs.size()) + " inputs, got " + std::to_string(n));
+    return 1;
+  }
+  std::vector<std::vector<int64_t>> shapes(n);
+  for (int i = 0, at = 0; i < n; at += ranks[i], ++i) shapes[i].assign(dims + at, dims + at + ranks[i]);
+  std::string err = EnsureShapes(h, shapes);
+  if (!err.empty()) {
+    Put(error, error_len, err);
+    return 2;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (nbytes[i] == 0) continue;
+    void *dst = h->inputs[i].MutableData();
+    if (dst == nullptr || h->inputs[i].DataSize() != nbytes[i]) {
+      Put(error, error_len, "input '" + h->inputs[i].Name() + "': " + std::to_string(nbytes[i]) +
+                                " bytes do not fill the model's input of " +
+                                std::to_string(h->inputs[i].DataSize()) + " bytes");
+      return 1;
+    }
+    std::memcpy(dst, data[i], nbytes[i]);
+  }
+  if (h->follow) h->follower.Follow();
+  mindspore::Status st = h->model->Predict(h->inputs, &h->outputs);
+  if (st.IsError()) {
+    Put(error, error_len, "predict failed: " + msrl::OneLine(st.ToString()));
+    return 2;
+  }
+  return n_out == 0 ? 0 : msrl_lite_fetch(handle, n_out, out, out_bytes, error, error_len);
+}
+
+void msrl_lite_close(void *handle) { delete static_cast<Handle *>(handle); }
+
+}  // extern "C"
