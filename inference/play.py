@@ -21,6 +21,7 @@ from inference.compare.acting import to_env
 from inference.compare.feeds import finite_rows
 from inference.contract import ContractError
 from inference.errors import UsageError
+from inference.field import Recorder
 from inference.lite_client import LiteRunner, LiteRunnerError
 from inference.lite_inprocess import LiteModel
 from inference.sdk import FORMATS, open_runner
@@ -67,6 +68,7 @@ def run_episodes(
     seed: int,
     stochastic: bool,
     report: Callable[[str], None] | None = None,
+    recorder: Recorder | None = None,
 ) -> list[float]:
     """Returns of ``episodes`` seeded episodes of ``graph`` served by ``runner`` (env seeds seed, seed+1, ...;
     host noise from a seeded stream); the graph's contract turns its outputs into env actions."""
@@ -84,6 +86,8 @@ def run_episodes(
         env = make_env(env_id)
         try:
             obs, _ = env.reset(seed=seed + k)
+            if recorder is not None and k:
+                recorder.new_episode()
             state = contract.initial_state(1)  # a policy that carries state starts every episode from its init
             total, done, nan_steps = 0.0, False, 0
             while not done:
@@ -91,13 +95,16 @@ def run_episodes(
                 nan_steps += int(not finite_rows(rows)[0])
                 noise = bundle.sample_noise(graph, rng, 1) if stochastic else None
                 graph_noise = [noise] if contract.takes_noise else []
-                outputs = runner.infer(*contract.obs_inputs(rows), *graph_noise, *contract.state_inputs(state))
+                feeds = [*contract.obs_inputs(rows), *graph_noise, *contract.state_inputs(state)]
+                outputs = runner.infer(*feeds)
                 state = contract.next_state(outputs)
                 host = None if contract.takes_noise else noise
-                action = contract.env_action(outputs, host_noise=host)[0]
-                obs, reward, terminated, truncated, _ = env.step(to_env(contract, action))
+                actions = contract.env_action(outputs, host_noise=host)
+                obs, reward, terminated, truncated, _ = env.step(to_env(contract, actions[0]))
                 total += float(reward)
                 done = terminated or truncated
+                if recorder is not None:
+                    recorder.record(feeds, outputs, actions, reward, done)
         finally:
             env.close()
         if report is not None:
@@ -108,18 +115,26 @@ def run_episodes(
 
 
 def play(
-    bundle_dir: str, episodes: int, seed: int, stochastic: bool, fmt: str, device: str, device_id: int
-) -> list[float]:
+    bundle_dir: str, episodes: int, seed: int, stochastic: bool, fmt: str, device: str, device_id: int,
+    record: str | None = None,
+) -> list[float]:  # fmt: skip
     if episodes < 1:
         raise BundleError(f"--episodes must be >= 1, got {episodes}")
     bundle = load_bundle(bundle_dir)
     bundle_env_id(bundle)  # refuse before starting a runner
     graph = mode_graph(bundle, stochastic)
     runner, loaded, why = open_runner(bundle, graph, fmt, device=device, device_id=device_id)
-    with runner:
-        returns = run_episodes(runner, bundle, graph, episodes, seed, stochastic, report=print)
-    mode = "stochastic" if stochastic else "deterministic"
     where = "in this process" if runner.pid == os.getpid() else "runner process"
+    recorder = None if record is None else Recorder(record, bundle, graph, "lite" if where == "in this process" else
+                                                    "lite-isolated")  # fmt: skip
+    with runner:
+        try:
+            returns = run_episodes(runner, bundle, graph, episodes, seed, stochastic, report=print, recorder=recorder)
+        finally:
+            if recorder is not None:
+                recorder.close()
+                print(f"recorded {recorder.steps} steps to {record}")
+    mode = "stochastic" if stochastic else "deterministic"
     print(f"mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} over {episodes} episodes "
           f"({mode}, .{loaded} on Lite {runner.lite_version}, {where}: {why})")  # fmt: skip
     return returns
@@ -134,13 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", default="auto", choices=FORMATS, help="graph file to load in Lite")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--device-id", type=int, default=0)
+    p.add_argument("--record", metavar="DIR", help="record every step (inference.field) for an audit on the "
+                   "training box: python -m msrl_consistency.verify --bundle B --audit DIR")
     p.add_argument("--isolate", action="store_true",
                    help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
     args = p.parse_args(argv)
     if args.isolate:
         os.environ["MSRL_LITE_ISOLATE"] = "1"
     try:
-        play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, args.device, args.device_id)
+        play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, args.device, args.device_id,
+             args.record)
     except (BundleError, ContractError, FeedError, LiteRunnerError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

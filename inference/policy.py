@@ -9,8 +9,9 @@ or argmax / squash of its scores; ``mode="stochastic"`` feeds the sampling graph
 ``noise=``. A policy that carries state keeps it between calls, one row per observation row, from the contract's
 ``init`` (``reset()`` starts new episodes; ``state=`` overrides it for one call).
 
-At a fixed batch, the Lite path allocates nothing per call when the graph computes the env action itself: the
-returned array is Lite's output buffer, overwritten by the next call (copy it to keep it).
+``record=DIR`` keeps every step for an audit against training (``inference.field``; ``policy.observe(reward,
+done)`` adds the env's answers). At a fixed batch, the Lite path allocates nothing per call when the graph computes
+the env action itself: the returned array is Lite's output buffer, overwritten by the next call (copy it to keep).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from inference.bundle import Bundle, load_bundle
 from inference.errors import UsageError
+from inference.field import DEFAULT_CHUNK_STEPS, Recorder
 from inference.lite_client import LiteRunner, RunnerUnavailable
 
 RUNTIMES = ("best", "lite", "lite-isolated", "onnxruntime")
@@ -93,7 +95,10 @@ class _IsolatedModel:
 class Policy:
     """A bundle's acting graph on one runtime (see the module docstring)."""
 
-    def __init__(self, bundle: Bundle, mode: str, runtime: str, seed: int, **options: Any) -> None:
+    def __init__(
+        self, bundle: Bundle, mode: str, runtime: str, seed: int, record: str | os.PathLike[str] | None = None,
+        chunk_steps: int = DEFAULT_CHUNK_STEPS, **options: Any,
+    ) -> None:  # fmt: skip
         if mode not in ("deterministic", "stochastic"):
             raise UsageError(f"mode must be deterministic or stochastic, got {mode!r}")
         if runtime not in RUNTIMES:
@@ -110,10 +115,18 @@ class Policy:
         a = self.contract.action
         # The graph returns the env action itself: hand its buffer back without any host arithmetic.
         self._direct = a.action if a.action is not None and (a.kind != "deterministic" or a.discrete) else None
+        self.recorder = None if record is None else Recorder(record, bundle, graph, self.runtime, chunk_steps)
 
     def reset(self) -> None:
         """Start new episodes: the carried state goes back to the contract's ``init`` at the next call."""
         self._state = None
+        if self.recorder is not None:
+            self.recorder.new_episode()
+
+    def observe(self, reward: Any, done: Any = False) -> None:
+        """The env's answer to the last action(s), for the recording (rewards give the field's episode returns)."""
+        if self.recorder is not None:
+            self.recorder.observe(reward, done)
 
     def act(self, obs: Any, noise: np.ndarray | None = None, state: np.ndarray | None = None) -> np.ndarray:
         """The env action(s) for one observation or a batch of them (see the module docstring)."""
@@ -140,6 +153,8 @@ class Policy:
             self._state = c.next_state(self.outputs)
         action = self.outputs[self._direct] if self._direct and host_noise is None else (
             c.env_action(self.outputs, host_noise=host_noise))  # fmt: skip
+        if self.recorder is not None:
+            self.recorder.record(feeds, self.outputs, action)
         return action[0] if single else action
 
     @property
@@ -149,6 +164,8 @@ class Policy:
 
     def close(self) -> None:
         self.model.close()
+        if self.recorder is not None:
+            self.recorder.close()
 
     def __enter__(self) -> Policy:
         return self
@@ -169,10 +186,13 @@ def load(
     runtime: str = "best",
     mode: str = "deterministic",
     seed: int = 0,
+    record: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Policy:
     """A bundle's policy, ready to ``act``: ``runtime`` ``best`` (Lite in this process where it can run, else ONNX
     Runtime, else the Lite runner process), ``lite``, ``lite-isolated`` (the runner process: a watchdog for
-    untrusted models) or ``onnxruntime``; ``options``: ``device``, ``device_id``, ``threads``, ``max_rows``."""
+    untrusted models) or ``onnxruntime``; ``record``: a directory that receives every step (``inference.field``;
+    ``policy.observe(reward, done)`` adds the env's answers); ``options``: ``device``, ``device_id``, ``threads``,
+    ``max_rows``, ``chunk_steps``."""
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
-    return Policy(b, mode, runtime, seed, **options)
+    return Policy(b, mode, runtime, seed, record, **options)

@@ -29,6 +29,7 @@ from msrl_consistency.artifacts import run_dir as rd
 
 if TYPE_CHECKING:
     from inference.bundle import Bundle
+    from inference.compare.audit import AuditFacts
     from inference.compare.checks import VerifyResult
     from inference.compare.verifier import VerifyOptions
     from msrl_consistency.artifacts.cells import UserCells
@@ -79,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--golden-layers", action="store_true",
                    help="with --save-golden: record every layer's reference outputs too, so a deploy box without "
                    "MindSpore can name the diverging layer (inference.check)")  # fmt: skip
+    p.add_argument("--audit", type=Path, nargs="+", metavar="RECORDING",
+                   help="audit what a device recorded (inference.field: play --record, inference.load(record=)) "
+                   "against the training path, instead of seeded observations; with --bundle")  # fmt: skip
+    p.add_argument("--audit-windows", type=int, default=10, help="time windows an audit reports the error in")
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     return p
 
@@ -101,6 +106,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("--golden replaces the training path: drop --cell/--ckpt")
     if args.golden_layers and (not args.save_golden or args.golden):
         raise UsageError("--golden-layers records layer outputs into --save-golden (from the training path)")
+    if args.audit and (args.golden or args.save_golden or args.bundle is None):
+        raise UsageError("--audit compares a recording with the training path of a --bundle (no golden files)")
+    if args.audit_windows < 1:
+        raise UsageError(f"--audit-windows must be >= 1, got {args.audit_windows}")
     if args.ckpt is not None:
         args.ckpt = rd.checkpoint_path(args.ckpt)
     for path in (args.contract, args.golden, args.baseline, args.observations_file):
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     with _gc_frozen_unless_golden(args):
-        result, against, localizer = _run(args, options, progress)
+        result, against, localizer, facts = _run(args, options, progress)
     if args.baseline:
         result.checks.append(check_baseline(args.baseline, result))
     if args.save_baseline:
@@ -145,7 +154,14 @@ def main(argv: list[str] | None = None) -> int:
 
         layers = localizer.record(result.reference.feeds) if args.golden_layers and localizer else None
         save_golden(args.save_golden, result.reference, result.bundle, result.inputs.get("env"), layers)
-    return finish(result, args.out, against, start, args.quiet)
+    code = finish(result, args.out, against, start, args.quiet)
+    if facts is not None:
+        from msrl_consistency.audit import write_audit_files
+
+        written = write_audit_files(facts, args.out)
+        if not args.quiet:
+            print(f"audit: {', '.join(p.name for p in written)} in {args.out}/")
+    return code
 
 
 def _gc_frozen_unless_golden(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
@@ -160,7 +176,7 @@ def _gc_frozen_unless_golden(args: argparse.Namespace) -> contextlib.AbstractCon
 
 def _run(
     args: argparse.Namespace, options: VerifyOptions, progress: Callable[[str], None]
-) -> tuple[VerifyResult, str, CellLocalizer | None]:
+) -> tuple[VerifyResult, str, CellLocalizer | None, AuditFacts | None]:
     """Resolve the model, the training path and the observations; run verify. Returns the result, a description,
     and the localizer (the training path's Cells; None for a golden check)."""
     from inference.bundle import BundleError, load_bundle
@@ -186,11 +202,14 @@ def _run(
         recorded = (bundle.manifest.get("source") or {}).get("cell")
         if recorded and ":" in recorded and recorded != args.cell:
             say(f"note: the bundle was exported from {recorded}; verifying against --cell {args.cell} as asked")
+        if args.audit:
+            result, facts = _audit(args, bundle, cells, checkpoint, options, progress)
+            return result, f"{location} vs {args.cell}", None, facts
         inputs = resolve_inputs(bundle, **observation_args)
         say(f"verifying {location} on {inputs.label} against {args.cell} ...")
         localizer = _localizer(bundle, cells, options)
         result = verify(bundle, options, inputs, cells, checkpoint, progress=progress, localizer=localizer)
-        return result, f"{location} vs {args.cell}", localizer
+        return result, f"{location} vs {args.cell}", localizer, None
     try:
         bundle = load_bundle(location)
     except BundleError as exc:
@@ -203,7 +222,7 @@ def _run(
     if args.golden:
         say(f"verifying {bundle.root} against {args.golden} ...")
         result = check_golden(bundle, args.golden, options, observation_args, progress)
-        return result, f"golden {args.golden.name}", None
+        return result, f"golden {args.golden.name}", None, None
     source = bundle.manifest.get("source") or {}
     checkpoint = args.ckpt or _manifest_checkpoint(source, say)
     if source.get("kind") == "cell":
@@ -218,13 +237,25 @@ def _run(
         from msrl_consistency.artifacts.cells import TrainerCells
 
         cells = TrainerCells(checkpoint, bundle.policy_spec or {})
-    inputs = resolve_inputs(bundle, **observation_args)
     against = checkpoint or source.get("cell")
+    if args.audit:
+        result, facts = _audit(args, bundle, cells, checkpoint, options, progress)
+        return result, f"{bundle.root} vs {against}", None, facts
+    inputs = resolve_inputs(bundle, **observation_args)
     say(f"verifying {bundle.root} on {inputs.label} against {against} ...")
     localizer = _localizer(bundle, cells, options)
     result = verify(bundle, options, inputs, cells, checkpoint, progress=progress, localizer=localizer)
-    return result, f"{bundle.root} vs {against}", localizer
+    return result, f"{bundle.root} vs {against}", localizer, None
 
+
+def _audit(
+    args: argparse.Namespace, bundle: Bundle, cells: object, checkpoint: Path | None, options: VerifyOptions,
+    progress: Callable[[str], None],
+) -> tuple[VerifyResult, AuditFacts]:  # fmt: skip
+    from msrl_consistency.audit import audit_recordings
+
+    return audit_recordings(bundle, args.audit, cells, checkpoint, device=options.device, windows=args.audit_windows,
+                            tolerance=options.tolerance, progress=progress)  # fmt: skip
 
 def _localizer(bundle: Bundle, cells: object, options: VerifyOptions) -> CellLocalizer:
     from msrl_consistency.localization import CellLocalizer

@@ -422,7 +422,7 @@ def _diagnose(
         sc = bundle.contract(sto)
         others = {sc.value, *(st.next for st in sc.states)}  # judged as value_ok and state_ok
         e.sample_ok = all(c.passed for k, c in cmps[sto].items() if k not in others)
-    elif sto is not None:
+    elif sto is not None and sto in ref.feeds.noise:  # (an audit of deterministic steps records no noise)
         noise = ref.feeds.noise[sto][finite]
         atol = tolerance[a.action or decision].atol
         if contract.samples_on_host:

@@ -1,0 +1,186 @@
+"""Consistency in the field: a device records what it fed its policy and what came back (no MindSpore), the training
+box audits that against the training path. Genuine recordings pass, a device running another policy fails at the
+network stage, a shifted env is reported as out of distribution, and a killed recorder leaves only whole chunks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import lite_build
+import numpy as np
+import pytest
+
+from inference.bundle import load_bundle, sha256_file
+from inference.errors import UsageError
+from inference.field import read_recording, recording_chunks
+from msrl_consistency.verify import main as verify_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not lite_build.BUILT and not lite_build.required(), reason=lite_build.WHY_NOT)
+
+
+def device(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` on the deploy side: a fresh Python without MindSpore."""
+    script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+
+def play_record(bundle_root: Path, out: Path, *args: str) -> None:
+    proc = device(f"""
+        from inference.play import main
+        sys.exit(main([{str(bundle_root)!r}, "--record", {str(out)!r}, *{list(args)!r}]))
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def audit(bundle_root: Path, ckpt: Path, recording: Path, out: Path) -> int:
+    return verify_main(["--bundle", str(bundle_root), "--ckpt", str(ckpt), "--audit", str(recording), "--out",
+                        str(out), "--quiet"])  # fmt: skip
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def test_a_genuine_recording_audits_as_consistent(cartpole_bundle, cartpole_ckpt, tmp_path):
+    play_record(cartpole_bundle.root, tmp_path / "rec", "--episodes", "3", "--stochastic")
+    rec = read_recording([tmp_path / "rec"], cartpole_bundle)
+    assert rec.graph == "policy_sample" and rec.runtime == "lite" and len(rec) > 0
+    assert [e for e, _, _ in rec.episode_returns()] == [0, 1, 2]
+    assert audit(cartpole_bundle.root, cartpole_ckpt, tmp_path / "rec", tmp_path / "r") == 0
+    checks = {c["name"]: c for c in report(tmp_path / "r")["checks"]}
+    assert checks["observations.policy_sample"]["status"] == "pass" and "repeatability" not in checks
+    assert checks["field.drift"]["status"] == "pass" and checks["field.returns"]["metrics"]["episodes"] == 3
+    facts = json.loads((tmp_path / "r" / "audit.json").read_text())
+    assert facts["steps"] == len(rec) and sum(w["steps"] for w in facts["windows"]) == len(rec)
+    assert (tmp_path / "r" / "audit_timeline.png").stat().st_size > 1000
+
+
+def test_a_device_running_another_policy_fails_at_the_network_stage(cartpole_bundle, cartpole_ckpt, tmp_path):
+    """The device's bundle had its .ms swapped for a nudged policy's (hashes updated, as a careless deploy would):
+    its recording audits against the training path as inconsistent, the network named, its layer too."""
+    from msrl_consistency.agent import PolicySpec
+    from msrl_consistency.api import export_run
+    from msrl_consistency.artifacts import run_dir as rd
+    from msrl_consistency.artifacts.bundle import ExportOptions
+    from msrl_consistency.artifacts.checkpoint import load_policy
+
+    policy = load_policy(cartpole_ckpt, PolicySpec.from_dict(rd.read_run_json(cartpole_ckpt.parent)["policy_spec"]))
+    weight = policy.actor.layers[2].weight
+    weight.set_data(type(weight.value())(weight.asnumpy() * 1.5))
+    nudged = export_run(cartpole_ckpt, tmp_path / "nudged", ExportOptions(formats=("onnx", "ms")), policy=policy)
+    root = tmp_path / "device-bundle"
+    shutil.copytree(cartpole_bundle.root, root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    for graph, meta in manifest["graphs"].items():
+        shutil.copy(nudged.file(graph, "ms"), root / meta["files"]["ms"]["file"])
+        meta["files"]["ms"]["sha256"] = sha256_file(root / meta["files"]["ms"]["file"])
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    play_record(root, tmp_path / "rec", "--episodes", "2")
+    assert audit(root, cartpole_ckpt, tmp_path / "rec", tmp_path / "r") == 1
+    failed = [c for c in report(tmp_path / "r")["checks"] if c["status"] == "fail"]
+    assert {c["name"] for c in failed} == {"observations.policy"}
+    assert {c["diagnosis"]["stage"] for c in failed} == {"network"}
+    assert report(tmp_path / "r")["localization"]["field:lite"]["first_diverging_layer"] == "actor.layers.2"
+    # The genuine bundle refuses that recording: it was made with another manifest.
+    with pytest.raises(UsageError, match="recorded with another bundle"):
+        read_recording([tmp_path / "rec"], load_bundle(cartpole_bundle.root))
+
+
+SHIFTED = """
+    import numpy as np
+    import gymnasium as gym
+    import inference
+    policy = inference.load({bundle!r}, record={out!r})
+    rng = np.random.default_rng(0)
+    env = gym.make("CartPole-v1")
+    for episode in range({episodes}):
+        obs, _ = env.reset(seed=episode)
+        if {spread} > 0:  # the device's world: the pole starts far from upright, the cart off centre
+            env.unwrapped.state = rng.uniform(-{spread}, {spread}, 4)
+            obs = np.array(env.unwrapped.state, np.float32)
+        policy.reset()
+        done = False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(int(policy.act(obs)))
+            done = terminated or truncated
+            policy.observe(reward, done)
+    policy.close()
+"""
+
+
+def test_a_shifted_env_is_reported_out_of_distribution(cartpole_bundle, cartpole_ckpt, tmp_path):
+    shares = {}
+    for name, spread in (("home", 0.0), ("shifted", 0.6)):
+        code = SHIFTED.format(bundle=str(cartpole_bundle.root), out=str(tmp_path / name), episodes=8, spread=spread)
+        proc = device(code)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert audit(cartpole_bundle.root, cartpole_ckpt, tmp_path / name, tmp_path / f"r-{name}") == 0
+        checks = {c["name"]: c for c in report(tmp_path / f"r-{name}")["checks"]}
+        shares[name] = checks["field.out_of_distribution"]
+    shifted, home = shares["shifted"]["metrics"], shares["home"]["metrics"]
+    assert shares["shifted"]["status"] == "warn" and "states training did not cover" in shares["shifted"]["summary"]
+    assert shifted["share_beyond_sigma"] > 2 * home["share_beyond_sigma"] and shifted["share_beyond_sigma"] > 0.05
+    worst = max(shifted["per_dimension"], key=lambda d: d["max_abs_z"])
+    assert worst["max_abs_z"] > 4
+
+
+RECORD_FOREVER = """
+    import numpy as np
+    import inference
+    policy = inference.load({bundle!r}, record={out!r}, chunk_steps=64)
+    obs = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+    print("recording", flush=True)
+    while True:
+        policy.act(obs)
+        policy.observe(1.0)
+"""
+
+
+def test_kill_9_while_recording_leaves_only_whole_chunks(cartpole_bundle, tmp_path):
+    out = tmp_path / "rec"
+    script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(
+        RECORD_FOREVER.format(bundle=str(cartpole_bundle.root), out=str(out)))  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert proc.stdout.readline().strip() == "recording"
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("chunk-*.npz"))) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    chunks = recording_chunks([out])
+    assert len(chunks) >= 5
+    rec = read_recording([out], cartpole_bundle)  # every chunk present is whole (a partial one would raise)
+    assert len(rec) == 64 * len(chunks) and np.isfinite(rec.reward).all()
+
+
+def test_bad_recordings_are_one_line_errors(cartpole_bundle, cartpole_ckpt, tmp_path):
+    play_record(cartpole_bundle.root, tmp_path / "rec", "--episodes", "1")
+    chunk = recording_chunks([tmp_path / "rec"])[0]
+    truncated = tmp_path / "truncated" / chunk.name
+    truncated.parent.mkdir()
+    truncated.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
+    stranger = tmp_path / "stranger.npz"
+    np.savez(stranger, x=np.zeros(3))
+    text = tmp_path / "notes.txt"
+    text.write_text("not a recording")
+    cases = [(truncated.parent, "not a complete recording chunk"), (stranger, "not a recording chunk"),
+             (text, "not a complete recording chunk"), (tmp_path / "missing", "recording not found")]
+    for bad, message in cases:
+        proc = subprocess.run([sys.executable, "-m", "msrl_consistency.verify", "--bundle", str(cartpole_bundle.root),
+                               "--ckpt", str(cartpole_ckpt), "--audit", str(bad), "--out", str(tmp_path / "r")],
+                              capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
+        assert proc.returncode == 2, (bad, proc.stderr[-1500:])
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (bad, lines)
