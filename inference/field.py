@@ -58,16 +58,17 @@ class Recorder:
         self.steps = 0  # recorded so far (written or pending)
         self.dropped_steps = 0
         self._dropped_unreported = 0
-        self._arrays: dict[str, np.ndarray] | None = None
+        self._cols: _Columns | None = None  # the current chunk's calls, column by column
         self._fill = 0
-        self._last: slice | None = None  # the rows of the last recorded call, for observe()
         self._episode = 0
-        self._queue: queue.Queue[tuple[int, dict[str, np.ndarray], dict[str, Any]] | None] = queue.Queue(max_pending)
+        self._names: tuple[str, ...] | None = None
+        self._queue: queue.Queue[tuple[int, _Columns, tuple[str, ...], dict[str, Any]] | None] = queue.Queue(
+            max_pending)  # fmt: skip
         self._error: BaseException | None = None
         self._writer = threading.Thread(target=self._write_loop, name="msrl-field-recorder", daemon=True)
         self._writer.start()
 
-    # -- the control loop's side: copies into preallocated arrays, never touches the disk ------------------
+    # -- the control loop's side: a few copies and a list append per call, never the disk -----------------
     def record(
         self, inputs: Sequence[np.ndarray], outputs: Mapping[str, np.ndarray], action: np.ndarray,
         reward: np.ndarray | float | None = None, done: np.ndarray | bool | None = None,
@@ -77,34 +78,30 @@ class Recorder:
         if self._error is not None:
             raise UsageError(f"recording to {self.directory} failed: {self._error}")
         n = len(inputs[0])
-        if self._arrays is None:
-            self.chunk_steps = max(self.chunk_steps, n)
-            self._allocate(inputs, outputs, action, n)
-        elif self._fill + n > self.chunk_steps:
+        if self._names is None:
+            self._names = tuple(outputs)
+        elif self._fill + n > self.chunk_steps and self._fill:
             self._hand_over()
-        arrays = self._arrays
-        assert arrays is not None
-        rows = slice(self._fill, self._fill + n)
+        if self._cols is None:
+            self._cols = _Columns(len(inputs), len(self._names))
+        c = self._cols  # per-field lists of copies: no per-call container for the garbage collector to scan
         for k, x in enumerate(inputs):
-            arrays[f"input/{k}"][rows] = x
-        for name, x in outputs.items():
-            dst = arrays[f"output/{name}"]
-            dst[rows] = np.reshape(x, (n, *dst.shape[1:]))
-        arrays["action"][rows] = np.reshape(action, (n, *arrays["action"].shape[1:]))
-        arrays["time_ns"][rows] = time.time_ns()
-        arrays["episode"][rows] = self._episode
-        arrays["env"][rows] = np.arange(n)
-        arrays["reward"][rows] = np.nan if reward is None else reward
-        arrays["done"][rows] = False if done is None else done
+            c.inputs[k].append(np.array(x))
+        for k, name in enumerate(self._names):
+            c.outputs[k].append(np.array(outputs[name]))
+        c.action.append(np.array(action))
+        c.time_ns.append(time.time_ns())
+        c.episode.append(self._episode)
+        c.n.append(n)
+        c.reward.append(reward)
+        c.done.append(done)
         self._fill += n
-        self._last = rows
         self.steps += n
 
     def observe(self, reward: np.ndarray | float, done: np.ndarray | bool = False) -> None:
         """The env's answer to the last recorded call's actions: its rewards and which episodes ended."""
-        if self._arrays is not None and self._last is not None:
-            self._arrays["reward"][self._last] = reward
-            self._arrays["done"][self._last] = done
+        if self._cols is not None and self._cols.n:
+            self._cols.reward[-1], self._cols.done[-1] = reward, done
 
     def new_episode(self) -> None:
         """The next calls belong to new episodes (``Policy.reset``)."""
@@ -127,46 +124,75 @@ class Recorder:
         self.close()
 
     # -- internals ---------------------------------------------------------------------------------------
-    def _allocate(self, inputs: Sequence[np.ndarray], outputs: Mapping[str, np.ndarray], action: Any, n: int) -> None:
-        def row_shape(x: Any) -> tuple[int, ...]:
-            return np.shape(x)[1:] if np.ndim(x) and np.shape(x)[0] == n else ()
-
-        shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        for k, x in enumerate(inputs):
-            shapes[f"input/{k}"] = (x.shape[1:], x.dtype)
-        for name, x in outputs.items():
-            shapes[f"output/{name}"] = (row_shape(x), np.asarray(x).dtype)
-        shapes["action"] = (row_shape(action), np.asarray(action).dtype)
-        for name, dtype in (("time_ns", np.int64), ("episode", np.int64), ("env", np.int64), ("reward", np.float64),
-                            ("done", np.bool_)):  # fmt: skip
-            shapes[name] = ((), np.dtype(dtype))
-        self._shapes = shapes
-        self._arrays = {k: np.empty((self.chunk_steps, *shape), dtype) for k, (shape, dtype) in shapes.items()}
-
     def _hand_over(self, block: bool = False) -> None:
-        arrays, steps = self._arrays, self._fill
-        assert arrays is not None
+        cols, steps = self._cols, self._fill
         meta = {**self._meta, "chunk": self._next_chunk, "steps": steps, "dropped_steps": self._dropped_unreported,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
         try:
-            self._queue.put((self._next_chunk, {k: v[:steps] for k, v in arrays.items()}, meta), block=block)
+            self._queue.put((self._next_chunk, cols, self._names or (), meta), block=block)
             self._next_chunk += 1
             self._dropped_unreported = 0
-            # The writer owns the handed-over arrays now: the loop fills fresh ones.
-            self._arrays = {k: np.empty((self.chunk_steps, *s), d) for k, (s, d) in self._shapes.items()}
         except queue.Full:  # the disk is behind: drop this chunk rather than block the control loop
             self.dropped_steps += steps
             self._dropped_unreported += steps
-        self._fill = 0
-        self._last = None
+        self._cols, self._fill = None, 0
 
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            index, arrays, meta = item
+            index, cols, names, meta = item
             try:
-                write_chunk(self.directory / f"chunk-{index:06d}.npz", arrays, meta)
+                write_chunk(self.directory / f"chunk-{index:06d}.npz", cols.arrays(names), meta)
             except OSError as exc:  # the loop raises it at its next call
                 self._error = exc
+
+
+class _Columns:
+    """One chunk's calls, field by field (copies of what each call was given and what it answered)."""
+
+    def __init__(self, inputs: int, outputs: int) -> None:
+        self.inputs: list[list[np.ndarray]] = [[] for _ in range(inputs)]
+        self.outputs: list[list[np.ndarray]] = [[] for _ in range(outputs)]
+        self.action: list[np.ndarray] = []
+        self.time_ns: list[int] = []
+        self.episode: list[int] = []
+        self.n: list[int] = []
+        self.reward: list[Any] = []
+        self.done: list[Any] = []
+
+    def arrays(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The chunk's arrays, one row per step (in the writer thread, which lets the control loop run between
+        columns: each is one C-level join)."""
+        ns = self.n
+        cols: dict[str, np.ndarray] = {}
+        for k, parts in enumerate(self.inputs):
+            cols[f"input/{k}"] = _stack(parts, ns)
+            time.sleep(0)
+        for name, parts in zip(names, self.outputs, strict=True):
+            cols[f"output/{name}"] = _stack(parts, ns)
+            time.sleep(0)
+        cols["action"] = _stack(self.action, ns)
+        cols["time_ns"] = np.repeat(np.array(self.time_ns, np.int64), ns)
+        cols["episode"] = np.repeat(np.array(self.episode, np.int64), ns)
+        cols["env"] = np.concatenate([np.arange(n) for n in ns]) if max(ns) > 1 else np.zeros(len(ns), np.int64)
+        time.sleep(0)
+        rewards = [np.nan if r is None else r for r in self.reward]
+        dones = [False if d is None else d for d in self.done]
+        if max(ns) == 1:
+            cols["reward"] = np.array(rewards, np.float64).reshape(-1)
+            cols["done"] = np.array(dones, bool).reshape(-1)
+        else:
+            cols["reward"] = _stack([np.asarray(r, np.float64) for r in rewards], ns)
+            cols["done"] = _stack([np.asarray(d, bool) for d in dones], ns)
+        return cols
+
+
+def _stack(parts: list[np.ndarray], ns: list[int]) -> np.ndarray:
+    """Per-call arrays as one row per step: batched arrays are joined as they are; anything else (a per-call
+    scalar, a batch-free output) is repeated for each row of its call."""
+    if all(p.ndim and p.shape[0] == n for p, n in zip(parts, ns, strict=True)):
+        return np.concatenate(parts)
+    return np.concatenate([p if p.ndim and p.shape[0] == n else np.broadcast_to(p, (n, *p.shape))
+                           for p, n in zip(parts, ns, strict=True)])  # fmt: skip
 
 
 def write_chunk(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
