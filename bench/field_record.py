@@ -1,7 +1,7 @@
 """What recording costs on the device, and what auditing costs on the training box.
 
 Recorder: ``policy.act`` on a CartPole bundle through Lite in the calling process (a child process without
-MindSpore, as on a device), without and with ``record=`` (chunks of 4096 steps written by the recorder's thread),
+MindSpore, as on a device), without and with ``record=`` (chunks of 16,384 steps written by the recorder's thread),
 at batch 1 and 64; the baseline is the same call without recording, measured in the same run. Audit: ``verify
 --audit`` on a recording of 100,000 steps (batch-64 calls on seeded observations), against a reference-only verify
 of 10,000 observations (``--runtimes ms-graph``) measured in the same run.
@@ -81,6 +81,8 @@ def main() -> None:
     big = args.out / "rec-audit"
     device_costs(bundle, big, steps // 64, 64)  # ~100k recorded steps (and the warm-up's)
     common = ["--bundle", str(bundle), "--ckpt", str(ckpt)]
+    for old in ("r-base", "r-audit"):
+        shutil.rmtree(args.out / old, ignore_errors=True)
     base = timed_verify([*common, "--runtimes", "ms-graph", "--observations", "10000", "--episodes", "1", "--out",
                          str(args.out / "r-base")])  # fmt: skip
     audit = timed_verify([*common, "--audit", str(big), "--out", str(args.out / "r-audit")])

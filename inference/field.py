@@ -35,7 +35,7 @@ from inference.errors import UsageError
 FORMAT = "msrl-consistency/field-recording"
 VERSION = 1
 CHUNK = re.compile(r"^chunk-(\d{6})\.npz$")
-DEFAULT_CHUNK_STEPS = 4096
+DEFAULT_CHUNK_STEPS = 16384  # ~1.6 MB of CartPole steps; a killed process loses at most one chunk
 
 
 class Recorder:
