@@ -24,7 +24,7 @@ from inference.compare.checks import VerifyResult
 from inference.compare.inputs import Inputs, check_same_contract, resolve_inputs
 from inference.compare.reference import Reference
 from inference.compare.verifier import VerifyOptions, verify
-from inference.contract import ContractError, PolicyContract, trainer_contracts
+from inference.contract import ContractError, PolicyContract
 from inference.errors import UsageError, first_line
 from inference.mindir import mindir_version
 from msrl_consistency import compat
@@ -81,7 +81,7 @@ def export_run(
     heads = G.export_heads(exported, options.precision)
     fp32_heads = G.export_heads(reference) if options.precision == "fp16" else heads
     log_std = None if spec.discrete else reference.log_std.asnumpy().tolist()
-    contracts = trainer_contracts(spec.to_dict(), log_std, run["env_id"])
+    contracts = G.trainer_contracts(spec, log_std, run["env_id"])
     graphs = {
         name: GraphExport(io, heads[name], contracts[name], fp32_heads[name])
         for name, io in G.trainer_graphs(spec).items()
