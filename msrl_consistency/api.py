@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 from mindspore import nn
 
+import msrl_consistency.envs  # noqa: F401 - registers our own env ids with gymnasium (verify looks them up)
+import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes with inference.runtimes
 from inference.bundle import SCHEMA, SCHEMA_VERSION, Bundle, BundleError, load_bundle, sha256_file
 from inference.compare.checks import VerifyResult
 from inference.compare.inputs import Inputs, check_same_contract, resolve_inputs
