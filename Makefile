@@ -10,10 +10,12 @@ export GLOG_v ?= 3
 
 .PHONY: setup lite deploy-venv demo test gate lint bench clean
 
-$(STAMP): pyproject.toml
+# The training distribution depends on the deploy one (./inference, on no index): both in one command, so pip
+# takes the local checkout for that dependency.
+$(STAMP): pyproject.toml inference/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ./inference -e ".[dev]"
 	@touch $(STAMP)
 
 $(LITE_RUNNER) $(LITE_CONVERT) &: $(RUNNER_SRC) export/lite_converter.cc inference/build_lite.sh $(STAMP)
@@ -75,7 +77,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 bench: setup
-	$(PY) -m pip install -q -e ".[bench,box2d]"
+	$(PY) -m pip install -q -e ./inference -e ".[bench,box2d]"
 	$(PY) bench/train_throughput.py
 	$(PY) bench/update_cost.py
 	$(PY) bench/inference_latency.py

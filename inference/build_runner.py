@@ -16,8 +16,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def in_checkout() -> bool:
-    """True when this package is the ``inference/`` folder of a msrl-consistency source tree."""
-    return (HERE.parent / "msrl_consistency").is_dir() and (HERE.parent / "pyproject.toml").is_file()
+    """True when this package runs from its source folder (an installed copy ships no ``pyproject.toml``): the
+    binaries then go to the tree's ``.lite/``, as ``build_lite.sh`` does by default."""
+    return (HERE / "pyproject.toml").is_file()
 
 
 def main(argv: list[str] | None = None) -> int:

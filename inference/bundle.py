@@ -5,7 +5,7 @@ so a tampered or truncated graph is refused with a one-line reason instead of pr
 
 Schema v2 records a policy contract (``inference.contract``) per graph, so a bundle exported from any
 policy Cell says how its outputs become env actions. v1 bundles (our trainer's, before contracts) still
-load: their contracts are derived from the recorded ``policy_spec``.
+load: their contracts are derived from the recorded ``policy_spec`` (``inference.bundle_v1``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from inference import schema
-from inference.contract import ContractError, PolicyContract, trainer_contracts
+from inference.bundle_v1 import v1_contracts
+from inference.contract import ContractError, PolicyContract
 
 MANIFEST = "manifest.json"
 SCHEMA = "msrl-consistency/bundle"
@@ -87,7 +88,7 @@ class Bundle:
                 raise ContractError("no contract and no policy_spec")
             sample_outputs = [o["name"] for o in self.graph("policy_sample")["outputs"]]
             log_std = self.manifest.get("gaussian_log_std")
-            return trainer_contracts(spec, log_std, self.env_id, sample_outputs)[graph]
+            return v1_contracts(spec, log_std, self.env_id, sample_outputs)[graph]
         except (ContractError, KeyError) as exc:
             raise BundleError(f"bundle {self.root}: graph {graph!r} has no usable policy contract ({exc})") from None
 

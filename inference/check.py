@@ -71,7 +71,9 @@ def _env_arg(env: str | None) -> dict[str, str | None]:
 
 def finish(result: VerifyResult, out: Path, against: str, started: float, quiet: bool) -> int:
     """Reports into ``out``, the table (unless quiet), one verdict line; returns the exit code (0 or 1)."""
-    paths = result.write_reports(out)
+    from inference.report.writers import write_reports
+
+    paths = write_reports(result, out)
     if not quiet:
         print(result.console_table())
     verdict = "consistent" if result.ok else result.verdict

@@ -19,12 +19,12 @@ Any policy Cell is described by one contract, whoever trained it:
 
 Export records the contract in the manifest, verify derives actions and chooses metrics from it, and the deploy
 side (``inference.play``) acts with it, so this module is NumPy and stdlib only. The reference for every key is
-``examples/bring-your-own/contract-reference.toml``.
+``examples/bring-your-own/contract-reference.toml``. The parts and the TOML layout are ``inference.contract_layout``
+(re-exported here), the arithmetic ``inference.policy_math``.
 """
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,7 +32,19 @@ from typing import Any
 
 import numpy as np
 
-from inference import toml_fields as T
+from inference import contract_layout as layout
+from inference.contract_layout import (  # noqa: F401 - re-exported: the contract's parts
+    ACTION_KINDS,
+    NOISE,
+    NOISE_KINDS,
+    OBS,
+    SQUASHES,
+    STATE_INITS,
+    ActionSpec,
+    Field,
+    StateSpec,
+    state_dtype,
+)
 from inference.policy_math import (  # noqa: F401 - re-exported: the contract's arithmetic
     UNIFORM_EPS,
     argmax_int32,
@@ -44,81 +56,10 @@ from inference.policy_math import (  # noqa: F401 - re-exported: the contract's 
     top2_margin,
 )
 from inference.tensors import TensorMeta
-from inference.toml_fields import ContractError, Numbers
+from inference.toml_fields import ContractError, Numbers  # noqa: F401 - re-exported
 
-ACTION_KINDS = ("argmax", "categorical", "gaussian", "deterministic")
-SQUASHES = ("none", "clip", "tanh")
-NOISE_KINDS = ("uniform", "normal")
-STATE_INITS = ("zeros",)
+# The output each action kind needs named (``validate``).
 _ROLE_KEYS = {"argmax": ("values",), "categorical": (), "gaussian": ("mean",), "deterministic": ("action",)}
-OBS = "obs"  # the graph input name of an array observation
-NOISE = "noise"
-
-
-@dataclass(frozen=True)
-class Field:
-    """A named graph input: an array observation (``obs``), one key of a ``Dict`` observation, or a state."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-
-    def meta(self) -> TensorMeta:
-        return TensorMeta(self.name, np.dtype(self.dtype), (-1, *self.shape))
-
-
-@dataclass(frozen=True)
-class StateSpec(Field):
-    """A state the policy carries between steps: fed from output ``next`` at the following step, ``init`` at
-    every episode start (the only init today: ``zeros``)."""
-
-    next: str = ""
-    init: str = "zeros"
-
-    def initial(self, batch: int) -> np.ndarray:
-        return np.zeros((batch, *self.shape), self.dtype)
-
-
-@dataclass(frozen=True)
-class ActionSpec:
-    """How an env action is derived from the graph's outputs (see the module docstring)."""
-
-    kind: str
-    values: str | tuple[str, ...] | None = None
-    logits: str | tuple[str, ...] | None = None
-    probs: str | tuple[str, ...] | None = None  # categorical, instead of logits: outputs of probabilities
-    mean: str | None = None
-    std: str | Numbers | None = None
-    log_std: str | Numbers | None = None
-    # ``deterministic``: the output that is the (raw) action. Other kinds: optionally the graph's own env-action
-    # output, already post-processed in the graph; the env is then driven by it (what the deployed graph does).
-    action: str | None = None
-    discrete: bool = False  # deterministic kind only: the action output is an index
-    squash: str = "none"
-    rescale: bool = False  # clip only: the raw value lives in [-1, 1] and is mapped onto [low, high] first
-    low: Numbers | None = None
-    high: Numbers | None = None
-
-    @property
-    def is_discrete(self) -> bool:
-        return self.kind in ("argmax", "categorical") or (self.kind == "deterministic" and self.discrete)
-
-    @property
-    def heads(self) -> tuple[str, ...]:
-        """The outputs that carry the decision, one per action head: Q-values, logits or probs, the mean, or the
-        action itself."""
-        name = {"argmax": self.values, "categorical": self.logits or self.probs, "gaussian": self.mean}.get(self.kind)
-        name = name or self.action
-        return (name,) if isinstance(name, str) else tuple(name or ())
-
-    @property
-    def distribution_output(self) -> str:
-        """The (first) output that carries the decision."""
-        return self.heads[0]
-
-    @property
-    def multi_head(self) -> bool:
-        return len(self.heads) > 1
 
 
 @dataclass(frozen=True)
@@ -140,13 +81,7 @@ class PolicyContract:
     # -- construction -------------------------------------------------------------------------------
     @classmethod
     def from_toml(cls, path: str | Path) -> PolicyContract:
-        path = Path(path)
-        if not path.is_file():
-            raise ContractError(f"contract file not found: {path}")
-        try:
-            data = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ContractError(f"contract {path} is not valid TOML: {exc}") from None
+        data = layout.read_toml(path)
         try:
             return cls.from_dict(data)
         except ContractError as exc:
@@ -154,92 +89,15 @@ class PolicyContract:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PolicyContract:
-        """Parse the TOML layout (``env_id``, ``[input]``, ``[state.*]``, ``[outputs]``, ``[action]``); every key
-        is checked."""
-        T.check_known(data, ("env_id", "input", "state", "outputs", "action", "notes"), "top level")
-        inp, outs, act = (T.get_table(data, k) for k in ("input", "outputs", "action"))
-        T.check_known(inp, ("obs", "dtype", "noise", "noise_kind"), "[input]")
-        T.check_known(outs, ("names", "value", "log_prob"), "[outputs]")
-        T.check_known(
-            act,
-            ("kind", "values", "logits", "probs", "mean", "std", "log_std", "action", "discrete", "squash", "rescale",
-             "low", "high"),
-            "[action]",
-        )  # fmt: skip
-        if "obs" not in inp:
-            raise ContractError("[input] obs (the observation shape without the batch dim, or a table of them) is "
-                                "required")  # fmt: skip
-        names = outs.get("names")
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-            raise ContractError("[outputs] names must be a non-empty list of output names, in the Cell's order")
-        action = ActionSpec(
-            kind=T.get_str(act, "kind", None) or "",
-            values=T.get_names(act, "values"),
-            logits=T.get_names(act, "logits"),
-            probs=T.get_names(act, "probs"),
-            mean=T.get_str(act, "mean"),
-            std=T.get_name_or_numbers(act, "std"),
-            log_std=T.get_name_or_numbers(act, "log_std"),
-            action=T.get_str(act, "action"),
-            discrete=T.get_bool(act, "discrete"),
-            squash=T.get_str(act, "squash") or "none",
-            rescale=T.get_bool(act, "rescale"),
-            low=T.get_numbers(act, "low"),
-            high=T.get_numbers(act, "high"),
-        )
-        observations, obs_dict = _observations(inp)
-        contract = cls(
-            observations=observations,
-            obs_dict=obs_dict,
-            outputs=tuple(names),
-            action=action,
-            noise_shape=T.get_shape(inp["noise"], "[input] noise") if "noise" in inp else None,
-            noise_kind=T.get_str(inp, "noise_kind"),
-            env_id=T.get_str(data, "env_id"),
-            value=T.get_str(outs, "value"),
-            log_prob=T.get_str(outs, "log_prob"),
-            states=_states(data.get("state", {})),
-            extra=dict(data.get("notes", {})),
-        )
+        """Parse the TOML layout (``env_id``, ``[input]``, ``[state.*]``, ``[outputs]``, ``[action]``; every key is
+        checked), then check that the fields fit together."""
+        contract = cls(**layout.parse(data))
         contract.validate()
         return contract
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML layout as a plain dict (what the manifest records); ``from_dict`` reads it back."""
-        inp: dict[str, Any]
-        if self.obs_dict:
-            inp = {"obs": {f.name: {"shape": list(f.shape), "dtype": f.dtype} for f in self.observations}}
-        else:
-            inp = {"obs": list(self.obs_shape)}
-            if self.observations[0].dtype != "float32":
-                inp["dtype"] = self.observations[0].dtype
-        if self.noise_shape is not None:
-            inp["noise"] = list(self.noise_shape)
-            inp["noise_kind"] = self.noise_kind
-        outs: dict[str, Any] = {"names": list(self.outputs)}
-        for role in ("value", "log_prob"):
-            if getattr(self, role):
-                outs[role] = getattr(self, role)
-        act: dict[str, Any] = {"kind": self.action.kind}
-        for key in ("values", "logits", "probs", "mean", "std", "log_std", "action"):
-            value = getattr(self.action, key)
-            if value is not None:
-                act[key] = value if isinstance(value, str) else list(value)
-        if self.action.kind == "deterministic" and self.action.discrete:
-            act["discrete"] = True
-        act["squash"] = self.action.squash
-        if self.action.rescale:
-            act["rescale"] = True
-        if self.action.low is not None:
-            act["low"], act["high"] = list(self.action.low), list(self.action.high or ())
-        data: dict[str, Any] = {"input": inp, "outputs": outs, "action": act}
-        if self.states:
-            data["state"] = {s.name: {"shape": list(s.shape), "next": s.next, "init": s.init} for s in self.states}
-        if self.env_id:
-            data = {"env_id": self.env_id, **data}
-        if self.extra:
-            data["notes"] = dict(self.extra)
-        return data
+        return layout.to_dict(self)
 
     def with_env(self, env_id: str | None) -> PolicyContract:
         return replace(self, env_id=env_id)
@@ -528,99 +386,3 @@ class PolicyContract:
         if kind is None:
             raise ContractError(f"a {self.action.kind} policy without a noise input has no stochastic mode")
         return sample_noise(rng, kind, batch, dim)
-
-
-def state_dtype(states: Sequence[StateSpec]) -> np.dtype:
-    """One row of every carried state, as a structured NumPy dtype (states travel as rows, like observations)."""
-    return np.dtype([(s.name, s.dtype, s.shape) for s in states])
-
-
-def _observations(inp: Mapping[str, Any]) -> tuple[tuple[Field, ...], bool]:
-    """``[input] obs = [shape]`` (with ``dtype``), or ``[input.obs]``: one key per Dict entry, each a shape or a
-    table ``{shape, dtype}``."""
-    obs = inp["obs"]
-    default = T.get_dtype(inp.get("dtype", "float32"), "[input] dtype")
-    if not isinstance(obs, Mapping):
-        return (Field(OBS, T.get_shape(obs, "[input] obs"), default),), False
-    if not obs:
-        raise ContractError("[input.obs] names no key")
-    fields = []
-    for key, spec in obs.items():
-        where = f"[input.obs] {key}"
-        if isinstance(spec, Mapping):
-            T.check_known(spec, ("shape", "dtype"), where)
-            if "shape" not in spec:
-                raise ContractError(f"{where} needs a shape")
-            shape, dtype = T.get_shape(spec["shape"], f"{where} shape"), T.get_dtype(spec.get("dtype", default), where)
-        else:
-            shape, dtype = T.get_shape(spec, where), default
-        fields.append(Field(key, shape, dtype))
-    return tuple(fields), True
-
-
-def _states(table: Any) -> tuple[StateSpec, ...]:
-    """``[state.NAME]`` tables, in order: ``shape``, ``next`` (the output fed back) and ``init``."""
-    if not isinstance(table, Mapping):
-        raise ContractError("[state] must be a table of [state.NAME] tables")
-    states = []
-    for name, spec in table.items():
-        where = f"[state.{name}]"
-        if not isinstance(spec, Mapping):
-            raise ContractError(f"{where} must be a table with shape, next and init")
-        T.check_known(spec, ("shape", "next", "init", "dtype"), where)
-        nxt = T.get_str(spec, "next")
-        if "shape" not in spec or not nxt:
-            raise ContractError(f"{where} needs shape = [...] and next = \"<output fed back>\"")
-        init = T.get_str(spec, "init", "zeros")
-        if init not in STATE_INITS:
-            raise ContractError(f"{where} init must be one of {', '.join(STATE_INITS)}, got {init!r}")
-        dtype = T.get_dtype(spec.get("dtype", "float32"), f"{where} dtype")
-        states.append(StateSpec(name, T.get_shape(spec["shape"], f"{where} shape"), dtype, nxt, init or "zeros"))
-    return tuple(states)
-
-
-# -- our own trainer's graphs as contracts -------------------------------------------------------------
-def trainer_contracts(
-    policy_spec: Mapping[str, Any],
-    log_std: Sequence[float] | None,
-    env_id: str | None,
-    sample_outputs: Sequence[str] | None = None,
-) -> dict[str, PolicyContract]:
-    """The two graphs ``msrl_consistency.train`` exports, as instances of the general contract.
-
-    ``policy``: obs → (env action, logits | mean), the action post-processed in the graph; ``policy_sample``:
-    (obs, noise) → (env action, log-prob, value, logits | mean), sampling in the graph from the given noise
-    (Gumbel-max of the logits, or the mean plus std times the noise, post-processed). ``sample_outputs`` is the
-    sampling graph's output list: bundles of schema v1 had no logits/mean output there, and their sampling graph
-    is then described as the deterministic kind (the action output is the action). None: the current layout.
-    """
-    discrete = policy_spec["action_kind"] == "discrete"
-    obs = (Field(OBS, (int(policy_spec["obs_dim"]),)),)
-    param = "logits" if discrete else "mean"
-    if discrete:
-        det = ActionSpec("categorical", logits=param, action="action")
-    else:
-        mode = policy_spec.get("action_postprocess", "clip")
-        det = ActionSpec(
-            "gaussian",
-            mean=param,
-            log_std=tuple(float(v) for v in (log_std or [])) or None,
-            action="action",
-            squash=mode,
-            rescale=mode == "clip",
-            low=tuple(policy_spec["action_low"]),
-            high=tuple(policy_spec["action_high"]),
-        )
-    names = ("action", "log_prob", "value")
-    if sample_outputs is None or param in sample_outputs:
-        names, sample = (*names, param), det
-    else:
-        sample = ActionSpec("deterministic", action="action", discrete=discrete)
-    noise = {"noise_shape": (int(policy_spec["action_dim"]),), "noise_kind": "uniform" if discrete else "normal"}
-    contracts = {
-        "policy": PolicyContract(obs, ("action", param), det, env_id=env_id),
-        "policy_sample": PolicyContract(obs, names, sample, env_id=env_id, value="value", log_prob="log_prob", **noise),
-    }
-    for contract in contracts.values():
-        contract.validate()
-    return contracts

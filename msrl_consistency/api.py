@@ -19,12 +19,14 @@ from typing import Any
 import numpy as np
 from mindspore import nn
 
+import msrl_consistency.envs  # noqa: F401 - registers our own env ids with gymnasium (verify looks them up)
+import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes with inference.runtimes
 from inference.bundle import SCHEMA, SCHEMA_VERSION, Bundle, BundleError, load_bundle, sha256_file
 from inference.compare.checks import VerifyResult
 from inference.compare.inputs import Inputs, check_same_contract, resolve_inputs
 from inference.compare.reference import Reference
 from inference.compare.verifier import VerifyOptions, verify
-from inference.contract import ContractError, PolicyContract, trainer_contracts
+from inference.contract import ContractError, PolicyContract
 from inference.errors import UsageError, first_line
 from inference.mindir import mindir_version
 from msrl_consistency import compat
@@ -81,7 +83,7 @@ def export_run(
     heads = G.export_heads(exported, options.precision)
     fp32_heads = G.export_heads(reference) if options.precision == "fp16" else heads
     log_std = None if spec.discrete else reference.log_std.asnumpy().tolist()
-    contracts = trainer_contracts(spec.to_dict(), log_std, run["env_id"])
+    contracts = G.trainer_contracts(spec, log_std, run["env_id"])
     graphs = {
         name: GraphExport(io, heads[name], contracts[name], fp32_heads[name])
         for name, io in G.trainer_graphs(spec).items()

@@ -25,8 +25,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from inference.bundle import Bundle
-from inference.compare.stats import Tolerance, compare_arrays
-from inference.localize import (
+from inference.compare.localize import (
     LayerComparison,
     LayerPlan,
     Localization,
@@ -35,6 +34,7 @@ from inference.localize import (
     lite_tensors,
     onnx_tensors,
 )
+from inference.compare.stats import Tolerance, compare_arrays
 from inference.tensors import TensorMeta
 from msrl_consistency import compat
 
@@ -285,7 +285,7 @@ GOLDEN_LAYER_ROWS = 64
 
 
 def record_layers(cell: nn.Cell, bundle: Bundle, graph: str, feeds: Any) -> dict[str, np.ndarray]:
-    """Golden-file arrays for the deploy side's localizer (``inference.localize.RecordedLayers``): the deciding
+    """Golden-file arrays for the deploy side's localizer (``compare.localize.RecordedLayers``): the deciding
     graph's layer plan, the first ordinary rows of the feeds with the graph's inputs, every layer's output there."""
     import json
 

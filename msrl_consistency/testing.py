@@ -18,6 +18,7 @@ import numpy as np
 from inference.compare.checks import VerifyResult
 from inference.compare.stats import Tolerance
 from inference.compare.verifier import VerifyOptions
+from inference.report.writers import write_reports
 from msrl_consistency.api import CellLike, ContractLike, verify_policy
 
 
@@ -58,7 +59,7 @@ def assert_policy_consistent(
         observations=observations, options=options,
     )  # fmt: skip
     if report_dir is not None:
-        result.write_reports(report_dir)
+        write_reports(result, report_dir)
     if not result.ok:
         what = "does not act like the training path" if result.failed else "could not be verified"
         raise AssertionError(f"{model} {what}:\n{result.console_table(only_failed=True)}")

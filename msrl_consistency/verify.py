@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes with inference.runtimes
 from inference.check import DEPLOY_SIDE_RUNTIMES, check_golden, finish, names, parse_tolerance, prepare_out
 from inference.errors import EXIT_CODES, UsageError, run_cli
 from msrl_consistency.artifacts import run_dir as rd
@@ -183,6 +184,7 @@ def _run(
     from inference.compare.inputs import check_same_contract, resolve_inputs
     from inference.compare.verifier import verify
     from inference.contract import PolicyContract
+    from msrl_consistency import envs  # noqa: F401 - registers our own env ids with gymnasium, where inputs look
 
     location = args.bundle or args.mindir
     observation_args = {"env_id": args.env_id, "env": args.env, "observations": args.observations_file}

@@ -123,7 +123,7 @@ def test_reports_are_renamed_into_place_whole(cartpole_bundle, cartpole_ckpt, tm
     result = verify_run(cartpole_bundle, cartpole_ckpt, VerifyOptions(observations=200, episodes=1,
                                                                       runtimes=("ms-graph",)))  # fmt: skip
     out = tmp_path / "r"
-    result.write_reports(out)
+    writers.write_reports(result, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def interrupted(*_args):
@@ -131,11 +131,11 @@ def test_reports_are_renamed_into_place_whole(cartpole_bundle, cartpole_ckpt, tm
 
     monkeypatch.setattr(writers, "plot_action_diffs", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        result.write_reports(out)
+        writers.write_reports(result, out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier set, untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no temporary directory left
     with pytest.raises(KeyboardInterrupt):
-        result.write_reports(tmp_path / "fresh")
+        writers.write_reports(result, tmp_path / "fresh")
     assert not (tmp_path / "fresh").exists()
 
 

@@ -11,8 +11,10 @@ import pytest
 from mindspore import Tensor
 
 from inference.bundle import BundleError, load_bundle
-from inference.contract import ContractError, PolicyContract, gumbel_argmax, trainer_contracts
+from inference.contract import ContractError, PolicyContract, gumbel_argmax
 from inference.tensors import TensorMeta
+from msrl_consistency.agent import PolicySpec
+from msrl_consistency.artifacts.graphs import trainer_contracts
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bring-your-own"
 GAUSSIAN = {
@@ -127,7 +129,7 @@ def test_check_io_rejects_outputs_that_do_not_fit_their_roles():
 
 def test_our_graphs_are_contract_instances(cartpole_bundle, pendulum_bundle):
     for bundle in (cartpole_bundle, pendulum_bundle):
-        spec, log_std = bundle.policy_spec, bundle.manifest["gaussian_log_std"]
+        spec, log_std = PolicySpec.from_dict(bundle.policy_spec), bundle.manifest["gaussian_log_std"]
         expected = trainer_contracts(spec, log_std, bundle.env_id)
         assert {g: bundle.contract(g) for g in bundle.graphs} == expected
         assert bundle.mode_graph("deterministic") == "policy" and bundle.mode_graph("stochastic") == "policy_sample"

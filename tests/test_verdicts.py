@@ -22,6 +22,7 @@ import pytest
 
 from inference.compare.verifier import VerifyOptions
 from inference.errors import UsageError
+from inference.report.writers import write_reports
 from msrl_consistency.api import export_policy, verify_policy
 
 HERE = Path(__file__).resolve().parent
@@ -110,7 +111,7 @@ def test_a_broken_sac_style_sampler_fails_with_a_report_and_the_right_stage(work
     nudged = export_policy(fp.nudge(fp.make_sac(), "body.0.weight", 0.05), fp.SAC_CONTRACT, tmp_path / "nudged")
     result = verify_policy(fp.make_sac(), None, nudged.root, options=small(required=EVERY_RUNTIME))
     assert result.exit_code == 1 and stages(result) == {"network"}, result.console_table()
-    paths = result.write_reports(tmp_path / "r")
+    paths = write_reports(result, tmp_path / "r")
     assert report(tmp_path / "r")["exit_code"] == 1 and "plot" in paths
     unsquashed = export_policy(fp.make_sac_unsquashed(), fp.SAC_CONTRACT, tmp_path / "unsquashed")
     result = verify_policy(fp.make_sac(), None, unsquashed.root, options=small(runtimes=("ms-mindir", "onnxruntime")))

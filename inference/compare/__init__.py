@@ -1,2 +1,3 @@
 """The comparison, with no MindSpore: inputs, feeds, the reference, per-runtime checks, policy-level metrics,
-episode replay, diagnosis, golden files and the verifier that runs them. Both sides run this same code."""
+episode replay, diagnosis, the first diverging layer (``localize``), golden files and the verifier that runs
+them. Both sides run this same code."""

@@ -1,13 +1,13 @@
 """Result types of a consistency check: every comparison is a ``Check``; a run is a ``VerifyResult``.
 
 The report writers (``inference.report``) read these and nothing else, so the same reports come out
-whether the reference was the training path or a golden file.
+whether the reference was the training path or a golden file. The dependency runs one way, report on compare:
+the console table lives here because a failing check prints it, ``inference.report.writers`` writes the files.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,12 +16,13 @@ from inference.bundle import Bundle
 from inference.errors import EXIT_INCONSISTENT, EXIT_OK, EXIT_RUNTIME_UNAVAILABLE
 
 if TYPE_CHECKING:
+    from inference.compare.localize import Localization
     from inference.compare.reference import Reference
     from inference.compare.verifier import VerifyOptions
-    from inference.localize import Localization
 
 REPORT_SCHEMA = "msrl-consistency/verify-report"
 REPORT_SCHEMA_VERSION = 2
+STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "warn", "skip": "skip", "error": "ERROR"}
 
 
 @dataclass
@@ -87,12 +88,21 @@ class VerifyResult:
         return "CONSISTENT"
 
     def console_table(self, only_failed: bool = False) -> str:
-        from inference.report.writers import console_table
-
-        return console_table(self, only_failed=only_failed)
-
-    def write_reports(self, out_dir: str | Path) -> dict[str, Path]:
-        """report.json, report.md, junit.xml and action_diff.png in ``out_dir``."""
-        from inference.report.writers import write_reports
-
-        return write_reports(self, Path(out_dir))
+        """The checks as a text table, then the runtimes not compared, the diverging layers and the verdict."""
+        checks = [*self.failed, *self.undecided] if only_failed else self.checks
+        rows = [("runtime", "check", "status", "details")]
+        for c in checks:
+            detail = c.summary if not c.diagnosis else f"{c.summary} → {c.diagnosis['stage']}: {c.diagnosis['detail']}"
+            rows.append((c.runtime, c.name, STATUS_MARK[c.status], detail))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [" | ".join(r[i].ljust(widths[i]) for i in range(3)) + " | " + r[3] for r in rows]
+        lines.insert(1, "-+-".join("-" * w for w in widths) + "-+-" + "-" * 20)
+        named = {c.runtime for c in self.checks}
+        idle = [f"{name} ({info['status']}: {info.get('reason', '')})" for name, info in self.runtimes.items()
+                if name not in named and info.get("status") not in ("ran", "reference")]  # fmt: skip
+        if idle and not only_failed:
+            lines.append("\nnot compared here: " + "; ".join(idle))
+        if self.localizations:
+            lines.append("")
+            lines += [loc.line() for loc in self.localizations.values()]
+        return "\n".join(lines) + f"\n\n{self.verdict_line()}"

@@ -23,9 +23,9 @@ import numpy as np
 from inference.bundle import Bundle, sha256_file
 from inference.compare.episodes import EpisodeTrace
 from inference.compare.feeds import Feeds
+from inference.compare.localize import LayerPlan, RecordedLayers
 from inference.compare.reference import Reference
 from inference.errors import UsageError
-from inference.localize import LayerPlan, RecordedLayers
 
 GOLDEN_FORMAT = "msrl-consistency/golden"
 GOLDEN_VERSION = 3

@@ -7,7 +7,6 @@ check resolves its inputs here too.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,10 +75,9 @@ def resolve_inputs(
 
 
 def env_source(env_id: str) -> EnvSource:
+    """An env id from gymnasium's registry. Envs defined elsewhere are registered there by their package before
+    (the training package does so for its tiny test envs); a team's own env is ``--env MODULE:FACTORY``."""
     import gymnasium as gym
-
-    with contextlib.suppress(ImportError):  # the training package, where installed, registers its tiny test envs
-        import msrl_consistency.envs  # noqa: F401
 
     try:
         return gym_env_source(env_id)

@@ -21,12 +21,12 @@ from inference.compare.acting import available_modes
 from inference.compare.checks import Check, VerifyResult
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
+from inference.compare.localize import Localization, Localizer
 from inference.compare.reference import REFERENCE, Reference, build_reference
 from inference.compare.runtime_check import IN_GRAPH_RANDOMNESS, RuntimeReport, check_runtime
 from inference.compare.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
 from inference.compare.versions import version_checks
 from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
-from inference.localize import Localization, Localizer
 from inference.runtimes.base import CellProvider, Runtime, RuntimeSource
 from inference.runtimes.registry import RUNTIMES, create
 from inference.spaces import check_env_spaces

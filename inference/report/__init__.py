@@ -1,1 +1,1 @@
-"""What a check reports: console table, report.json, report.md, junit.xml, the action-difference plot, baselines."""
+"""What a check reports: report.json, report.md, junit.xml, the action-difference plot, baselines."""

@@ -1,4 +1,4 @@
-"""Verify reports: console table, report.json (schema-versioned), report.md, junit.xml, action-diff plot.
+"""Verify reports: report.json (schema-versioned), report.md, junit.xml, action-diff plot.
 
 ``report.json`` layout (schema ``msrl-consistency/verify-report`` v2)::
 
@@ -29,8 +29,6 @@ from inference.bundle import sha256_file
 from inference.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
 from inference.errors import UsageError
 from inference.files import json_default, replace_dir, write_atomic
-
-STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "warn", "skip": "skip", "error": "ERROR"}
 
 
 def report_dict(result: VerifyResult) -> dict[str, Any]:
@@ -65,26 +63,6 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
         "checks": [c.to_dict() for c in result.checks],
         "localization": {name: loc.to_dict() for name, loc in result.localizations.items()},
     }
-
-
-def console_table(result: VerifyResult, only_failed: bool = False) -> str:
-    checks = [*result.failed, *result.undecided] if only_failed else result.checks
-    rows = [("runtime", "check", "status", "details")]
-    for c in checks:
-        detail = c.summary if not c.diagnosis else f"{c.summary} → {c.diagnosis['stage']}: {c.diagnosis['detail']}"
-        rows.append((c.runtime, c.name, STATUS_MARK[c.status], detail))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [" | ".join(r[i].ljust(widths[i]) for i in range(3)) + " | " + r[3] for r in rows]
-    lines.insert(1, "-+-".join("-" * w for w in widths) + "-+-" + "-" * 20)
-    named = {c.runtime for c in result.checks}
-    idle = [f"{name} ({info['status']}: {info.get('reason', '')})" for name, info in result.runtimes.items()
-            if name not in named and info.get("status") not in ("ran", "reference")]  # fmt: skip
-    if idle and not only_failed:
-        lines.append("\nnot compared here: " + "; ".join(idle))
-    if result.localizations:
-        lines.append("")
-        lines += [loc.line() for loc in result.localizations.values()]
-    return "\n".join(lines) + f"\n\n{result.verdict_line()}"
 
 
 def markdown(result: VerifyResult) -> str:
@@ -185,7 +163,8 @@ def junit(result: VerifyResult) -> str:
             body = f"<skipped message={quoteattr(c.summary)}/>"
         elif c.status == "error":  # could not be judged: JUnit's <error>, so CI shows it as neither pass nor fail
             body = f"<error message={quoteattr(c.summary)}/>"
-        cases.append(f'  <testcase classname="msrl_consistency.verify" name={name}>{body}</testcase>')
+        # The product, not a module: the deploy side's check writes this same report.
+        cases.append(f'  <testcase classname="msrl-consistency.verify" name={name}>{body}</testcase>')
     failures = sum(c.status == "fail" for c in result.checks)
     skipped = sum(c.status == "skip" for c in result.checks)
     errors = sum(c.status == "error" for c in result.checks)
@@ -247,9 +226,10 @@ def check_report_dir(out: Path) -> None:
         raise UsageError(f"cannot create the report directory {out}: {parent} is not writable")
 
 
-def write_reports(result: VerifyResult, out_dir: Path) -> dict[str, Path]:
+def write_reports(result: VerifyResult, out_dir: str | Path) -> dict[str, Path]:
     """The report set, written into a temporary directory and renamed into place at once: ``out_dir`` holds a
     whole set (an earlier one replaced) or, after an interruption, the earlier set untouched."""
+    out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from mindspore import Tensor, nn
 
-from inference.contract import ContractError, PolicyContract
+from inference.contract import OBS, ActionSpec, ContractError, Field, PolicyContract
 from inference.errors import first_line
 from inference.tensors import TensorMeta
 from msrl_consistency import compat
@@ -54,7 +54,7 @@ class GraphIO:
 
 
 def trainer_graphs(spec: PolicySpec) -> dict[str, GraphIO]:
-    """The two graphs of our ``ActorCritic`` (their contracts: ``inference.contract.trainer_contracts``)."""
+    """The two graphs of our ``ActorCritic`` (their contracts: ``trainer_contracts``)."""
     f32 = np.dtype("float32")
     obs = TensorMeta("obs", f32, (-1, spec.obs_dim))
     if spec.discrete:
@@ -72,6 +72,43 @@ def trainer_graphs(spec: PolicySpec) -> dict[str, GraphIO]:
             (action, TensorMeta("log_prob", f32, (-1,)), TensorMeta("value", f32, (-1,)), param),
         ),
     }
+
+
+def trainer_contracts(
+    spec: PolicySpec, log_std: list[float] | None, env_id: str | None
+) -> dict[str, PolicyContract]:
+    """The contracts of ``trainer_graphs``, as instances of the general contract (what export records).
+
+    ``policy``: obs → (env action, logits | mean), the action post-processed in the graph; ``policy_sample``:
+    (obs, noise) → (env action, log-prob, value, logits | mean), sampling in the graph from the given noise
+    (Gumbel-max of the logits, or the mean plus std times the noise, post-processed). ``log_std``: the Gaussian
+    head's state-independent log-std (None for a discrete policy).
+    """
+    obs = (Field(OBS, (spec.obs_dim,)),)
+    param = "logits" if spec.discrete else "mean"
+    if spec.discrete:
+        action = ActionSpec("categorical", logits=param, action="action")
+    else:
+        action = ActionSpec(
+            "gaussian",
+            mean=param,
+            log_std=tuple(float(v) for v in (log_std or [])) or None,
+            action="action",
+            squash=spec.action_postprocess,
+            rescale=spec.action_postprocess == "clip",
+            low=tuple(spec.action_low),
+            high=tuple(spec.action_high),
+        )
+    sample_outputs = ("action", "log_prob", "value", param)
+    contracts = {
+        "policy": PolicyContract(obs, ("action", param), action, env_id=env_id),
+        "policy_sample": PolicyContract(obs, sample_outputs, action, noise_shape=(spec.noise_dim,),
+                                        noise_kind=spec.noise_kind, env_id=env_id, value="value",
+                                        log_prob="log_prob"),  # fmt: skip
+    }
+    for contract in contracts.values():
+        contract.validate()
+    return contracts
 
 
 def probe_graph(cell: nn.Cell, contract: PolicyContract, name: str = "policy") -> GraphIO:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes with inference.runtimes
 from inference.bundle import Bundle
 from inference.compare.feeds import seeded_feeds
 from inference.compare.stats import compare_arrays, tolerance_for
