@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--record", metavar="DIR", help="record every step (inference.field) for an audit on the "
-                   "training box: python -m msrl_consistency.verify --bundle B --audit DIR")
+                   "training box (verify --bundle B --audit DIR)")
     p.add_argument("--isolate", action="store_true",
                    help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
     args = p.parse_args(argv)

@@ -26,7 +26,7 @@ from inference.compare.reference import REFERENCE, Reference
 from inference.compare.stats import Tolerance, compare_arrays, tolerance_for
 from inference.contract import state_dtype
 from inference.field import Recording
-from inference.localize import Localizer
+from inference.compare.localize import Localizer
 from inference.runtimes.base import InferenceFailed, Runtime, RuntimeSource
 
 FIELD = "field"
