@@ -22,11 +22,11 @@ from inference.bundle import Bundle
 from inference.compare.checks import Check, VerifyResult
 from inference.compare.feeds import Feeds
 from inference.compare.inputs import Inputs
+from inference.compare.localize import Localizer
 from inference.compare.reference import REFERENCE, Reference
 from inference.compare.stats import Tolerance, compare_arrays, tolerance_for
 from inference.contract import state_dtype
 from inference.field import Recording
-from inference.compare.localize import Localizer
 from inference.runtimes.base import InferenceFailed, Runtime, RuntimeSource
 
 FIELD = "field"
