@@ -13,15 +13,18 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inference.bundle import Bundle, BundleError, load_bundle
 from inference.compare.checks import VerifyResult
 from inference.compare.stats import PRESETS, Tolerance
 from inference.compare.verifier import VerifyOptions
 from inference.errors import EXIT_CODES, UsageError, run_cli
+
+if TYPE_CHECKING:
+    from inference.report.writers import ExtraWriter
 
 DEPLOY_SIDE_RUNTIMES = ("lite", "onnxruntime")  # what a golden check runs by default: no MindSpore needed
 
@@ -69,11 +72,15 @@ def _env_arg(env: str | None) -> dict[str, str | None]:
     return {"env": env} if env and ":" in env and "/" not in env else {"env_id": env}
 
 
-def finish(result: VerifyResult, out: Path, against: str, started: float, quiet: bool) -> int:
-    """Reports into ``out``, the table (unless quiet), one verdict line; returns the exit code (0 or 1)."""
+def finish(
+    result: VerifyResult, out: Path, against: str, started: float, quiet: bool,
+    extra: Mapping[str, ExtraWriter] | None = None,
+) -> int:  # fmt: skip
+    """Reports into ``out`` (``extra``: more files of the set), the table (unless quiet), one verdict line; returns
+    the exit code (0 or 1)."""
     from inference.report.writers import write_reports
 
-    paths = write_reports(result, out)
+    paths = write_reports(result, out, extra)
     if not quiet:
         print(result.console_table())
     verdict = "consistent" if result.ok else result.verdict

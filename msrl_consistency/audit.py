@@ -19,7 +19,7 @@ from inference.bundle import Bundle
 from inference.compare.audit import AuditFacts, audit, only_graph, plot_timeline
 from inference.compare.checks import VerifyResult
 from inference.field import read_recording
-from inference.files import write_atomic, write_json_atomic
+from inference.files import write_json_atomic
 from inference.runtimes.base import RuntimeSource
 from inference.runtimes.registry import create
 
@@ -69,14 +69,12 @@ def training_returns(checkpoint: Path | None) -> tuple[list[float], str]:
     return returns, f"training's last {len(returns)} episodes"
 
 
-def write_audit_files(facts: AuditFacts, out: Path) -> list[Path]:
-    """``audit.json`` (the windows, the observations' range, the returns) and ``audit_timeline.png``."""
-    written = [out / "audit.json"]
-    write_json_atomic(written[0], facts.to_dict())
-    plotted: list[bool] = []
-    write_atomic(out / "audit_timeline.png", lambda tmp: plotted.append(plot_timeline(facts, tmp)))
-    if plotted and plotted[0]:
-        written.append(out / "audit_timeline.png")
-    else:
-        (out / "audit_timeline.png").unlink(missing_ok=True)
-    return written
+def audit_files(facts: AuditFacts) -> dict[str, Callable[[Path], bool]]:
+    """The audit's files of the report set: ``audit.json`` (the windows, the observations' range, the returns)
+    and ``audit_timeline.png`` (``inference.report.writers.write_reports(extra=...)``)."""
+
+    def facts_json(path: Path) -> bool:
+        write_json_atomic(path, facts.to_dict())
+        return True
+
+    return {"audit": facts_json, "timeline": lambda path: plot_timeline(facts, path)}

@@ -155,14 +155,12 @@ def main(argv: list[str] | None = None) -> int:
 
         layers = localizer.record(result.reference.feeds) if args.golden_layers and localizer else None
         save_golden(args.save_golden, result.reference, result.bundle, result.inputs.get("env"), layers)
-    code = finish(result, args.out, against, start, args.quiet)
+    extra = None
     if facts is not None:
-        from msrl_consistency.audit import write_audit_files
+        from msrl_consistency.audit import audit_files
 
-        written = write_audit_files(facts, args.out)
-        if not args.quiet:
-            print(f"audit: {', '.join(p.name for p in written)} in {args.out}/")
-    return code
+        extra = audit_files(facts)
+    return finish(result, args.out, against, start, args.quiet, extra)
 
 
 def _gc_frozen_unless_golden(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:

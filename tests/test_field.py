@@ -63,6 +63,7 @@ def test_a_genuine_recording_audits_as_consistent(cartpole_bundle, cartpole_ckpt
     facts = json.loads((tmp_path / "r" / "audit.json").read_text())
     assert facts["steps"] == len(rec) and sum(w["steps"] for w in facts["windows"]) == len(rec)
     assert (tmp_path / "r" / "audit_timeline.png").stat().st_size > 1000
+    assert audit(cartpole_bundle.root, cartpole_ckpt, tmp_path / "rec", tmp_path / "r") == 0  # its own set: replaced
 
 
 def test_a_device_running_another_policy_fails_at_the_network_stage(cartpole_bundle, cartpole_ckpt, tmp_path):

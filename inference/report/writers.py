@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -208,7 +209,9 @@ def plot_action_diffs(result: VerifyResult, out: Path) -> bool:
 
 
 REPORT_FILES = {"json": "report.json", "md": "report.md", "junit": "junit.xml", "plot": "action_diff.png",
-                "layers": "layer_errors.png"}  # fmt: skip
+                "layers": "layer_errors.png", "audit": "audit.json", "timeline": "audit_timeline.png"}  # fmt: skip
+# A writer of one more file of the set (an audit's): given the path, returns whether it wrote it.
+ExtraWriter = Callable[[Path], bool]
 
 
 def check_report_dir(out: Path) -> None:
@@ -226,14 +229,17 @@ def check_report_dir(out: Path) -> None:
         raise UsageError(f"cannot create the report directory {out}: {parent} is not writable")
 
 
-def write_reports(result: VerifyResult, out_dir: str | Path) -> dict[str, Path]:
+def write_reports(
+    result: VerifyResult, out_dir: str | Path, extra: Mapping[str, ExtraWriter] | None = None
+) -> dict[str, Path]:
     """The report set, written into a temporary directory and renamed into place at once: ``out_dir`` holds a
-    whole set (an earlier one replaced) or, after an interruption, the earlier set untouched."""
+    whole set (an earlier one replaced) or, after an interruption, the earlier set untouched. ``extra``: more files
+    of the set, by their ``REPORT_FILES`` key."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        paths = {k: tmp / v for k, v in REPORT_FILES.items()}
+        paths = {k: tmp / v for k, v in REPORT_FILES.items() if k not in ("audit", "timeline") or k in (extra or {})}
         paths["json"].write_text(json.dumps(report_dict(result), indent=2, default=json_default) + "\n")
         paths["md"].write_text(markdown(result))
         paths["junit"].write_text(junit(result))
@@ -241,6 +247,9 @@ def write_reports(result: VerifyResult, out_dir: str | Path) -> dict[str, Path]:
             paths.pop("plot")
         if not plot_layer_errors(result, paths["layers"]):
             paths.pop("layers")
+        for key, writer in (extra or {}).items():
+            if not writer(paths[key]):
+                paths.pop(key)
         replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
