@@ -14,11 +14,15 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inference.errors import MsrlError, UsageError, first_line, run_cli
 from msrl_consistency.config import TrainConfig, explicit_flags, from_dict, parse_config
+
+if TYPE_CHECKING:
+    from msrl_consistency.training.loop import IterationHook
 
 RESUME_MAY_CHANGE = {"resume", "total_steps", "progress", "master_addr", "master_port", "workers", "profile",
                      "env_threads", "compile_cache", "stop_at_return"}
@@ -103,7 +107,14 @@ def prepare_run(cfg: TrainConfig, argv: list[str], world_size: int | None = None
     return cfg, run_dir, state
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    on_iteration: IterationHook | None = None,
+    rank_command: Sequence[str] | None = None,
+) -> int:
+    """The command. ``on_iteration`` goes to this process's Trainer (see ``Trainer``); ``rank_command`` is what
+    ``--workers N`` runs as each rank after ``python`` (default ``-m msrl_consistency.train``): a program that wraps
+    this ``main`` with a hook of its own names itself there, so that its ranks run the hook too."""
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_config(argv)
 
@@ -114,16 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     if role == compat.SCHEDULER_ROLE:
         return dist.run_scheduler()
     if role == compat.WORKER_ROLE:
-        return _run_rank(cfg, argv)
+        return _run_rank(cfg, argv, on_iteration)
     cfg, run_dir, state = prepare_run(cfg, argv)
     if cfg.workers > 1:
-        from msrl_consistency.training.launch import run_workers
+        from msrl_consistency.training.launch import RANK_COMMAND, run_workers
 
-        return run_workers(cfg, run_dir, argv)
-    return _train(cfg, run_dir, state, dist.SingleProcess())
+        return run_workers(cfg, run_dir, argv, rank_command or RANK_COMMAND)
+    return _train(cfg, run_dir, state, dist.SingleProcess(), on_iteration)
 
 
-def _run_rank(cfg: TrainConfig, argv: list[str]) -> int:
+def _run_rank(cfg: TrainConfig, argv: list[str], on_iteration: IterationHook | None) -> int:
     """One rank under msrun: join the cluster, agree on the run with rank 0, train, report the exit code."""
     from msrl_consistency.training import distributed as dist
 
@@ -144,7 +155,7 @@ def _run_rank(cfg: TrainConfig, argv: list[str]) -> int:
         error, prepared = comm.broadcast(verdict)
         if error is not None:
             raise UsageError(error)
-        code = _train(*prepared, comm)
+        code = _train(*prepared, comm, on_iteration)
     except MsrlError as exc:
         dist.write_rank_status(comm.rank, exit_code=exc.exit_code, error=str(exc))
         raise
@@ -171,14 +182,14 @@ def rank_device(cfg: TrainConfig) -> str:
     return cfg.device
 
 
-def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any) -> int:
+def _train(cfg: TrainConfig, run_dir: Path, state: Any, comm: Any, on_iteration: IterationHook | None) -> int:
     from tqdm import tqdm
 
     from msrl_consistency.artifacts import run_dir as rd
     from msrl_consistency.artifacts.plots import plot_reward_curve
     from msrl_consistency.training.loop import Trainer
 
-    trainer = Trainer(cfg, run_dir, state, comm)
+    trainer = Trainer(cfg, run_dir, state, comm, on_iteration)
     trainer.use_compile_cache()  # this process's first compiles are the run's
     lead = comm.rank == 0  # rank 0 alone shows progress and writes the run dir
     total = cfg.num_iterations * cfg.global_batch_size

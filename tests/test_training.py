@@ -79,7 +79,7 @@ def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
 def test_an_evaluation_episode_does_not_depend_on_how_many_are_played(tmp_path):
     """Evaluation plays its episodes in lockstep, EVAL_BATCH rows per act call: episode k's return is the same
     whether 1, 3 or 20 episodes (two calls' worth) are evaluated, to the last bit (Pendulum: float returns)."""
-    from msrl_consistency.training.loop import EVAL_BATCH
+    from msrl_consistency.training.evaluate import EVAL_BATCH
 
     rd.prepare_new_run_dir(tmp_path / "run")
     trainer = Trainer(tiny_config(env_id="Pendulum-v1", eval_episodes=3), tmp_path / "run")
@@ -136,11 +136,11 @@ def test_truncated_steps_bootstrap_the_final_value(tmp_path):
     trainer = Trainer(cfg, tmp_path / "run")
     import gymnasium as gym
 
-    trainer.envs.close()
-    trainer.envs = gym.vector.SyncVectorEnv(
+    trainer.rollout.envs.close()
+    trainer.rollout.envs = gym.vector.SyncVectorEnv(
         [lambda: gym.make("msrl/Chain-v0", length=100)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
-    trainer.obs, _ = trainer.envs.reset(seed=0)
+    trainer.rollout.reset(seed=0)
     buf = trainer.collect()
     trainer.close()
     final_value = trainer.policy.value(Tensor(np.array([[50.0, 1.0]], np.float32))).asnumpy()[0]
@@ -265,7 +265,7 @@ def test_split_update_trains_like_the_fused_one(tmp_path, env_id):
     train(fused, tmp_path / "fused")
     trainer = train(split, tmp_path / "split")
     train(split, tmp_path / "split-again")
-    assert trainer._split is not None and trainer.iteration == 2
+    assert trainer.updater.split is not None and trainer.iteration == 2
     a, b = weights(tmp_path / "fused"), weights(tmp_path / "split")
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-6, err_msg=name)

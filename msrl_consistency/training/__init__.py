@@ -1,1 +1,2 @@
-"""PPO: pure GAE, the loss and compiled train-step Cell, and the training loop."""
+"""PPO: GAE, the loss and compiled train step, and the training loop with its parts (seeds, learner, rollout,
+evaluation, data parallel)."""
