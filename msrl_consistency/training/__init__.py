@@ -1,2 +1,2 @@
-"""PPO: GAE, the loss and compiled train step, and the training loop with its parts (seeds, learner, rollout,
-evaluation, data parallel)."""
+"""PPO: GAE, the loss and compiled train step, the training loop and its parts (seeds, learner, rollout, evaluation,
+data parallel), and one run from config to run directory (``run.py``)."""
