@@ -1,7 +1,8 @@
 """msrl-consistency: train PPO with MindSpore, export it, and prove every runtime acts like training.
 
 The library API (``export_policy``, ``verify_policy``, ``assert_policy_consistent``, ``PolicyContract``,
-``localize``) takes any team's own policy Cell; it is imported lazily, so ``import msrl_consistency`` stays light.
+``localize``) takes any team's own policy Cell, and ``train(config)`` trains ours; it is imported lazily, so
+``import msrl_consistency`` stays light.
 
 Data flow, one sub-package per stage:
 ``envs`` → ``agent`` (policy Cells, in-graph pre/post-processing) → ``training`` (PPO) → ``artifacts``
@@ -18,6 +19,8 @@ _os.environ.setdefault("GLOG_v", "3")
 
 
 _API = {
+    "train": "msrl_consistency.train",  # the CLI module, callable as ``train(config)``: see its docstring
+    "RunResult": "msrl_consistency.training.run",
     "export_policy": "msrl_consistency.api",
     "export_run": "msrl_consistency.api",
     "verify_policy": "msrl_consistency.api",
@@ -32,5 +35,6 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy: importing the package must n
     if name in _API:
         import importlib
 
-        return getattr(importlib.import_module(_API[name]), name)
+        module = importlib.import_module(_API[name])
+        return module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
     raise AttributeError(f"module 'msrl_consistency' has no attribute {name!r}")

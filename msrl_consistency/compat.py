@@ -154,13 +154,6 @@ def grad_reducer(parameters: list[ms.Parameter], world_size: int) -> nn.Cell:
     return nn.DistributedGradReducer(parameters, mean=True, degree=world_size)
 
 
-def all_reduce_sum() -> Any:
-    """An in-graph AllReduce(sum) primitive over all ranks."""
-    from mindspore import ops
-
-    return ops.AllReduce()
-
-
 def all_gather_int32(values: np.ndarray) -> np.ndarray:
     """AllGather a 1-D int32 array of the same length on every rank: ``[world_size, len]`` in rank order.
 
@@ -207,10 +200,6 @@ def check_compute_dtype(dtype_name: str) -> None:
 def use_graph_mode() -> None:
     """Compile Cells (GRAPH_MODE): measured ~10x faster than a jit function holding the optimizer."""
     ms.set_context(mode=ms.GRAPH_MODE)
-
-
-def use_pynative_mode() -> None:
-    ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 @contextlib.contextmanager

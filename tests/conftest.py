@@ -34,33 +34,42 @@ def _private_compile_cache(tmp_path_factory) -> None:
     os.environ["MSRL_COMPILE_CACHE_DIR"] = str(tmp_path_factory.mktemp("graph-cache"))
 
 
+import dataclasses  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from msrl_consistency.artifacts import run_dir as rd  # noqa: E402
 from msrl_consistency.config import TrainConfig  # noqa: E402
+from msrl_consistency.training.run import RunResult  # noqa: E402
 
 # 2 updates per compiled call (the Pendulum and BipedalWalker presets' choice): the automatic 4 compiles ~1.2 s longer.
 TINY_RUN = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=2, updates_per_call=2,
                 checkpoint_every=100, progress=False, eval_episodes=0)  # fmt: skip
 
 
-def run_trainer(cfg: TrainConfig, run_dir: Path, stop_at: int | None = None, state=None):
-    """Train in-process like ``python -m msrl_consistency.train`` does; ``stop_at`` stops after that iteration
-    (a "crash": the last checkpoint is the periodic one), ``state`` resumes from a loaded resume state."""
-    from msrl_consistency.training.loop import Trainer
+class SimulatedCrash(Exception):
+    """What ``run_trainer(stop_at=N)`` raises as iteration N + 1 starts: the run ends there as a killed one would."""
 
-    if state is None:
-        rd.prepare_new_run_dir(run_dir)
-    trainer = Trainer(cfg, run_dir, state)
-    try:
-        if state is None:
-            trainer.checkpoint()
-        trainer.run(stop_at=stop_at)
-        if stop_at is None:
-            trainer.checkpoint()
-    finally:
-        trainer.close()
-    return trainer
+
+def run_trainer(cfg: TrainConfig, run_dir: Path, stop_at: int | None = None, resume: bool = False) -> RunResult | None:
+    """Train in-process through ``msrl_consistency.train(config)``, as ``python -m msrl_consistency.train`` does.
+
+    ``stop_at`` "crashes" the run once that many iterations are done (the last checkpoint is the periodic one; no
+    result), ``resume`` continues the run in ``run_dir`` from its checkpoint. The compile cache stays off: MindSpore
+    keeps the first cache path of a process, and would put this test process's later graph-kernel builds there.
+    """
+    from msrl_consistency import train
+
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir), resume=str(run_dir) if resume else "", compile_cache=False)
+    if stop_at is None:
+        return train(cfg)
+
+    def crash(trainer) -> None:
+        if trainer.iteration == stop_at:
+            raise SimulatedCrash(f"after iteration {stop_at}")
+
+    with pytest.raises(SimulatedCrash):
+        train(cfg, on_iteration=crash)
+    return None
 
 
 def train_tiny(run_dir: Path, env_id: str, seed: int = 1, total_steps: int = 256) -> Path:

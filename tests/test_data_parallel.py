@@ -24,9 +24,9 @@ from inference.errors import UsageError
 from msrl_consistency import train
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.checkpoint import read_checkpoint
-from msrl_consistency.training.distributed import FAULT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
+FAULT_TRAIN = Path(__file__).with_name("fault_train.py")  # the training CLI plus a fault hook (tests only)
 # 6 iterations of 2 ranks x 2 envs x 16 steps; checkpoints every 2 iterations. Reward normalisation is on so that
 # its statistics, like the observation statistics, are merged over ranks, checked equal and resumed.
 ARGS = ["--env-id", "CartPole-v1", "--workers", "2", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
@@ -35,11 +35,12 @@ ARGS = ["--env-id", "CartPole-v1", "--workers", "2", "--num-envs", "2", "--num-s
 TIMING_COLUMNS = {"sps", "wall_time"}
 
 
-def launch(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "msrl_consistency.train", *ARGS, "--run-dir", str(run_dir), *extra]
-    return subprocess.Popen(
-        cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+def launch(run_dir: Path, *extra: str, fault: str | None = None) -> subprocess.Popen:
+    """``python -m msrl_consistency.train``, or with a ``fault`` its test twin ``tests/fault_train.py``."""
+    command = ["-m", "msrl_consistency.train"] if fault is None else [str(FAULT_TRAIN)]
+    cmd = [sys.executable, *command, *ARGS, "--run-dir", str(run_dir), *extra]
+    env = {**os.environ, **({"MSRL_TRAIN_FAULT": fault} if fault else {})}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
@@ -117,7 +118,7 @@ def test_two_workers_agree_and_rank0_checkpoint_exports_and_verifies(full_run, t
 
 def test_killed_worker_is_named_and_the_run_resumes_bitwise(full_run, tmp_path):
     run_dir = tmp_path / "cut"
-    proc = launch(run_dir, env={FAULT_ENV: "kill:1:3"})  # rank 1 SIGKILLs itself once 3 iterations are done
+    proc = launch(run_dir, fault="kill:1:3")  # rank 1 SIGKILLs itself once 3 iterations are done
     listening = listeners_while_running(proc)
     code, _, err = finish(proc)
     assert code == 128 + 9, err[-3000:]
@@ -157,7 +158,7 @@ def test_resume_with_another_world_size_is_refused(full_run, workers):
 def test_diverged_ranks_stop_the_run_naming_the_ranks_and_the_parameter(tmp_path):
     run_dir = tmp_path / "diverged"
     # Rank 1 nudges one weight as the first iteration starts; the check after that iteration must catch it.
-    proc = launch(run_dir, "--total-steps", "192", "--check-every", "1", env={FAULT_ENV: "perturb:1:0"})
+    proc = launch(run_dir, "--total-steps", "192", "--check-every", "1", fault="perturb:1:0")
     code, _, err = finish(proc)
     assert code == 1, err[-3000:]
     assert (

@@ -93,6 +93,21 @@ def test_msrun_command_keeps_loopback_unless_told_otherwise(tmp_path):
     assert env[dist.STATUS_DIR_ENV] == str(tmp_path)
 
 
+def test_a_program_wrapping_the_cli_runs_as_each_rank(tmp_path):
+    cmd = launch.msrun_command(2, "127.0.0.1", 4242, tmp_path, ["--workers", "2"], rank_command=["/x/wrapper.py"])
+    assert cmd[-4:] == ["python", "/x/wrapper.py", "--workers", "2"]
+
+
+def test_shipped_training_code_has_no_fault_hook():
+    """Faults are injected by tests/fault_train.py through the Trainer's ``on_iteration`` (as the Lite runner's are
+    by its test binary): no module of the package reads a fault variable or kills its own process."""
+    import msrl_consistency
+
+    for path in Path(msrl_consistency.__file__).parent.rglob("*.py"):
+        text = path.read_text()
+        assert "MSRL_TRAIN_FAULT" not in text and "os.kill(os.getpid()" not in text, path
+
+
 def test_msrun_hands_every_train_flag_to_the_ranks_untouched(tmp_path, monkeypatch):
     # msrun parses its own options anywhere on its command line, abbreviations included: a train flag that is a
     # prefix of one of msrun's (e.g. "--worker" of "--worker_num") would be taken from the ranks.

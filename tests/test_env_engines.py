@@ -214,10 +214,11 @@ def test_trainer_rollout_on_envpool_matches_a_gymnasium_replay(tmp_path):
     rd.prepare_new_run_dir(tmp_path / "run")
     trainer = Trainer(cfg, tmp_path / "run")
     assert trainer.backend.name == "envpool"
-    starts = [deque([trainer.obs[i].copy()]) for i in range(2)]
-    trainer.envs = recording = Recording(trainer.envs)
+    rollout = trainer.rollout
+    starts = [deque([rollout.obs[i].copy()]) for i in range(2)]
+    rollout.envs = recording = Recording(rollout.envs)
     buf = trainer.collect()
-    stream = np.concatenate([buf["obs"][1:], trainer.obs[None]])  # the obs each step returned
+    stream = np.concatenate([buf["obs"][1:], rollout.obs[None]])  # the obs each step returned
     for i in range(2):
         starts[i].append(stream[998, i].copy())
     ref = gymnasium_rollout(cfg.env_id, starts, recording.actions, stream)
@@ -227,11 +228,11 @@ def test_trainer_rollout_on_envpool_matches_a_gymnasium_replay(tmp_path):
     assert ref["truncated"][998].all() and dones.sum() == 2
     np.testing.assert_array_equal(buf["dones"], dones)
     np.testing.assert_allclose(stream, ref["obs"], rtol=0, atol=1e-6)  # step 999 holds the next episode's start
-    bootstrap = cfg.gamma * trainer._values(ref["final"][998].astype(np.float32))
+    bootstrap = cfg.gamma * rollout.values(ref["final"][998].astype(np.float32))
     expected_rewards = (ref["reward"] * cfg.reward_scale).astype(np.float32)
     expected_rewards[998] += bootstrap
     np.testing.assert_allclose(buf["rewards"], expected_rewards, rtol=1e-5, atol=1e-6)
-    last_value = trainer._values(trainer.obs)
+    last_value = rollout.values(rollout.obs)
     adv, ret = compute_gae(expected_rewards, buf["values"], dones, last_value, cfg.gamma, cfg.gae_lambda)
     np.testing.assert_allclose(buf["advantages"], adv, rtol=1e-4, atol=1e-5)
     finished = buf["finished"]  # (step, env, return, length)

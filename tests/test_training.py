@@ -38,6 +38,11 @@ def weights(run_dir: Path) -> dict[str, np.ndarray]:
     return {k: v.asnumpy() for k, v in read_checkpoint(run_dir / rd.CHECKPOINT).items()}
 
 
+def update_calls(run_dir: Path) -> int:
+    """Compiled update calls the run made (its profile.json: the run needs ``profile=True``)."""
+    return json.loads((run_dir / "profile.json").read_text())["sections"]["update"]["calls"]
+
+
 def assert_same_weights(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
     assert a.keys() == b.keys()
     for name in a:
@@ -79,7 +84,7 @@ def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
 def test_an_evaluation_episode_does_not_depend_on_how_many_are_played(tmp_path):
     """Evaluation plays its episodes in lockstep, EVAL_BATCH rows per act call: episode k's return is the same
     whether 1, 3 or 20 episodes (two calls' worth) are evaluated, to the last bit (Pendulum: float returns)."""
-    from msrl_consistency.training.loop import EVAL_BATCH
+    from msrl_consistency.training.evaluate import EVAL_BATCH
 
     rd.prepare_new_run_dir(tmp_path / "run")
     trainer = Trainer(tiny_config(env_id="Pendulum-v1", eval_episodes=3), tmp_path / "run")
@@ -104,15 +109,15 @@ def test_resume_equals_uninterrupted_run(tmp_path, env_id, backend, graphs):
     train(cfg, tmp_path / "cut", stop_at=3)  # "crashes" after iteration 3; last checkpoint at 2
     state = rd.load_resume_state(tmp_path / "cut" / rd.RESUME_STATE)
     assert state["iteration"] == 2
-    resumed = train(cfg, tmp_path / "cut", state=state)
-    assert resumed.resume_exact and resumed.backend.name == backend
+    resumed = train(cfg, tmp_path / "cut", resume=True)
+    assert resumed.resume_exact and resumed.env_backend == backend
     assert metrics_without_timing(tmp_path / "full") == metrics_without_timing(tmp_path / "cut")
     assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
 
 
 def test_run_dir_contents_and_strict_reload(tmp_path):
     cfg = tiny_config(env_id="Pendulum-v1", eval_episodes=0)
-    trainer = train(cfg, tmp_path / "run")
+    result = train(cfg, tmp_path / "run")
     info = json.loads((tmp_path / "run" / rd.RUN_JSON).read_text())
     assert info["env_id"] == "Pendulum-v1" and info["global_step"] == 128
     assert info["env_backend"]["name"] == "gymnasium" and info["config"]["env_backend"] == "gymnasium"
@@ -121,7 +126,9 @@ def test_run_dir_contents_and_strict_reload(tmp_path):
     assert info["policy_spec"]["action_kind"] == "box" and info["policy_spec"]["action_high"] == [2.0]
     assert set(info["versions"]) >= {"python", "mindspore", "gymnasium", "numpy"}
     assert info["normalization"]["count"] > 128
-    policy = load_policy(tmp_path / "run" / rd.CHECKPOINT, trainer.spec)
+    assert result.checkpoint == tmp_path / "run" / rd.CHECKPOINT and result.global_step == 128
+    assert result.policy_spec.to_dict() == info["policy_spec"]
+    policy = load_policy(result.checkpoint, result.policy_spec)
     # The frozen statistics in the checkpoint are exactly the ones in run.json (as float32).
     np.testing.assert_array_equal(policy.normalizer.mean.asnumpy(), np.float32(info["normalization"]["mean"]))
     header = (tmp_path / "run" / rd.METRICS_CSV).read_text().splitlines()[0].split(",")
@@ -136,11 +143,11 @@ def test_truncated_steps_bootstrap_the_final_value(tmp_path):
     trainer = Trainer(cfg, tmp_path / "run")
     import gymnasium as gym
 
-    trainer.envs.close()
-    trainer.envs = gym.vector.SyncVectorEnv(
+    trainer.rollout.envs.close()
+    trainer.rollout.envs = gym.vector.SyncVectorEnv(
         [lambda: gym.make("msrl/Chain-v0", length=100)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
-    trainer.obs, _ = trainer.envs.reset(seed=0)
+    trainer.rollout.reset(seed=0)
     buf = trainer.collect()
     trainer.close()
     final_value = trainer.policy.value(Tensor(np.array([[50.0, 1.0]], np.float32))).asnumpy()[0]
@@ -152,11 +159,11 @@ def test_truncated_steps_bootstrap_the_final_value(tmp_path):
 def test_stop_at_return_ends_the_run_at_the_first_evaluation_reaching_it(tmp_path):
     # CartPole's deterministic episodes last > 5 steps: the first evaluation (iteration 2 of 4) reaches 5.
     early = train(tiny_config(eval_every=2, eval_episodes=1, stop_at_return="5"), tmp_path / "early")
-    assert (early.iteration, early.reached_return["iteration"]) == (2, 2)
+    assert (early.iteration, early.stopped_at_return["iteration"]) == (2, 2)
     assert rd.read_run_json(tmp_path / "early")["stopped_at_return"]["global_step"] == 64
     # The learning rate anneals over the whole budget, so the iterations done are an unstopped run's, bit for bit.
     full = train(tiny_config(eval_every=2, eval_episodes=1, stop_at_return="1e9"), tmp_path / "full")
-    assert full.iteration == 4 and full.reached_return is None
+    assert full.iteration == 4 and full.stopped_at_return is None
     assert metrics_without_timing(tmp_path / "early") == metrics_without_timing(tmp_path / "full")[:2]
     with pytest.raises(UsageError, match="needs --eval-every"):
         tiny_config(stop_at_return="5").validate()
@@ -184,7 +191,7 @@ def test_gymnasium_box2d_resume_restarts_episodes_and_says_so(tmp_path):
     train(cfg, tmp_path / "cut", stop_at=3)
     state = rd.load_resume_state(tmp_path / "cut" / rd.RESUME_STATE)
     assert state["ranks"][0]["env_blobs"] is None
-    resumed = train(cfg, tmp_path / "cut", state=state)
+    resumed = train(cfg, tmp_path / "cut", resume=True)
     assert not resumed.resume_exact
     assert json.loads((tmp_path / "cut" / rd.RUN_JSON).read_text())["resume_exact"] is False
 
@@ -192,11 +199,11 @@ def test_gymnasium_box2d_resume_restarts_episodes_and_says_so(tmp_path):
 def test_a_compiled_call_may_span_an_epoch_boundary(tmp_path):
     # 2 minibatches x 3 epochs: calls of 3 updates hold the end of one epoch and the start of the next. Same shuffles,
     # same update order as one update per call, so the weights agree to the last bits.
-    spanning = train(tiny_config(num_minibatches=2, update_epochs=3, total_steps=64, updates_per_call=3),
-                     tmp_path / "three")  # fmt: skip
-    single = train(tiny_config(num_minibatches=2, update_epochs=3, total_steps=64, updates_per_call=1),
-                   tmp_path / "one")  # fmt: skip
-    assert (spanning.train_step.updates_per_call, single.train_step.updates_per_call) == (3, 1)
+    train(tiny_config(num_minibatches=2, update_epochs=3, total_steps=64, updates_per_call=3, profile=True),
+          tmp_path / "three")  # fmt: skip
+    train(tiny_config(num_minibatches=2, update_epochs=3, total_steps=64, updates_per_call=1, profile=True),
+          tmp_path / "one")  # fmt: skip
+    assert (update_calls(tmp_path / "three"), update_calls(tmp_path / "one")) == (2 * 2, 2 * 6)  # 2 iterations
     assert tiny_config(num_minibatches=2, update_epochs=3, updates_per_call=0).train_call_updates == 3  # auto spans too
     a, b = weights(tmp_path / "three"), weights(tmp_path / "one")
     for name in a:
@@ -206,11 +213,11 @@ def test_a_compiled_call_may_span_an_epoch_boundary(tmp_path):
 def test_updates_per_call_is_a_config_choice(tmp_path):
     # Grouping minibatch updates into compiled calls changes the weights only in the last bits (measured ~1e-9 here),
     # which is why it is a setting (presets choose 2 for memory) and not a changed default.
-    cfg = tiny_config(env_id="Pendulum-v1", num_minibatches=8, total_steps=64, updates_per_call=8)
-    eight = train(cfg, tmp_path / "eight")
-    two = train(tiny_config(env_id="Pendulum-v1", num_minibatches=8, total_steps=64, updates_per_call=2),
-                tmp_path / "two")  # fmt: skip
-    assert (eight.train_step.updates_per_call, two.train_step.updates_per_call) == (8, 2)
+    cfg = tiny_config(env_id="Pendulum-v1", num_minibatches=8, total_steps=64, updates_per_call=8, profile=True)
+    train(cfg, tmp_path / "eight")
+    train(tiny_config(env_id="Pendulum-v1", num_minibatches=8, total_steps=64, updates_per_call=2, profile=True),
+          tmp_path / "two")  # fmt: skip
+    assert (update_calls(tmp_path / "eight"), update_calls(tmp_path / "two")) == (2 * 2, 2 * 8)  # 16 updates each
     a, b = weights(tmp_path / "eight"), weights(tmp_path / "two")
     for name in a:
         np.testing.assert_allclose(a[name], b[name], rtol=0, atol=1e-6, err_msg=name)
@@ -247,7 +254,7 @@ def test_reward_normalisation_resumes_exactly(tmp_path):
     train(cfg, tmp_path / "cut", stop_at=3)
     state = rd.load_resume_state(tmp_path / "cut" / rd.RESUME_STATE)
     assert state["ret_rms"][2] > 1  # the statistics are in the checkpoint
-    train(cfg, tmp_path / "cut", state=state)
+    train(cfg, tmp_path / "cut", resume=True)
     assert metrics_without_timing(tmp_path / "full") == metrics_without_timing(tmp_path / "cut")
     assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
     plain = tiny_config(total_steps=192)
@@ -260,12 +267,15 @@ def test_split_update_trains_like_the_fused_one(tmp_path, env_id):
     # --update-graphs split runs each minibatch update as two graphs (gradients; clip + Adam) cut from the fused
     # train step's own code: the same updates in the same order, so the same weights up to last-bit rounding, and
     # bitwise reproducible for a seed like every run (measured: at most 1.5e-8 apart after 8 minibatch updates).
-    fused = tiny_config(env_id=env_id, num_minibatches=4, total_steps=64, updates_per_call=1)
-    split = tiny_config(env_id=env_id, num_minibatches=4, total_steps=64, update_graphs="split")
+    fused = tiny_config(env_id=env_id, num_minibatches=4, total_steps=64, updates_per_call=1, profile=True)
+    split = tiny_config(env_id=env_id, num_minibatches=4, total_steps=64, update_graphs="split", profile=True)
     train(fused, tmp_path / "fused")
-    trainer = train(split, tmp_path / "split")
+    assert train(split, tmp_path / "split").iteration == 2
     train(split, tmp_path / "split-again")
-    assert trainer._split is not None and trainer.iteration == 2
+    # Compiled graphs: act and the train step, or act and the split update's three (prepare, gradients, apply).
+    compiles = [json.loads((tmp_path / run / "profile.json").read_text())["sections"]["compile"]["calls"]
+                for run in ("fused", "split")]  # fmt: skip
+    assert compiles == [2, 4]
     a, b = weights(tmp_path / "fused"), weights(tmp_path / "split")
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-6, err_msg=name)

@@ -21,15 +21,14 @@ from msrl_consistency.artifacts.bundle import ExportOptions
 from msrl_consistency.artifacts.checkpoint import read_checkpoint
 from msrl_consistency.config import TrainConfig
 from msrl_consistency.training import precision as mp
-from msrl_consistency.training.loop import Trainer
 from msrl_consistency.training.precision import LossScale
 
 TINY = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2, updates_per_call=2,
             total_steps=192, checkpoint_every=2, progress=False, eval_episodes=0)  # fmt: skip
 
 
-def train_run(run_dir: Path, precision: str, stop_at: int | None = None, state=None) -> Trainer:
-    return run_trainer(TrainConfig(**TINY, update_precision=precision), run_dir, stop_at, state)
+def train_run(run_dir: Path, precision: str, stop_at: int | None = None, resume: bool = False) -> None:
+    run_trainer(TrainConfig(**TINY, update_precision=precision), run_dir, stop_at, resume)
 
 
 def weights(run_dir: Path) -> dict[str, np.ndarray]:
@@ -73,7 +72,7 @@ def test_fp16_update_resumes_bitwise_with_its_loss_scale(runs, tmp_path):
     train_run(tmp_path / "cut", "fp16", stop_at=3)
     state = rd.load_resume_state(tmp_path / "cut" / rd.RESUME_STATE)
     assert {"loss_scale.scale", "loss_scale.good_steps", "loss_scale.skipped"} <= set(state["params"])
-    train_run(tmp_path / "cut", "fp16", state=state)
+    train_run(tmp_path / "cut", "fp16", resume=True)
     expected, got = weights(runs["fp16"]), weights(tmp_path / "cut")
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)

@@ -7,7 +7,23 @@ from typing import Any
 
 import numpy as np
 
+from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs.make import EnvInfo
+
+# The training config's fields that shape the policy Cell and its graphs. A spec copies them from the config and
+# takes its defaults from the config's, so the two never disagree (``tests/test_policy_spec.py`` checks the types).
+ARCH_FIELDS = ("hidden_sizes", "activation", "normalize_obs", "clip_obs", "action_postprocess", "init_log_std")
+_CONFIG_DEFAULTS = TrainConfig()
+
+
+def _config_default(name: str) -> Any:
+    value = getattr(_CONFIG_DEFAULTS, name)
+    return field(default_factory=lambda: list(value)) if isinstance(value, list) else field(default=value)
+
+
+def _copied(value: Any) -> Any:
+    """A list field as a list of its own: the spec is frozen, the config is not."""
+    return list(value) if isinstance(value, list | tuple) else value
 
 
 @dataclass(frozen=True)
@@ -19,12 +35,12 @@ class PolicySpec:
     action_dim: int
     action_low: list[float] = field(default_factory=list)
     action_high: list[float] = field(default_factory=list)
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
-    activation: str = "tanh"
-    normalize_obs: bool = True
-    clip_obs: float = 10.0
-    action_postprocess: str = "clip"
-    init_log_std: float = 0.0
+    hidden_sizes: list[int] = _config_default("hidden_sizes")
+    activation: str = _config_default("activation")
+    normalize_obs: bool = _config_default("normalize_obs")
+    clip_obs: float = _config_default("clip_obs")
+    action_postprocess: str = _config_default("action_postprocess")
+    init_log_std: float = _config_default("init_log_std")
 
     @property
     def discrete(self) -> bool:
@@ -62,3 +78,8 @@ class PolicySpec:
             action_high=list(info.action_high),
             **arch,
         )
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, info: EnvInfo) -> PolicySpec:
+        """The spec a training run with ``cfg`` builds for the env ``info`` describes."""
+        return cls.from_env(info, **{name: _copied(getattr(cfg, name)) for name in ARCH_FIELDS})

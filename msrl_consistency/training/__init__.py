@@ -1,1 +1,2 @@
-"""PPO: pure GAE, the loss and compiled train-step Cell, and the training loop."""
+"""PPO: GAE, the loss and compiled train step, the training loop and its parts (seeds, learner, rollout, evaluation,
+data parallel), and one run from config to run directory (``run.py``)."""

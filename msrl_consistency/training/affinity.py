@@ -1,11 +1,12 @@
 """Keep a training process's threads on one CPU (``--cpu-pin``).
 
 With one op thread, MindSpore still hands each graph call between its own threads (the caller, the runtime's actors,
-oneDNN's pool). On a virtual machine a hand-off to a thread on another, idle vCPU waits for that vCPU to wake up;
-on one CPU it is a plain context switch. Measured in session 16 (2-vCPU VM, whole runs alternating): CartPole
-1.15-1.8x and Pendulum 1.5-2.7x more steps per second with every thread on one CPU (act call 1.9 → 1.0 ms,
-CartPole update 19 → 12 ms). The PyTorch twin, one thread of its own, gains nothing from it. Pinning changes no
-arithmetic (oneDNN splits its work the same way), so a pinned run is bitwise the unpinned one.
+oneDNN's pool). On a virtual machine a hand-off to a thread on another, idle vCPU waits for that vCPU to wake up; on
+one CPU it is a plain context switch. Measured 2026-12 on an Intel Xeon VM with 2 vCPUs (bench/train_throughput.py,
+whole runs pinned and unpinned alternating): CartPole 1.15-1.8x and Pendulum 1.5-2.7x more steps per second with
+every thread on one CPU (act call 1.9 → 1.0 ms, CartPole update 19 → 12 ms). The PyTorch twin, one thread of its
+own, gains nothing from it. Pinning changes no arithmetic (oneDNN splits its work the same way), so a pinned run is
+bitwise the unpinned one.
 
 ``auto`` pins only where every thread of the run works in turn anyway: the CPU device with one op thread and an env
 engine that steps in at most one thread (classic control on EnvPool, gymnasium's sync vector env). Box2D and MuJoCo

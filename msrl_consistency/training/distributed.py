@@ -17,15 +17,18 @@ import hashlib
 import json
 import os
 import pickle
-from dataclasses import dataclass
+import time
 from typing import Any
 
 import numpy as np
 
-from inference.errors import MsrlError, first_line
+from inference.errors import INTERRUPTS, MsrlError, first_line
 from msrl_consistency import compat
+from msrl_consistency.agent.preprocess import RunningMeanStd, batch_moments, merge_moments
+from msrl_consistency.config import TrainConfig
+from msrl_consistency.training.ppo import STEP_METRICS
+from msrl_consistency.training.profile import Profile
 
-FAULT_ENV = "MSRL_TRAIN_FAULT"  # test hook, see ``injected_fault``
 STATUS_DIR_ENV = "MSRL_RANK_STATUS_DIR"  # set by the launcher: where each rank reports its pid and exit code
 
 
@@ -110,7 +113,70 @@ def lost_rank(exc: BaseException, doing: str) -> RankLost:
     )
 
 
+# -- the per-iteration exchange ----------------------------------------------------------------------------------
+def exchange(
+    comm: Comm, cfg: TrainConfig, obs_dim: int, buf: dict[str, np.ndarray], stats: dict[str, float], profile: Profile
+) -> dict[str, Any]:
+    """The one per-iteration exchange: every rank gets every rank's statistics, episodes and metrics.
+
+    Merged in rank order with the same arithmetic on every rank; for one process it is the identity (same floats
+    as before data parallel existed).
+    """
+    t0 = time.perf_counter()
+    moments = batch_moments(buf["obs"], obs_dim) if cfg.normalize_obs else None
+    ret_moments = batch_moments(buf["returns_seen"], 1) if cfg.normalize_reward else None
+    profile.add("normaliser statistics", time.perf_counter() - t0)
+    report = {
+        "moments": moments,
+        "ret_moments": ret_moments,
+        "finished": buf["finished"],
+        "stats": stats,
+        "values": buf["values"].ravel(),
+        "returns": buf["returns"].ravel(),
+        "stop": INTERRUPTS.requested,  # Ctrl-C on any rank stops every rank after this same iteration
+    }
+    with profile.section("rank exchange"):
+        reports = comm.gather(report)
+    finished = np.concatenate(
+        [np.column_stack([r["finished"], np.full(len(r["finished"]), rank)]) for rank, r in enumerate(reports)]
+    )
+    finished = finished[np.lexsort((finished[:, 1], finished[:, 4], finished[:, 0]))]  # by step, rank, env
+    t0 = time.perf_counter()
+    moments = merge_moments([r["moments"] for r in reports]) if cfg.normalize_obs else None
+    ret_moments = merge_moments([r["ret_moments"] for r in reports]) if cfg.normalize_reward else None
+    profile.add("normaliser statistics", time.perf_counter() - t0, 0)
+    return {
+        "moments": moments,
+        "ret_moments": ret_moments,
+        "finished": finished,  # step, env, return, length, rank
+        "stats": {k: sum(r["stats"][k] for r in reports) / len(reports) for k in STEP_METRICS},
+        "values": np.concatenate([r["values"] for r in reports]),
+        "returns": np.concatenate([r["returns"] for r in reports]),
+        "stop": any(r["stop"] for r in reports),
+    }
+
+
 # -- consistency check --------------------------------------------------------------------------------------
+def named_state(parameters: list[Any], rms: RunningMeanStd, ret_rms: RunningMeanStd) -> dict[str, np.ndarray]:
+    """What every rank must hold bit for bit: all train-step Parameters and the host statistics."""
+    state = {p.name: p.asnumpy() for p in parameters}
+    state["host.obs_mean"], state["host.obs_var"] = rms.mean, rms.var
+    state["host.obs_count"] = np.float64(rms.count)
+    state["host.return_mean"], state["host.return_var"] = ret_rms.mean, ret_rms.var
+    state["host.return_count"] = np.float64(ret_rms.count)
+    return state
+
+
+def check_consistency(comm: Comm, named: dict[str, np.ndarray], iteration: int) -> list[str]:
+    """Every rank's state checksum (``named``: this rank's ``named_state``); stop the run on any difference,
+    naming ranks and parameter."""
+    per_rank = comm.gather(state_digests(named))
+    problem = find_divergence(per_rank)
+    if problem:
+        raise RankDivergence(f"at iteration {iteration}: {problem}")
+    return [checksum(d) for d in per_rank]
+
+
 def state_digests(named: dict[str, np.ndarray]) -> dict[str, str]:
     """A short hash of each array's dtype, shape and bytes, in the given (fixed) order."""
     out = {}
@@ -143,7 +209,7 @@ def find_divergence(per_rank: list[dict[str, str]]) -> str | None:
     return f"ranks diverged (rank{'s' if len(differing) > 1 else ''} {ranks} vs rank 0): " + "; ".join(parts)
 
 
-# -- launcher bookkeeping and fault injection ----------------------------------------------------------------
+# -- launcher bookkeeping ---------------------------------------------------------------------------------------
 def write_rank_status(rank: int, **fields: Any) -> None:
     """Under the launcher, record this rank's pid (at start) and exit code (at exit) for its report."""
     directory = os.environ.get(STATUS_DIR_ENV)
@@ -159,21 +225,3 @@ def write_rank_status(rank: int, **fields: Any) -> None:
     with open(tmp, "w") as fh:
         json.dump(data, fh)
     os.replace(tmp, path)
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str  # "kill" (SIGKILL itself) or "perturb" (nudge one weight)
-    rank: int
-    iteration: int
-
-
-def injected_fault() -> Fault | None:
-    """Test hook: ``MSRL_TRAIN_FAULT=kill:RANK:DONE`` makes that rank kill itself with SIGKILL once DONE iterations
-    are done, as the next one starts (a real ``kill -9``, at a reproducible point); ``perturb:RANK:DONE`` nudges
-    one weight on that rank there, as silent corruption would. Like ``MSRL_LITE_RUNNER_FAULT`` for the Lite runner."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return None
-    kind, rank, iteration = spec.split(":")
-    return Fault(kind, int(rank), int(iteration))

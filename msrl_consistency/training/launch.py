@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ POLL_S = 0.2
 SCHEDULER_GRACE_S = 2.0  # once every worker is gone, msrun's scheduler gets this long before it is stopped
 CLUSTER_TIMEOUT_S = 120  # msrun --cluster_time_out: how long ranks wait for one another to join
 _MINDSPORE_LOG_PREFIXES = ("[WARNING]", "[INFO]", "[ERROR]", "[DEBUG]", "[CRITICAL]")
+RANK_COMMAND = ("-m", "msrl_consistency.train")  # what each rank runs after ``python``, with the launcher's argv
 
 
 def free_port(addr: str) -> int:
@@ -46,15 +48,18 @@ def free_port(addr: str) -> int:
         return s.getsockname()[1]
 
 
-def msrun_command(workers: int, addr: str, port: int, log_dir: Path, argv: list[str]) -> list[str]:
-    """msrun with every rank on this machine, joined (msrun waits for them); then the ranks' own command."""
+def msrun_command(
+    workers: int, addr: str, port: int, log_dir: Path, argv: list[str], rank_command: Sequence[str] = RANK_COMMAND
+) -> list[str]:
+    """msrun with every rank on this machine, joined (msrun waits for them); then the ranks' own command:
+    ``python`` with ``rank_command`` (this CLI, or a program wrapping its ``main``) and ``argv``."""
     return [
         sys.executable, "-m", compat.MSRUN_MODULE,
         f"--worker_num={workers}", f"--local_worker_num={workers}",
         f"--master_addr={addr}", f"--master_port={port}",
         f"--log_dir={log_dir}", "--join=True", f"--cluster_time_out={CLUSTER_TIMEOUT_S}",
         f"--tail_worker_log={workers}",  # no rank has this id: msrun tails nothing, we echo rank 0 ourselves
-        "python", "-m", "msrl_consistency.train", *argv,
+        "python", *rank_command, *argv,
     ]  # fmt: skip
 
 
@@ -80,7 +85,7 @@ def new_log_dir(run_dir: Path) -> Path:
     return path
 
 
-def run_workers(cfg: TrainConfig, run_dir: Path, argv: list[str]) -> int:
+def run_workers(cfg: TrainConfig, run_dir: Path, argv: list[str], rank_command: Sequence[str] = RANK_COMMAND) -> int:
     """Launch ``cfg.workers`` ranks, echo rank 0, wait, report; returns the worst rank's exit code."""
     n = cfg.workers
     log_dir = new_log_dir(run_dir)
@@ -88,7 +93,7 @@ def run_workers(cfg: TrainConfig, run_dir: Path, argv: list[str]) -> int:
     print(f"launching {n} workers with msrun on {cfg.master_addr}:{port}; logs in {log_dir}", flush=True)
     with open(log_dir / "msrun.log", "wb") as msrun_log:
         proc = subprocess.Popen(
-            msrun_command(n, cfg.master_addr, port, log_dir, argv),
+            msrun_command(n, cfg.master_addr, port, log_dir, argv, rank_command),
             stdout=msrun_log,
             stderr=subprocess.STDOUT,
             env=worker_env(log_dir),

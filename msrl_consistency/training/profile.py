@@ -11,6 +11,7 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from inference.procfs import status_mb
@@ -50,10 +51,11 @@ class Profile:
         # RSS at the run's milestones (``mark_rss``): what the imports, the graphs and the training itself hold; and
         # the private part of it (``RssAnon``), without file-backed pages. Most of those are MindSpore's libraries,
         # mapped from the page cache: clean, shared pages the kernel can drop, and more of them right after an
-        # install, when every library file is still cached (session 17: 368 MB in a fresh venv, 250 MB in one
-        # installed hours before, with the same 159 MB of private memory).
+        # install, when every library file is still cached (measured 2026-12, ``import mindspore`` alone: 368 MB of
+        # file-backed pages in a fresh venv, 250 MB in one installed hours before, the same 159 MB private in both).
         self.rss: dict[str, float | None] = {}
         self.private_rss: dict[str, float | None] = {}
+        self.compiled: set[str] = set()  # graphs whose first (compiling) call is done
 
     def mark_rss(self, milestone: str) -> None:
         """Record the RSS now under ``milestone`` (its first time in this process)."""
@@ -70,6 +72,14 @@ class Profile:
 
     def private_rss_marks(self) -> dict[str, float | None]:
         return _rounded(self.private_rss)
+
+    def graph_call(self, graph: str, section: str, seconds: float) -> None:
+        """Book a compiled call under ``section``, or under ``compile`` if it was the graph's first call."""
+        if graph in self.compiled:
+            self.add(section, seconds)
+        else:
+            self.compiled.add(graph)
+            self.add("compile", seconds)
 
     @contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -111,6 +121,14 @@ class Profile:
             "private_rss_mb": self.private_rss_marks(),
             **(extra or {}),
         }
+
+
+def write_report(run_dir: Path, report: dict[str, Any]) -> str:
+    """Write profile.json into the run dir and return the table to print."""
+    from inference.files import write_json_atomic
+
+    write_json_atomic(run_dir / PROFILE_JSON, report)
+    return format_table(report)
 
 
 def format_table(report: dict[str, Any]) -> str:

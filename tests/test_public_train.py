@@ -1,0 +1,76 @@
+"""``msrl_consistency.train(config)``: the CLI's training from Python, returning a ``RunResult``."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import TINY_RUN
+
+from inference.errors import UsageError
+from msrl_consistency.artifacts import run_dir as rd
+from msrl_consistency.config import TrainConfig
+
+
+def test_train_writes_the_run_and_returns_where_and_how_it_ended(tmp_path):
+    import msrl_consistency.train as cli  # the CLI module imported first: the name ``train`` is still the function
+    from msrl_consistency import RunResult, train
+
+    assert train is cli
+    # No compile cache: MindSpore keeps a process's first cache path (see conftest.run_trainer).
+    cfg = TrainConfig(env_id="CartPole-v1", seed=3, total_steps=128, run_dir=str(tmp_path / "run"),
+                      **{**TINY_RUN, "eval_episodes": 2, "compile_cache": False})  # fmt: skip
+    result = train(cfg)
+    assert isinstance(result, RunResult)
+    info = rd.read_run_json(tmp_path / "run")
+    assert result.run_dir == tmp_path / "run" and result.checkpoint == tmp_path / "run" / rd.CHECKPOINT
+    assert result.checkpoint.is_file() and (tmp_path / "run" / rd.REWARD_PLOT).is_file()  # what the CLI writes
+    assert (result.iteration, result.global_step) == (2, 128) == (info["iteration"], info["global_step"])
+    assert result.episodes == info["episodes"] and result.env_backend == info["env_backend"]["name"] == "envpool"
+    assert len(result.eval_returns) == 2 and result.eval_return == pytest.approx(info["eval"]["mean"])
+    assert result.eval_returns == info["eval"]["returns"] and result.stopped_at_return is None
+    assert result.resume_exact and result.world_size == 1 and result.rank_checksums == info["rank_checksums"]
+    assert result.policy_spec.to_dict() == info["policy_spec"]
+    assert cfg.env_backend == "auto"  # the caller's config is not modified (run.json records the resolved engine)
+
+    # The same config again trains bitwise the same; resuming the finished run changes nothing but the evaluation.
+    again = train(dataclasses.replace(cfg, run_dir=str(tmp_path / "again")))
+    assert again.rank_checksums == result.rank_checksums and again.eval_returns == result.eval_returns
+    resumed = train(dataclasses.replace(cfg, resume=str(tmp_path / "run")))
+    assert (resumed.global_step, resumed.rank_checksums) == (128, result.rank_checksums)
+    np.testing.assert_array_equal(resumed.eval_returns, result.eval_returns)
+
+
+def test_train_refuses_bad_input_before_writing_anything(tmp_path):
+    from msrl_consistency import train
+
+    with pytest.raises(UsageError, match="needs config.run_dir"):
+        train(TrainConfig())
+    with pytest.raises(UsageError, match="--num-envs must be positive"):
+        train(TrainConfig(num_envs=0, run_dir=str(tmp_path / "bad")))
+    with pytest.raises(UsageError, match="runs from the CLI: python -m msrl_consistency.train --workers 2"):
+        train(TrainConfig(workers=2, run_dir=str(tmp_path / "dp")))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("first", ["import msrl_consistency.train", "from msrl_consistency import train"])
+def test_the_name_train_is_the_callable_cli_module_whatever_was_imported_first(first):
+    code = (
+        f"{first}\n"
+        "import sys\n"
+        "import msrl_consistency, msrl_consistency.train as cli\n"
+        "from msrl_consistency import train, RunResult\n"
+        "assert train is cli is msrl_consistency.train and callable(train) and callable(train.main)\n"
+        "assert 'mindspore' not in sys.modules, 'importing train must stay light'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_cli_module_still_runs_as_a_command():
+    proc = subprocess.run([sys.executable, "-m", "msrl_consistency.train", "--help"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m msrl_consistency.train"), proc.stderr
