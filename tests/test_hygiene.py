@@ -23,14 +23,6 @@ SITTING = re.compile(r"\b(?:session|sitting)s?[ \t_-]*\d", re.IGNORECASE)
 NUMBERED_NAME = re.compile(r"_s\d\d(?![0-9A-Za-z])")
 NUMBERED_REFERENCE = re.compile(r"\w_s\d\d(?:_\w+)?\.(?:md|txt|png|json|csv|toml|py)\b")
 
-# Files outside this check's first pass that still fail it; each is being reworded elsewhere. Empty this set as they
-# are fixed: test_pending_files_still_fail says when an entry is no longer needed.
-PENDING = {
-    "msrl_consistency/training/affinity.py",  # the measurement in its module docstring
-    "msrl_consistency/training/profile.py",  # the page-cache measurement in a comment
-}
-
-
 def findings(path: str, text: str) -> list[str]:
     """``path:line: text`` for every development-history reference in one file (its path counts as line 0)."""
     found = [f"{path}:0: file name numbered by sitting"] if NUMBERED_NAME.search(path) else []
@@ -71,14 +63,8 @@ def scan() -> dict[str, list[str]]:
 
 
 def test_no_tracked_file_mentions_development_sittings():
-    offending = {path: found for path, found in scan().items() if path not in PENDING}
-    lines = [line for found in offending.values() for line in found]
+    lines = [line for found in scan().values() for line in found]
     assert not lines, "development-history references (label by date, CPU and command instead):\n" + "\n".join(lines)
-
-
-def test_pending_files_still_fail():
-    stale = sorted(PENDING - set(scan()))
-    assert not stale, f"clean now, remove from PENDING in tests/test_hygiene.py: {stale}"
 
 
 @pytest.mark.parametrize(
