@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes (ms-cell, ms-graph, ms-mindir)
 from inference.bundle import Bundle, load_bundle
 from inference.compare.feeds import seeded_feeds
 from inference.runtimes.base import RuntimeSource
 from inference.runtimes.registry import create
-import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes (ms-cell, ms-graph, ms-mindir)
 from msrl_consistency.artifacts.cells import TrainerCells
 
 BASELINE = "onnxruntime"
