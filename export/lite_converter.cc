@@ -28,6 +28,7 @@
 #include "include/api/status.h"
 #include "include/api/types.h"
 #include "include/registry/converter_context.h"
+#include "lite_log.h"  // inference/runner: the output capture the runner uses too
 
 namespace mindspore {
 class Converter {
@@ -54,64 +55,6 @@ std::vector<char> Chars(const std::string &s) { return std::vector<char>(s.begin
 bool IsFile(const std::string &path) {
   std::ifstream f(path, std::ios::binary);
   return f.good();
-}
-
-// Lite logs its reasons through glog, while Convert() only returns a status code (and prints a banner on
-// stdout). We capture stdout+stderr during the conversion and report the first "[ERROR]" line, which names
-// the root cause; the later ones only unwind the call chain.
-class OutputCapture {
- public:
-  OutputCapture() {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    char tmpl[] = "/tmp/msrl-lite-convert-XXXXXX";
-    fd_ = mkstemp(tmpl);
-    if (fd_ < 0) return;
-    unlink(tmpl);
-    saved_out_ = dup(STDOUT_FILENO);
-    saved_err_ = dup(STDERR_FILENO);
-    dup2(fd_, STDOUT_FILENO);
-    dup2(fd_, STDERR_FILENO);
-  }
-  // Restores stdout/stderr and returns what was written while capturing.
-  std::string Release() {
-    if (fd_ < 0) return "";
-    std::fflush(stdout);
-    std::fflush(stderr);
-    dup2(saved_out_, STDOUT_FILENO);
-    dup2(saved_err_, STDERR_FILENO);
-    close(saved_out_);
-    close(saved_err_);
-    std::string text;
-    char buf[65536];
-    lseek(fd_, 0, SEEK_SET);
-    for (ssize_t n; (n = read(fd_, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
-    close(fd_);
-    fd_ = -1;
-    return text;
-  }
-
- private:
-  int fd_ = -1;
-  int saved_out_ = -1;
-  int saved_err_ = -1;
-};
-
-std::string FirstErrorLine(const std::string &log) {
-  size_t start = 0;
-  while (start < log.size()) {
-    size_t end = log.find('\n', start);
-    if (end == std::string::npos) end = log.size();
-    const std::string line = log.substr(start, end - start);
-    if (line.rfind("[ERROR]", 0) == 0) {
-      // glog prefix: "[ERROR] LITE(pid,...):date [file:line] func] message"; keep the message.
-      const size_t file_end = line.find("] ", line.find(" ["));
-      const size_t func_end = file_end == std::string::npos ? file_end : line.find("] ", file_end + 2);
-      return func_end == std::string::npos ? line : line.substr(func_end + 2);
-    }
-    start = end + 1;
-  }
-  return "";
 }
 
 void Usage() {
@@ -161,10 +104,10 @@ int main(int argc, char **argv) {
   conv->SetSaveType(mindspore::kMindIR_Lite);
   conv->SetWeightFp16(fp16);
 
-  OutputCapture capture;
+  // Convert() returns only a status code (and prints a banner on stdout); the reason is in Lite's log.
+  msrl::LogCapture capture(/*with_stdout=*/true);
   mindspore::Status status = conv->Convert();
-  const std::string log = capture.Release();
-  if (verbose) std::fputs(log.c_str(), stderr);
+  const std::string log = capture.Release(/*replay=*/verbose);
 
   std::string produced;
   for (const std::string &cand : {tmp_base + ".ms", tmp_base}) {
@@ -175,7 +118,7 @@ int main(int argc, char **argv) {
   }
   if (status.IsError() || produced.empty()) {
     if (!produced.empty()) unlink(produced.c_str());
-    std::string why = FirstErrorLine(log);
+    std::string why = msrl::FirstErrorLine(log);
     if (why.empty()) why = "status " + std::to_string(static_cast<int>(status.StatusCode()));
     Fail(1, "converting '" + onnx_path + "' failed: " + why);
   }

@@ -6,22 +6,21 @@ process, ONNX Runtime), the comparison and its reports, the deploy commands (``c
 never the other way round.
 """
 
-from inference.lite_client import (
+from inference.lite_client import LiteRunner
+from inference.lite_common import (
     DeviceUnavailable,
-    FeedError,
     InferenceError,
-    LiteRunner,
     LiteRunnerError,
     MindIRVersionError,
     ModelLoadError,
     RunnerCrashed,
     RunnerTimeout,
     RunnerUnavailable,
-    TensorMeta,
     runner_available,
     runner_path,
 )
 from inference.policy import Policy, load
+from inference.tensors import FeedError, TensorMeta
 
 __all__ = [
     "DeviceUnavailable",

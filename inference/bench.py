@@ -9,7 +9,7 @@ answers to repeated inputs.
 ``--episodes`` plays seeded episodes through the deployed model (``inference.play``) for the task figure.
 Prints a table and writes JSON (``--json``). No timing is asserted anywhere: these are measurements.
 
-Exit codes: 0 done, 2 bad arguments or bundle (one ``error:`` line), 3-10 runner errors (see ``lite_client``).
+Exit codes: 0 done, 2 bad arguments or bundle (one ``error:`` line), 3-10 Lite errors (see ``lite_common``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import numpy as np
 from inference.bundle import Bundle, BundleError, load_bundle
 from inference.contract import ContractError
 from inference.errors import UsageError
-from inference.lite_client import DEFAULT_MAX_ROWS, LiteRunner, LiteRunnerError
+from inference.lite_client import LiteRunner
+from inference.lite_common import DEFAULT_MAX_ROWS, LiteRunnerError
 from inference.lite_inprocess import LiteModel
 from inference.play import mode_graph, run_episodes
 from inference.procfs import status_mb

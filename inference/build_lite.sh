@@ -269,7 +269,8 @@ elif [[ ! -e "$LIB/libmindspore_converter.so" ]]; then
     say "converter skipped (no libmindspore_converter.so in $LIB; the deploy box only needs the runner)"
 else
     say "compiling msrl-lite-convert"
-    compile "$OUT/msrl-lite-convert" -lmindspore_converter -lmindspore_core -- "$CONVERTER_SRC"
+    compile "$OUT/msrl-lite-convert" -lmindspore_converter -lmindspore_core -- -I"$SRC" "$CONVERTER_SRC" \
+        "$OBJ/lite_log.o" "$OBJ/protocol.o"
     CONVERTER='"msrl-lite-convert"'
 fi
 

@@ -10,8 +10,6 @@ load: their contracts are derived from the recorded ``policy_spec`` (``inference
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import numpy as np
 from inference import schema
 from inference.bundle_v1 import v1_contracts
 from inference.contract import ContractError, PolicyContract
+from inference.files import read_document, sha256_file  # noqa: F401 - sha256_file: part of this module's API
 
 MANIFEST = "manifest.json"
 SCHEMA = "msrl-consistency/bundle"
@@ -33,14 +32,6 @@ class BundleError(Exception):
     """The bundle is missing, incomplete, of an unknown schema, or does not match its hashes."""
 
     exit_code = 2
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -147,10 +138,7 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
         raise BundleError(f"{root} is not a bundle (no {MANIFEST})")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{manifest_path} is corrupt: {exc}") from None
+    manifest = read_document(manifest_path, "manifest", BundleError)
     if not isinstance(manifest, dict):
         raise BundleError(f"{manifest_path} is not a manifest (a JSON object)")
     if manifest.get("schema") != SCHEMA or manifest.get("schema_version") not in READABLE_VERSIONS:

@@ -8,7 +8,6 @@ only. The reference for every key is ``examples/bring-your-own/contract-referenc
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inference import toml_fields as T
+from inference.files import read_document
 from inference.tensors import TensorMeta
 from inference.toml_fields import ContractError, Numbers
 
@@ -104,13 +104,7 @@ def state_dtype(states: Sequence[StateSpec]) -> np.dtype:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     """A contract file's tables; ``ContractError`` for a missing file or one that is not TOML."""
-    path = Path(path)
-    if not path.is_file():
-        raise ContractError(f"contract file not found: {path}")
-    try:
-        return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ContractError(f"contract {path} is not valid TOML: {exc}") from None
+    return read_document(path, "contract", ContractError)
 
 
 def parse(data: Mapping[str, Any]) -> dict[str, Any]:

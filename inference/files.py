@@ -1,22 +1,50 @@
-"""Atomic writes and hashing: a crash never leaves a half-written artefact behind."""
+"""Files in and out: atomic writes (a crash never leaves a half-written artefact behind), hashing, and reading the
+JSON/TOML documents users hand us with one-line errors."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import tempfile
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from inference.bundle import sha256_file  # the deploy side's copy is the one home
-
 __all__ = [
-    "atomic_path", "json_default", "replace_dir", "sha256_file", "write_atomic", "write_bytes_atomic",
-    "write_json_atomic",
+    "atomic_path", "json_default", "read_document", "replace_dir", "sha256_file", "write_atomic",
+    "write_bytes_atomic", "write_json_atomic",
 ]  # fmt: skip
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_document(path: str | Path, what: str, error: type[Exception]) -> Any:
+    """A JSON (``*.json``) or TOML file's content. A missing file, a directory or a file that does not parse is
+    ``error`` with one line naming ``what`` (e.g. "config file") and the path, never a traceback."""
+    path = Path(path)
+    kind = "JSON" if path.suffix == ".json" else "TOML"
+    if path.is_dir():
+        raise error(f"{what} {path} is a directory; pass a {kind} file")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise error(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text) if kind == "JSON" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{what} {path} is not valid {kind}: {exc}") from None
 
 
 @contextlib.contextmanager

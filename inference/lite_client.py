@@ -36,7 +36,6 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -45,15 +44,23 @@ from typing import IO, Any, NoReturn
 
 import numpy as np
 
-from inference.mindir import read_header
+from inference.lite_common import (
+    DEFAULT_MAX_ROWS,
+    DTYPES,
+    InferenceError,
+    LiteRunnerError,
+    ModelLoadError,
+    RunnerCrashed,
+    RunnerTimeout,
+    RunnerUnavailable,
+    load_refusal,
+    runner_path,
+)
 from inference.tensors import FeedError, TensorMeta
 
 MAGIC = 0x4D534C52
 OP_INFER, OP_PING, OP_QUIT, OP_TAP = 1, 2, 3, 4
 STATUS_OK, STATUS_BAD_REQUEST, STATUS_INFER_FAILED = 0, 1, 2
-DTYPES: tuple[np.dtype, ...] = tuple(
-    np.dtype(t) for t in (np.float32, np.float16, np.int32, np.int64, np.uint8, np.bool_)
-)
 _DTYPE_CODE = {dt: code for code, dt in enumerate(DTYPES)}
 _DTYPE_BY_NAME = {dt.name: dt for dt in DTYPES}
 
@@ -65,87 +72,8 @@ _PING = _U32X2.pack(MAGIC, OP_PING)
 _KERNEL_FAILED = re.compile(r"run kernel (?:PreProcess |Run )?failed, name: (\S+)")
 _LOG_SOURCE = re.compile(r"\[(?:\S*/)?([\w.]+\.cc):\d+\] (\w+)\] (.*)$")  # [path/prelu_fp32.cc:90] ReSize] msg
 _QUIT = _U32X2.pack(MAGIC, OP_QUIT)
-_REPO = Path(__file__).resolve().parents[1]
-RUNNER_NAME = "msrl-lite-runner"
-TEST_RUNNER_NAME = "msrl-lite-runner-test"
-DEFAULT_MAX_ROWS = 65536  # the runner's own default for --max-rows
 
 log = logging.getLogger(__name__)
-
-
-class LiteRunnerError(RuntimeError):
-    """Base of all runner failures; ``exit_code`` lets a CLI map each failure to a distinct status."""
-
-    exit_code = 1
-
-
-class RunnerUnavailable(LiteRunnerError):
-    """The runner binary is missing or not executable (not built: run ``make lite``)."""
-
-    exit_code = 3
-
-
-class ModelLoadError(LiteRunnerError):
-    """Lite could not load the model (missing, corrupt, unsupported, bad arguments)."""
-
-    exit_code = 4
-
-
-class MindIRVersionError(ModelLoadError):
-    """The MindIR was written by a newer MindSpore than this Lite can read; the bundle's .ms is the way out."""
-
-    exit_code = 5
-    mind_ir_version: int | None = None
-    max_mind_ir_version: int | None = None
-
-
-class DeviceUnavailable(LiteRunnerError):
-    """The requested device (e.g. Ascend) cannot be initialised on this machine."""
-
-    exit_code = 6
-
-
-class RunnerTimeout(LiteRunnerError, TimeoutError):
-    """The runner did not answer in time; it has been killed."""
-
-    exit_code = 8
-
-
-class RunnerCrashed(LiteRunnerError):
-    """The runner exited unexpectedly (crash, signal, protocol breakage); ``signal`` is the signal that ended it."""
-
-    exit_code = 9
-    signal: int | None = None
-
-    @property
-    def killed_from_outside(self) -> bool:
-        """Ended by a signal a model cannot raise itself (SIGKILL, SIGTERM, SIGHUP, SIGINT): another process, the
-        OOM killer or the user, not the graph (a crashing kernel dies of SIGSEGV, SIGABRT, SIGBUS or SIGFPE)."""
-        return self.signal in EXTERNAL_SIGNALS
-
-
-EXTERNAL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
-
-
-class InferenceError(LiteRunnerError):
-    """Lite accepted the feeds but Resize/Predict failed; the runner is still alive."""
-
-    exit_code = 10
-
-
-_KIND_ERRORS: dict[str, type[LiteRunnerError]] = {
-    "load": ModelLoadError,
-    "missing": ModelLoadError,
-    "args": ModelLoadError,
-    "mindir_version": MindIRVersionError,
-    "device": DeviceUnavailable,
-}
-
-
-_STATUS_ERRORS: dict[int, type[Exception]] = {
-    STATUS_BAD_REQUEST: FeedError,
-    STATUS_INFER_FAILED: InferenceError,
-}
 
 
 @dataclass(frozen=True)
@@ -157,47 +85,10 @@ class KernelOutputs:
     outputs: dict[str, np.ndarray]
 
 
-def runner_path() -> Path:
-    """Runner binary: ``$MSRL_LITE_RUNNER`` if set, else the one ``make lite`` builds in this checkout, else
-    the one ``build_lite.sh --out $VIRTUAL_ENV/bin`` put next to this environment's Python.
-
-    The checkout comes first so a source tree always runs its own build; an installed deploy package has no
-    checkout and finds the runner in its environment's ``bin``.
-    """
-    env = os.environ.get("MSRL_LITE_RUNNER")
-    if env:
-        return Path(env)
-    checkout = _REPO / ".lite" / "bin" / RUNNER_NAME
-    in_env = Path(sys.prefix) / "bin" / RUNNER_NAME
-    return in_env if not checkout.is_file() and in_env.is_file() else checkout
-
-
-def runner_available() -> tuple[bool, str]:
-    """Whether the runner binary can be started, with the path or the reason it cannot."""
-    path = runner_path()
-    if not path.is_file():
-        return False, f"Lite runner not found at {path} (build: bash inference/build_lite.sh; or set MSRL_LITE_RUNNER)"
-    if not os.access(path, os.X_OK):
-        return False, f"Lite runner at {path} is not executable"
-    return True, str(path)
-
-
-def load_refusal(
-    kind: str, msg: str, model_path: str, mind_ir_version: int | None = None, max_mind_ir_version: int | None = None
-) -> LiteRunnerError:
-    """The exception for Lite's refusal to load a model (the runner's handshake or the in-process library); a MindIR
-    version refusal also names the MindSpore that wrote the file."""
-    error = _KIND_ERRORS.get(kind, ModelLoadError)(msg)
-    if isinstance(error, MindIRVersionError):
-        error.mind_ir_version, error.max_mind_ir_version = mind_ir_version, max_mind_ir_version
-        try:
-            producer = read_header(model_path).mindspore_version
-        except OSError:
-            producer = None
-        tag = f"MindIR v{mind_ir_version}"
-        if producer and msg.startswith(tag):
-            error.args = (f"{tag} written by MindSpore {producer}{msg[len(tag) :]}",)
-    return error
+_STATUS_ERRORS: dict[int, type[Exception]] = {
+    STATUS_BAD_REQUEST: FeedError,
+    STATUS_INFER_FAILED: InferenceError,
+}
 
 
 def _one_line(text: str) -> str:

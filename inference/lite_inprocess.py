@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from inference.lite_client import (
+from inference.lite_client import LiteRunner
+from inference.lite_common import (
     DEFAULT_MAX_ROWS,
     DTYPES,
     InferenceError,
-    LiteRunner,
     LiteRunnerError,
     RunnerUnavailable,
     load_refusal,

@@ -3,7 +3,7 @@
 Deploy side only (NumPy, Gymnasium and Lite, in this process or with ``--isolate`` in the runner process; no
 MindSpore): this is how the policy behaves on a 310 box. ``--format auto`` (the default) loads the ``.mindir``
 where this Lite reads its version and the ``.ms`` otherwise. Exit codes: 0 ok, 2 bad bundle or arguments (one
-``error:`` line), 3 Lite unavailable, 4-6 and 8-10 Lite errors (see ``lite_client``).
+``error:`` line), 3 Lite unavailable, 4-6 and 8-10 Lite errors (see ``lite_common``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from inference.compare.feeds import finite_rows
 from inference.contract import ContractError
 from inference.errors import UsageError
 from inference.field import Recorder
-from inference.lite_client import LiteRunner, LiteRunnerError
+from inference.lite_client import LiteRunner
+from inference.lite_common import LiteRunnerError
 from inference.lite_inprocess import LiteModel
 from inference.sdk import FORMATS, open_runner
 from inference.spaces import check_env_spaces

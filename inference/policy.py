@@ -26,7 +26,8 @@ import numpy as np
 from inference.bundle import Bundle, load_bundle
 from inference.errors import UsageError
 from inference.field import DEFAULT_CHUNK_STEPS, Recorder
-from inference.lite_client import LiteRunner, RunnerUnavailable
+from inference.lite_client import LiteRunner
+from inference.lite_common import RunnerUnavailable
 
 RUNTIMES = ("best", "lite", "lite-isolated", "onnxruntime")
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inference.bundle import Bundle, BundleError
-from inference.lite_client import RUNNER_NAME, LiteRunner, MindIRVersionError, runner_path
+from inference.lite_client import LiteRunner
+from inference.lite_common import RUNNER_NAME, MindIRVersionError, runner_path
 from inference.mindir import read_header
 
 if TYPE_CHECKING:

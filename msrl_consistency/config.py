@@ -12,13 +12,13 @@ import dataclasses
 import inspect
 import math
 import textwrap
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from inference.errors import UsageError
+from inference.files import read_document
 
 PRESET_DIR = Path(__file__).with_name("presets")
 MAX_UPDATES_PER_CALL = 8  # minibatch updates unrolled in one train-step graph: more compile time and memory
@@ -321,15 +321,7 @@ def build_parser(prog: str = "python -m msrl_consistency.train") -> argparse.Arg
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"config file not found: {path}") from None
-    except IsADirectoryError:
-        raise UsageError(f"config file {path} is a directory; pass a TOML file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
+    data = read_document(path, "config file", UsageError)
     data = {k.replace("-", "_"): v for k, v in data.items()}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(data) - known)

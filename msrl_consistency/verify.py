@@ -176,42 +176,65 @@ def _gc_frozen_unless_golden(args: argparse.Namespace) -> contextlib.AbstractCon
 def _run(
     args: argparse.Namespace, options: VerifyOptions, progress: Callable[[str], None]
 ) -> tuple[VerifyResult, str, CellLocalizer | None, AuditFacts | None]:
-    """Resolve the model, the training path and the observations; run verify. Returns the result, a description,
-    and the localizer (the training path's Cells; None for a golden check)."""
-    from inference.bundle import BundleError, load_bundle
-    from inference.compare.inputs import check_same_contract, resolve_inputs
+    """Resolve the model, the training path and the observations; run verify (or the audit). Returns the result,
+    a description, the localizer (the training path's Cells; None for a golden check or an audit) and the audit's
+    facts."""
+    from inference.compare.inputs import resolve_inputs
     from inference.compare.verifier import verify
-    from inference.contract import PolicyContract
     from msrl_consistency import envs  # noqa: F401 - registers our own env ids with gymnasium, where inputs look
 
-    location = args.bundle or args.mindir
-    observation_args = {"env_id": args.env_id, "env": args.env, "observations": args.observations_file}
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    observation_args = {"env_id": args.env_id, "env": args.env, "observations": args.observations_file}
     if not args.golden:
         from msrl_consistency import compat
 
         compat.select_device(args.device, args.device_id)  # before the first kernel (the Cell probe) runs
     if args.cell:
-        from msrl_consistency import api
+        bundle, cells, checkpoint = _user_model(args, say)
+        model, against = args.bundle or args.mindir, args.cell
+    else:
+        bundle = _bundle(args)
+        if args.golden:
+            say(f"verifying {bundle.root} against {args.golden} ...")
+            result = check_golden(bundle, args.golden, options, observation_args, progress)
+            return result, f"golden {args.golden.name}", None, None
+        cells, checkpoint = _bundle_reference(args, bundle, say)
+        model, against = bundle.root, checkpoint or (bundle.manifest.get("source") or {}).get("cell")
+    described = f"{model} vs {against}"
+    if args.audit:
+        result, facts = _audit(args, bundle, cells, checkpoint, options, progress)
+        return result, described, None, facts
+    inputs = resolve_inputs(bundle, **observation_args)
+    say(f"verifying {model} on {inputs.label} against {against} ...")
+    localizer = _localizer(bundle, cells, options)
+    result = verify(bundle, options, inputs, cells, checkpoint, progress=progress, localizer=localizer)
+    return result, described, localizer, None
 
-        checkpoint = args.ckpt
-        if checkpoint is None and ((location if location.is_dir() else location.parent) / "manifest.json").is_file():
-            checkpoint = _manifest_checkpoint(api.open_model(location, args.contract).manifest.get("source") or {}, say)
-        cells = _user_cells(args.cell, checkpoint)
-        bundle = api.open_model(location, args.contract, cells)
-        recorded = (bundle.manifest.get("source") or {}).get("cell")
-        if recorded and ":" in recorded and recorded != args.cell:
-            say(f"note: the bundle was exported from {recorded}; verifying against --cell {args.cell} as asked")
-        if args.audit:
-            result, facts = _audit(args, bundle, cells, checkpoint, options, progress)
-            return result, f"{location} vs {args.cell}", None, facts
-        inputs = resolve_inputs(bundle, **observation_args)
-        say(f"verifying {location} on {inputs.label} against {args.cell} ...")
-        localizer = _localizer(bundle, cells, options)
-        result = verify(bundle, options, inputs, cells, checkpoint, progress=progress, localizer=localizer)
-        return result, f"{location} vs {args.cell}", localizer, None
+
+def _user_model(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[Bundle, UserCells, Path | None]:
+    """--cell: the model (a bundle or a bare MindIR with --contract) and the user's Cell factory as reference."""
+    from msrl_consistency import api
+
+    location = args.bundle or args.mindir
+    checkpoint = args.ckpt
+    if checkpoint is None and ((location if location.is_dir() else location.parent) / "manifest.json").is_file():
+        checkpoint = _manifest_checkpoint(api.open_model(location, args.contract).manifest.get("source") or {}, say)
+    cells = _user_cells(args.cell, checkpoint)
+    bundle = api.open_model(location, args.contract, cells)
+    recorded = (bundle.manifest.get("source") or {}).get("cell")
+    if recorded and ":" in recorded and recorded != args.cell:
+        say(f"note: the bundle was exported from {recorded}; verifying against --cell {args.cell} as asked")
+    return bundle, cells, checkpoint
+
+
+def _bundle(args: argparse.Namespace) -> Bundle:
+    """The bundle named by --bundle or --mindir (which must sit in one), checked against --contract if given."""
+    from inference.bundle import BundleError, load_bundle
+    from inference.compare.inputs import check_same_contract
+    from inference.contract import PolicyContract
+
     try:
-        bundle = load_bundle(location)
+        bundle = load_bundle(args.bundle or args.mindir)
     except BundleError as exc:
         if args.mindir is not None and not (args.mindir.parent / "manifest.json").exists():
             raise UsageError(f"{args.mindir} is not in a bundle: pass --cell MODULE:FACTORY --ckpt CKPT --contract "
@@ -219,33 +242,26 @@ def _run(
         raise UsageError(str(exc)) from None
     if args.contract is not None:
         check_same_contract(bundle, PolicyContract.from_toml(args.contract))
-    if args.golden:
-        say(f"verifying {bundle.root} against {args.golden} ...")
-        result = check_golden(bundle, args.golden, options, observation_args, progress)
-        return result, f"golden {args.golden.name}", None, None
+    return bundle
+
+
+def _bundle_reference(
+    args: argparse.Namespace, bundle: Bundle, say: Callable[[str], None]
+) -> tuple[object, Path | None]:
+    """The training path a bundle names: the trainer's checkpoint, or (trusted on request) the exporting Cell."""
     source = bundle.manifest.get("source") or {}
     checkpoint = args.ckpt or _manifest_checkpoint(source, say)
     if source.get("kind") == "cell":
         if not args.trust_bundle_cell:
             raise UsageError(f"the bundle was exported from {source.get('cell')!r}: pass --cell {source.get('cell')} "
                              "to run that code (or --trust-bundle-cell to let the manifest choose it)")  # fmt: skip
-        cells = _user_cells(source["cell"], checkpoint)
-    else:
-        if checkpoint is None:
-            raise UsageError("pass --ckpt RUN/checkpoint.ckpt (the training path to compare with)")
-        _same_env(bundle, checkpoint)
-        from msrl_consistency.artifacts.cells import TrainerCells
+        return _user_cells(source["cell"], checkpoint), checkpoint
+    if checkpoint is None:
+        raise UsageError("pass --ckpt RUN/checkpoint.ckpt (the training path to compare with)")
+    _same_env(bundle, checkpoint)
+    from msrl_consistency.artifacts.cells import TrainerCells
 
-        cells = TrainerCells(checkpoint, bundle.policy_spec or {})
-    against = checkpoint or source.get("cell")
-    if args.audit:
-        result, facts = _audit(args, bundle, cells, checkpoint, options, progress)
-        return result, f"{bundle.root} vs {against}", None, facts
-    inputs = resolve_inputs(bundle, **observation_args)
-    say(f"verifying {bundle.root} on {inputs.label} against {against} ...")
-    localizer = _localizer(bundle, cells, options)
-    result = verify(bundle, options, inputs, cells, checkpoint, progress=progress, localizer=localizer)
-    return result, f"{bundle.root} vs {against}", localizer, None
+    return TrainerCells(checkpoint, bundle.policy_spec or {}), checkpoint
 
 
 def _audit(
@@ -256,6 +272,7 @@ def _audit(
 
     return audit_recordings(bundle, args.audit, cells, checkpoint, device=options.device, windows=args.audit_windows,
                             tolerance=options.tolerance, progress=progress)  # fmt: skip
+
 
 def _localizer(bundle: Bundle, cells: object, options: VerifyOptions) -> CellLocalizer:
     from msrl_consistency.localization import CellLocalizer

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from inference.bench import soak
-from inference.lite_client import TensorMeta, runner_available
+from inference.lite_common import runner_available
+from inference.tensors import TensorMeta
 
 pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
 

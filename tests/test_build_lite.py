@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.lite_client import LiteRunner, runner_path
+from inference.lite_client import LiteRunner
+from inference.lite_common import runner_path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "inference" / "build_lite.sh"

@@ -220,7 +220,7 @@ def test_every_deploy_module_imports_without_mindspore():
     proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    expected = {"bench", "build_runner", "bundle", "doctor", "lite_client", "mindir", "play", "sdk",
+    expected = {"bench", "build_runner", "bundle", "doctor", "lite_client", "lite_common", "mindir", "play", "sdk",
                 "compare.verifier", "report.writers", "runtimes.registry"}  # fmt: skip
     assert expected <= {m.removeprefix("inference.") for m in result["modules"]}
     # Gymnasium too is imported only when episodes are played, so doctor and bench start without it.

@@ -13,7 +13,7 @@ import pytest
 
 from inference.bundle import sha256_file
 from inference.doctor import INCOMPATIBLE, OK, device_check, parse_cpuinfo, simd_level
-from inference.lite_client import runner_available
+from inference.lite_common import runner_available
 
 pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
 

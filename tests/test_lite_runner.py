@@ -22,20 +22,19 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from inference.lite_client import (
+from inference.lite_client import LiteRunner
+from inference.lite_common import (
     DeviceUnavailable,
-    FeedError,
-    LiteRunner,
     LiteRunnerError,
     MindIRVersionError,
     ModelLoadError,
     RunnerCrashed,
     RunnerTimeout,
     RunnerUnavailable,
-    TensorMeta,
     runner_available,
     runner_path,
 )
+from inference.tensors import FeedError, TensorMeta
 
 CONVERTER = runner_path().with_name("msrl-lite-convert")
 TEST_RUNNER = runner_path().with_name("msrl-lite-runner-test")  # the runner plus its fault-injection hook

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.lite_client import LiteRunner, runner_available
+from inference.lite_client import LiteRunner
+from inference.lite_common import runner_available
 
 
 def _obs(bundle) -> np.ndarray:

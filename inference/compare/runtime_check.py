@@ -2,8 +2,9 @@
 
 Per graph: every output on the same feeds (Polygraphy-style statistics), discrete actions judged as flips
 against the tolerance granted to their scores, the contract's policy-level metrics, NaN handling and
-repeatability; a failure gets a diagnosis (``diagnose``). Per mode: teacher-forced and free-running episodes,
-judged in ``episode_checks``. A runtime that was killed from outside is not judged (status ``error``).
+repeatability; a failure gets a diagnosis (``evidence`` measures, ``diagnose`` decides). Per mode:
+teacher-forced and free-running episodes, judged in ``episode_checks``. A runtime that was killed from outside
+is not judged (status ``error``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from inference.bundle import Bundle, BundleError
 from inference.compare import episodes as E
 from inference.compare.acting import is_discrete, mode_policy
 from inference.compare.checks import Check
-from inference.compare.diagnose import Diagnosis, Evidence, close, diagnose, not_repeatable, training_mode_ops
+from inference.compare.diagnose import not_repeatable, training_mode_ops
 from inference.compare.episode_checks import free_running_check, near_ties, teacher_forced_check
+from inference.compare.evidence import action_atol, gather_diagnosis, same_shape, select_rows, take_rows
 from inference.compare.feeds import Feeds
 from inference.compare.policy_level import policy_metrics
 from inference.compare.reference import Inputs, Reference, changed_on_rerun
@@ -112,13 +114,15 @@ def check_runtime(
         checks.append(repeat)
         failed = [c for c in checks if c.name.startswith("observations.") and c.status == "fail"]
         if failed:
-            diagnosis = repeat.diagnosis or _diagnose(bundle, ref, got, comparisons, tolerance, checkpoint_matches)
+            diagnosis = repeat.diagnosis or gather_diagnosis(
+                bundle, ref, got, comparisons, tolerance, checkpoint_matches
+            )
             for c in failed:
                 c.diagnosis = dict(diagnosis)
         for mode, trace in ref.traces.items():
             policy = mode_policy(bundle, runtimes, mode)
             noise = ref.episode_noise.get(mode)
-            atol = _action_atol(bundle, mode, tolerance, trace.actions[trace.alive])
+            atol = action_atol(bundle, mode, tolerance, trace.actions[trace.alive])
             margins = near_ties(ref.top2.get(mode), tolerance, bundle, mode, _ordinary_magnitude(bundle, ref, mode))
             teacher = teacher_forced_check(name, mode, trace, policy, noise, atol, margins, preset.max_flip_rate,
                                            tolerance)  # fmt: skip
@@ -189,16 +193,16 @@ def _compare_outputs(
     pooled = ref.feeds.ordinary[finite]
     expected = ref.outputs[graph]
     contract = bundle.contract(graph)
-    ref_out, got_out = _select(expected, finite), _select(got, finite)
+    ref_out, got_out = select_rows(expected, finite), select_rows(got, finite)
     noise = ref.feeds.noise.get(graph)
     flips, flipped = None, np.zeros(int(finite.sum()), bool)
     heads = contract.action.heads
-    if contract.action.is_discrete and all(_same_shape(ref_out, got_out, head) for head in heads):
+    if contract.action.is_discrete and all(same_shape(ref_out, got_out, head) for head in heads):
         graph_noise = noise[finite] if noise is not None and contract.takes_noise else None
         flips, flipped = judge_flips(contract, ref_out, got_out, graph_noise, preset, tolerance, pooled)
     cmps = {}
     for k in expected:
-        r, g, rows = _rows(expected[k], finite), _rows(got[k], finite), pooled
+        r, g, rows = take_rows(expected[k], finite), take_rows(got[k], finite), pooled
         if k == contract.log_prob and flipped.any() and r.shape == g.shape and len(r) == len(flipped):
             r, g, rows = r[~flipped], g[~flipped], pooled[~flipped]
         cmps[k] = compare_arrays(k, r, g, tolerance[k], rows)
@@ -217,7 +221,7 @@ def _compare_outputs(
         summary = differ + "; ".join(parts)
     host_noise = noise[finite] if noise is not None and contract.samples_on_host else None
     metrics: dict[str, Any] = {"outputs": {k: c.to_dict() for k, c in cmps.items()}}
-    if all(_same_shape(ref_out, got_out, k) for k in ref_out):
+    if all(same_shape(ref_out, got_out, k) for k in ref_out):
         metrics.update(policy_metrics(contract, ref_out, got_out, host_noise))
     if flips is not None:
         metrics["flips"] = flips
@@ -278,19 +282,6 @@ def judge_flips(
     if a.multi_head:
         verdict["heads"] = heads
     return verdict, flipped
-
-
-def _same_shape(ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], key: str | None) -> bool:
-    return key is not None and np.shape(ref[key]) == np.shape(got[key])
-
-
-def _rows(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The rows of a batched output; an output that ignores the batch (a state-independent std) is kept whole."""
-    return array[rows] if array.ndim and array.shape[0] == len(rows) else array
-
-
-def _select(outputs: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    return {k: _rows(v, rows) for k, v in outputs.items()}
 
 
 def _nan_facts(ref: Reference, got: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
@@ -363,83 +354,7 @@ def _ordinary_magnitude(bundle: Bundle, ref: Reference, mode: str) -> float:
     return largest
 
 
-def _action_atol(
-    bundle: Bundle, mode: str, tolerance: Mapping[str, Tolerance], actions: np.ndarray | None = None
-) -> float:
-    """The absolute difference two continuous actions may have in ``mode``: the acting output's atol, plus its
-    ``scale`` times the largest reference action (actions of real episodes: no synthetic extremes)."""
-    graph = bundle.mode_graph(mode)
-    action = bundle.contract(graph).action  # type: ignore[arg-type]
-    tol = tolerance[action.action or action.distribution_output]
-    largest = float(np.abs(actions).max()) if actions is not None and actions.size and tol.scale else 0.0
-    return tol.atol + tol.scale * largest
 
 
-def _diagnose(
-    bundle: Bundle, ref: Reference, got: dict[str, dict[str, np.ndarray]], cmps: dict[str, dict[str, ArrayComparison]],
-    tolerance: Mapping[str, Tolerance], checkpoint_matches: bool | None,
-) -> dict[str, str]:  # fmt: skip
-    """Gather the evidence ``diagnose`` weighs, for any contract kind and whether or not the graph takes noise."""
-    det = bundle.mode_graph("deterministic")
-    graph = det or bundle.graphs[0]
-    contract = bundle.contract(graph)
-    a = contract.action
-    decision = a.distribution_output
-    finite = ref.feeds.finite
-    ref_out, got_out = _select(ref.outputs[graph], finite), _select(got[graph], finite)
-    param = cmps[graph][decision]
-    tol = tolerance[decision]
-    e = Evidence(
-        param_ok=all(cmps[graph][head].passed for head in a.heads), action_ok=True, sample_ok=True,
-        value_ok=all(cmps[g][c.value].passed for g in bundle.graphs if (c := bundle.contract(g)).value),
-        max_rel_param=param.max_rel, cosine_param=param.cosine, precision=bundle.precision,
-        checkpoint_matches=checkpoint_matches,
-        state_ok=all(cmps[g][st.next].passed for g in bundle.graphs for st in bundle.contract(g).states),
-    )  # fmt: skip
-    if not _same_shape(ref_out, got_out, decision):
-        return Diagnosis("network", f"output {decision!r} has shape {param.shape_mismatch}: the graph's shapes are "
-                         "not the Cell's (a shape frozen at export)").to_dict()  # fmt: skip
-    got_param = got_out[decision]
-    # A hypothesis "equals" the runtime within 0.1% of the output's magnitude (or the runtime's own tolerance when
-    # looser): a structural cause moves outputs by far more; float rounding of the rebuilt input (x255/255) by less.
-    magnitude = float(np.nanmax(np.abs(got_param))) if np.size(got_param) else 0.0
-    h_atol, h_rtol = max(tol.atol, 1e-3 * magnitude), max(tol.rtol, 1e-3)
-    without = ref.without_norm.get(graph) if ref.without_norm else None
-    e.without_norm_matches = without is not None and close(got_param, _rows(without, finite), h_atol, h_rtol)
-    for k, scaled in ref.input_scaled.items():
-        if close(got_param, scaled, h_atol, h_rtol):
-            e.input_scale = k
-            break
-    if det is not None:
-        ref_action, got_action = contract.env_action(ref_out), contract.env_action(got_out)
-        atol = _action_atol(bundle, "deterministic", tolerance, np.asarray(ref_action))
-        e.action_ok = _actions_agree(contract, ref_action, got_action, atol)
-        if not a.is_discrete and a.squash != "none":
-            e.raw_mean_action = close(got_action, ref_out[a.mean or decision], atol, 0.0)
-    sto = bundle.mode_graph("stochastic")
-    if sto is not None and sto != graph:
-        e.separate_sampling_graph = True
-        sc = bundle.contract(sto)
-        others = {sc.value, *(st.next for st in sc.states)}  # judged as value_ok and state_ok
-        e.sample_ok = all(c.passed for k, c in cmps[sto].items() if k not in others)
-    elif sto is not None and sto in ref.feeds.noise:  # (an audit of deterministic steps records no noise)
-        noise = ref.feeds.noise[sto][finite]
-        atol = tolerance[a.action or decision].atol
-        if contract.samples_on_host:
-            ref_s, got_s = contract.env_action(ref_out, noise), contract.env_action(got_out, noise)
-            e.sample_ok = _actions_agree(contract, ref_s, got_s, atol)
-        else:  # the graph samples from its noise input: its action output is the sample
-            e.sample_ok = _actions_agree(contract, contract.env_action(ref_out), contract.env_action(got_out), atol)
-            if a.kind == "gaussian" and a.squash != "none" and contract.noise_kind == "normal":
-                mean = np.asarray(got_out[a.mean], np.float32)  # type: ignore[index]
-                raw = mean + contract.std(got_out, mean.shape) * noise.reshape(mean.shape)
-                e.unsquashed_sample = close(contract.env_action(got_out), raw, atol, 0.0)
-    return diagnose(e).to_dict()
 
 
-def _actions_agree(contract: PolicyContract, ref: np.ndarray, got: np.ndarray, atol: float) -> bool:
-    if np.shape(ref) != np.shape(got):
-        return False
-    if contract.action.is_discrete:
-        return bool(np.array_equal(ref, got))
-    return bool(np.allclose(ref, got, atol=atol, rtol=0, equal_nan=True))

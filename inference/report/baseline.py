@@ -7,13 +7,12 @@ File format: ``{"schema": "msrl-consistency/baseline", "metrics": {"<runtime>/<c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from inference.compare.checks import Check, VerifyResult
 from inference.errors import UsageError
-from inference.files import write_json_atomic
+from inference.files import read_document, write_json_atomic
 
 BASELINE_SCHEMA = "msrl-consistency/baseline"
 TRACKED = ("max_abs", "p99_abs", "mismatches")
@@ -39,12 +38,7 @@ def save_baseline(path: Path, result: VerifyResult, margin_abs: float = 1e-6, ma
 
 
 def check_baseline(path: Path, result: VerifyResult) -> Check:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"baseline file not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"baseline {path} is not valid JSON: {exc}") from None
+    data: dict[str, Any] = read_document(path, "baseline", UsageError)
     if data.get("schema") != BASELINE_SCHEMA:
         raise UsageError(f"{path} is not a baseline file (schema {data.get('schema')!r})")
     current = collect_metrics(result)

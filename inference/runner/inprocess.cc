@@ -118,7 +118,7 @@ void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, i
   auto h = std::make_unique<Handle>();
   h->model = std::make_unique<mindspore::Model>();
   const std::vector<pid_t> threads_before = msrl::ThreadIds();
-  msrl::StderrCapture capture;
+  msrl::LogCapture capture;
   mindspore::Status st = h->model->Build(model_path, type, ctx);
   const std::string log = capture.Release();
   if (st.IsError()) return fail(msrl::ClassifyLoadFailure(log, st, model_path, dev, device_id, Version()));

@@ -9,28 +9,38 @@
 
 namespace msrl {
 
-StderrCapture::StderrCapture() {
+LogCapture::LogCapture(bool with_stdout) {
+  std::fflush(stdout);
   std::fflush(stderr);
-  char tmpl[] = "/tmp/msrl-lite-runner-XXXXXX";
+  char tmpl[] = "/tmp/msrl-lite-log-XXXXXX";
   fd_ = mkstemp(tmpl);
   if (fd_ < 0) return;
   unlink(tmpl);
-  saved_ = dup(STDERR_FILENO);
+  saved_err_ = dup(STDERR_FILENO);
   dup2(fd_, STDERR_FILENO);
+  if (with_stdout) {
+    saved_out_ = dup(STDOUT_FILENO);
+    dup2(fd_, STDOUT_FILENO);
+  }
 }
 
-std::string StderrCapture::Release() {
+std::string LogCapture::Release(bool replay) {
   if (fd_ < 0) return "";
+  std::fflush(stdout);
   std::fflush(stderr);
-  dup2(saved_, STDERR_FILENO);
-  close(saved_);
+  dup2(saved_err_, STDERR_FILENO);
+  close(saved_err_);
+  if (saved_out_ >= 0) {
+    dup2(saved_out_, STDOUT_FILENO);
+    close(saved_out_);
+  }
   std::string text;
   char buf[65536];
   lseek(fd_, 0, SEEK_SET);
   for (ssize_t n; (n = read(fd_, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
   close(fd_);
   fd_ = -1;
-  WriteAll(STDERR_FILENO, text.data(), text.size());
+  if (replay) WriteAll(STDERR_FILENO, text.data(), text.size());
   return text;
 }
 

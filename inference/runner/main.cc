@@ -130,7 +130,7 @@ std::unique_ptr<mindspore::Model> Load(const Args &a, const std::string &lite_ve
   }
 
   auto model = std::make_unique<mindspore::Model>();
-  msrl::StderrCapture capture;
+  msrl::LogCapture capture;
   mindspore::Status st = model->Build(a.model, type, ctx);
   const std::string log = capture.Release();
   if (st.IsOk()) return model;

@@ -41,7 +41,7 @@ int64_t ProbeMaxMindIRVersion(std::string *detail) {
   auto cpu = std::make_shared<mindspore::CPUDeviceInfo>();
   ctx->MutableDeviceInfo().push_back(cpu);
   mindspore::Model model;
-  StderrCapture capture;
+  LogCapture capture;
   const mindspore::Status st = model.Build(header.data(), header.size(), mindspore::kMindIR, ctx);
   const std::string log = capture.Release();
   int64_t max_version = -1, file_version = -1;

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from inference import lite_client as lc
+from inference import lite_common as lc
 from inference.errors import MsrlError
 from inference.lite_inprocess import in_process_reason, open_lite
 from inference.runtimes.base import InferenceFailed, Runtime, RuntimeDied, RuntimeSource

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import fcntl
 import hashlib
-import json
 import os
 import pickle
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from inference.errors import UsageError
-from inference.files import write_bytes_atomic, write_json_atomic
+from inference.files import read_document, write_bytes_atomic, write_json_atomic
 
 RUN_JSON = "run.json"
 CHECKPOINT = "checkpoint.ckpt"
@@ -85,10 +84,7 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_JSON
     if not path.is_file():
         raise UsageError(f"{run_dir} is not a run directory (no {RUN_JSON})")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path} is corrupt: {exc}") from None
+    data = read_document(path, "run record", UsageError)
     if data.get("schema") != RUN_SCHEMA:
         raise UsageError(f"{path}: unsupported run schema {data.get('schema')!r} (expected {RUN_SCHEMA})")
     return data
