@@ -26,6 +26,7 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_bench_writes_table_and_json(cartpole_bundle, tmp_path):
     out = tmp_path / "b" / "bench.json"
     proc = bench(str(cartpole_bundle.root), "--batch", "1,4,32", "--loops", "40", "--warmup", "3", "--soak",

@@ -62,6 +62,7 @@ def tarball_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path,
     return sdk, out, build("--sdk", str(sdk), "--out", str(out), "--runner-only")
 
 
+@pytest.mark.slow
 def test_builds_against_a_relocated_tarball_sdk(tarball_build, tmp_path: Path) -> None:
     sdk, out, proc = tarball_build
     assert proc.returncode == 0, proc.stderr

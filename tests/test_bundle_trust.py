@@ -47,6 +47,7 @@ def broken_manifests(manifest: dict) -> dict[str, dict]:
     return out
 
 
+@pytest.mark.slow
 def test_the_published_schema_agrees_with_the_reference_validator(cartpole_bundle, pendulum_bundle):
     """Our small deploy-side validator and jsonschema give the same verdict, on real and broken manifests."""
     schema = load_schema()
@@ -58,6 +59,7 @@ def test_the_published_schema_agrees_with_the_reference_validator(cartpole_bundl
             assert errors(broken, schema) and not reference.is_valid(broken), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["noise", "seeds", "env", "policy_spec"])
 def test_a_manifest_missing_a_field_is_exit_2_naming_it(cartpole_bundle, cartpole_ckpt, tmp_path, field):
     copy = copy_with(cartpole_bundle.root, tmp_path, lambda m, _c: m.pop(field))
@@ -115,6 +117,7 @@ def test_graph_files_outside_the_bundle_are_refused(cartpole_bundle, tmp_path, w
 
 
 # -- 13. reports are whole or absent ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_reports_are_renamed_into_place_whole(cartpole_bundle, cartpole_ckpt, tmp_path, monkeypatch):
     from inference.compare.verifier import VerifyOptions
     from inference.report import writers
@@ -147,6 +150,7 @@ def test_a_report_directory_holding_other_files_is_refused_before_any_work(tmp_p
 
 
 # -- 8. the Lite path is tested under CI, never skipped -------------------------------------------------------------
+@pytest.mark.slow
 def test_a_missing_runner_fails_the_suite_under_ci(tmp_path):
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path)

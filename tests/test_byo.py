@@ -48,6 +48,7 @@ def dqn(tmp_path_factory) -> Path:
 USER_MINDIR = ["--mindir", "policy_model.mindir", "--cell", "policy:make_policy", "--ckpt", "policy.ckpt"]
 
 
+@pytest.mark.slow
 def test_user_exported_mindir_verifies_against_its_cell(pendulum):
     proc = run(pendulum, *USER_MINDIR, "--contract", "contract.toml", *SMALL, "--out", "r-ok")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -64,6 +65,7 @@ def test_user_exported_mindir_verifies_against_its_cell(pendulum):
     assert ("onnxruntime", "available") not in checks
 
 
+@pytest.mark.slow
 def test_host_side_normalisation_is_caught_and_named(pendulum):
     """Before: the bare net exported, normalisation left on the host. The wrapped training path tells."""
     bare = ["--mindir", "policy_model_bare.mindir", *USER_MINDIR[2:], "--contract", "contract.toml"]
@@ -73,6 +75,7 @@ def test_host_side_normalisation_is_caught_and_named(pendulum):
     assert {c["diagnosis"]["stage"] for c in failed if c["diagnosis"]} == {"preprocessing"}
 
 
+@pytest.mark.slow
 def test_export_cell_bundle_runs_everywhere_and_on_the_deploy_side(pendulum):
     proc = run(pendulum, "--cell", "policy:make_policy", "--ckpt", "policy.ckpt", "--contract", "contract.toml",
                "--out", "bundle", module="msrl_consistency.export")  # fmt: skip
@@ -92,6 +95,7 @@ def test_export_cell_bundle_runs_everywhere_and_on_the_deploy_side(pendulum):
     assert play.returncode == 0 and "mean return" in play.stdout, play.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_pytest_helper_passes_and_fails_with_the_table(pendulum, monkeypatch):
     # The team's own CI test file, run as they would run it.
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_policy_consistency.py"]
@@ -133,6 +137,7 @@ def nudge(ckpt: Path, name: str, out: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_nudged_weight_is_a_network_fault(pendulum):
     nudge(pendulum / "policy.ckpt", "fc1.weight", pendulum / "nudged.ckpt")
     args = [*USER_MINDIR[:4], "--ckpt", "nudged.ckpt", "--contract", "contract.toml", "--runtimes", "ms-mindir"]
@@ -142,6 +147,7 @@ def test_nudged_weight_is_a_network_fault(pendulum):
     assert "network" in stages
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -189,6 +195,7 @@ high = [2.0]
 '''
 
 
+@pytest.mark.slow
 def test_sampling_inside_the_graph_is_diagnosed(pendulum):
     (pendulum / "sampling_policy.py").write_text(SAMPLING_POLICY)
     (pendulum / "sampling.toml").write_text(SAMPLING_CONTRACT)
@@ -205,6 +212,7 @@ def test_sampling_inside_the_graph_is_diagnosed(pendulum):
     assert not (pendulum / "b-sampling").exists()
 
 
+@pytest.mark.slow
 def test_dqn_example_verifies_with_argmax_metrics(dqn):
     proc = run(dqn, "--mindir", "qnet.mindir", "--cell", "qnet:make_qnet", "--ckpt", "qnet.ckpt", "--contract",
                "contract.toml", *SMALL, "--out", "r-dqn")  # fmt: skip
@@ -237,6 +245,7 @@ def make():
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["nudged-weight", "noise-in-graph", "lying-contract"])
 def test_dqn_example_catches_injected_faults(dqn, fault):
     mindir, cell, ckpt, contract = "qnet.mindir", "qnet:make_qnet", "qnet.ckpt", "contract.toml"
@@ -262,6 +271,7 @@ def test_dqn_example_catches_injected_faults(dqn, fault):
     assert stage in {c["diagnosis"]["stage"] for c in failed if c["diagnosis"]}
 
 
+@pytest.mark.slow
 def test_recorded_observations_replace_episodes(dqn):
     import gymnasium as gym
 
@@ -280,6 +290,7 @@ def test_recorded_observations_replace_episodes(dqn):
     assert rep["inputs"]["recorded_observations"].startswith("recorded.npz (301)")
 
 
+@pytest.mark.slow
 def test_a_runtime_that_hangs_is_stopped_and_reported(pendulum, monkeypatch):
     """Lite hangs in Predict (the test runner's fault hook): its watchdog kills it and verify fails that runtime at
     stage runtime, while the others are compared."""

@@ -38,6 +38,7 @@ def edited_bundle(bundle, tmp_path: Path, drop: tuple[str, ...]) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_verify_refuses_bad_arguments_before_any_work(cartpole_bundle, cartpole_ckpt, pendulum_ckpt, tmp_path):
     base = ["--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--out", str(tmp_path / "r")]
     assert_usage_error(cli("verify", *base, "--runtimes", "nonexistent"), "unknown runtime 'nonexistent'")
@@ -51,6 +52,7 @@ def test_verify_refuses_bad_arguments_before_any_work(cartpole_bundle, cartpole_
     assert not (tmp_path / "r" / "report.json").exists()
 
 
+@pytest.mark.slow
 def test_verify_of_a_trainer_manifest_without_env_or_normalisation(cartpole_bundle, cartpole_ckpt, tmp_path):
     """Our trainer's manifest always records the env and the normalisation: one without them is refused (exit 2,
     naming the field), never verified on defaults the verifier picks itself."""
@@ -61,6 +63,7 @@ def test_verify_of_a_trainer_manifest_without_env_or_normalisation(cartpole_bund
         shutil.rmtree(edited)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -74,6 +77,7 @@ def test_export_refuses_bad_arguments(cartpole_ckpt, tmp_path, extra, message):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_export_to_an_unwritable_place_is_a_usage_error(cartpole_ckpt, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -81,6 +85,7 @@ def test_export_to_an_unwritable_place_is_a_usage_error(cartpole_ckpt, tmp_path)
     assert blocker.read_text() == ""
 
 
+@pytest.mark.slow
 def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(cartpole_ckpt, tmp_path):
     """Files may not grow past 20 kB (RLIMIT_FSIZE: writes fail as on a full disk)."""
     code = (
@@ -98,6 +103,7 @@ def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(cartpole_ckpt, tmp
     assert list(out.parent.iterdir()) == []  # no bundle, no temp dir
 
 
+@pytest.mark.slow
 def test_export_takes_a_run_directory_for_its_checkpoint(cartpole_ckpt, tmp_path):
     proc = cli("export", "--ckpt", str(cartpole_ckpt.parent), "--out", str(tmp_path / "b"), "--formats", "mindir")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -6,6 +6,7 @@ import gc
 import weakref
 
 import numpy as np
+import pytest
 from mindspore import Tensor, nn
 
 from msrl_consistency import compat
@@ -43,6 +44,7 @@ def test_compiled_call_matches_cell_call_and_follows_parameter_updates():
     np.testing.assert_array_equal(after, net(obs, noise).asnumpy())
 
 
+@pytest.mark.slow
 def test_train_step_through_compiled_call_updates_weights_bitwise_like_cell_call():
     compat.use_graph_mode()
     rng = np.random.default_rng(1)

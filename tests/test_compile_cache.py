@@ -97,6 +97,7 @@ def weights(run_dir: Path) -> dict[str, np.ndarray]:
 # fused: act, train step, evaluation. split: act, prepare, gradients, clip + Adam, evaluation. Each compiled once.
 # Pendulum with fusion: a warm run builds the kernels its loaded graphs name, and its loss once held a kernel renamed
 # in every process; both are caught by the kernel-set checks below (CartPole with fusion adds nothing to them).
+@pytest.mark.slow
 @pytest.mark.parametrize(("env_id", "update_graphs", "graph_kernel", "graphs"),
                          [("CartPole-v1", "fused", "false", 3), ("CartPole-v1", "split", "false", 5),
                           ("Pendulum-v1", "fused", "true", 3)])  # fmt: skip

@@ -87,6 +87,7 @@ def full_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_two_workers_agree_and_rank0_checkpoint_exports_and_verifies(full_run, tmp_path):
     info = rd.read_run_json(full_run)
     assert info["world_size"] == 2 and info["global_step"] == 384 and info["iteration"] == 6
@@ -116,6 +117,7 @@ def test_two_workers_agree_and_rank0_checkpoint_exports_and_verifies(full_run, t
     assert json.loads((bundle / "manifest.json").read_text())["precision"] == "fp32"
 
 
+@pytest.mark.slow
 def test_killed_worker_is_named_and_the_run_resumes_bitwise(full_run, tmp_path):
     run_dir = tmp_path / "cut"
     proc = launch(run_dir, fault="kill:1:3")  # rank 1 SIGKILLs itself once 3 iterations are done
@@ -146,6 +148,7 @@ def test_killed_worker_is_named_and_the_run_resumes_bitwise(full_run, tmp_path):
     assert rd.read_run_json(run_dir)["rank_checksums"] == rd.read_run_json(full_run)["rank_checksums"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["1", "3"])
 def test_resume_with_another_world_size_is_refused(full_run, workers):
     before = (full_run / rd.RUN_JSON).read_text()
@@ -155,6 +158,7 @@ def test_resume_with_another_world_size_is_refused(full_run, workers):
     assert sorted(p.name for p in (full_run / rd.LOG_DIR).iterdir()) == ["launch-1"]
 
 
+@pytest.mark.slow
 def test_diverged_ranks_stop_the_run_naming_the_ranks_and_the_parameter(tmp_path):
     run_dir = tmp_path / "diverged"
     # Rank 1 nudges one weight as the first iteration starts; the check after that iteration must catch it.

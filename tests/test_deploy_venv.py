@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import lite_build
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # What `pip install ./inference` may bring, besides pip/setuptools that come with the venv itself.
@@ -45,6 +46,7 @@ def tampered_copy(bundle, other, out: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, cartpole_ckpt, tmp_path: Path) -> None:
     # The source is copied so pip's in-tree build leaves nothing in the checkout.
     src = tmp_path / "src" / "inference"

@@ -66,6 +66,7 @@ def test_a_genuine_recording_audits_as_consistent(cartpole_bundle, cartpole_ckpt
     assert audit(cartpole_bundle.root, cartpole_ckpt, tmp_path / "rec", tmp_path / "r") == 0  # its own set: replaced
 
 
+@pytest.mark.slow
 def test_a_device_running_another_policy_fails_at_the_network_stage(cartpole_bundle, cartpole_ckpt, tmp_path):
     """The device's bundle had its .ms swapped for a nudged policy's (hashes updated, as a careless deploy would):
     its recording audits against the training path as inconsistent, the network named, its layer too."""
@@ -166,6 +167,7 @@ def test_kill_9_while_recording_leaves_only_whole_chunks(cartpole_bundle, tmp_pa
     assert len(rec) == 64 * len(chunks) and np.isfinite(rec.reward).all()
 
 
+@pytest.mark.slow
 def test_bad_recordings_are_one_line_errors(cartpole_bundle, cartpole_ckpt, tmp_path):
     play_record(cartpole_bundle.root, tmp_path / "rec", "--episodes", "1")
     chunk = recording_chunks([tmp_path / "rec"])[0]

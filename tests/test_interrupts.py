@@ -41,6 +41,7 @@ def test_ctrl_c_during_export_leaves_no_temp_dir(cartpole_ckpt, tmp_path):
     assert list(out.parent.iterdir()) == []  # neither the bundle nor its temp dir
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_verify_exits_130_and_twice_exits_at_once(cartpole_bundle, cartpole_ckpt, tmp_path):
     args = ("msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
             "--out", str(tmp_path / "r"), "--episodes", "20")  # fmt: skip

@@ -317,6 +317,7 @@ def test_shipped_runner_has_no_fault_hook(mlp: Mlp, monkeypatch: pytest.MonkeyPa
         np.testing.assert_allclose(r.infer(obs)["logits"], mlp.reference(obs), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_runner_restarts_after_a_timeout(mlp: Mlp, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     """A long-lived loop survives one bad request: it raises, and the next request gets a fresh runner."""
     monkeypatch.setenv("MSRL_LITE_RUNNER_FAULT", "hang:3")  # only 3-row requests hang

@@ -41,6 +41,7 @@ def assert_named(loc, scope: str) -> None:
     assert any(r.status == "pass" for r in before) and not any(r.status == "fail" for r in before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("part", ["actor", "critic"])
 def test_a_scaled_hidden_layer_is_named_by_every_runtime(cartpole_ckpt, tmp_path, part):
     bundle = scaled_export(cartpole_ckpt, tmp_path / "bundle", part)
@@ -59,6 +60,7 @@ def test_a_scaled_hidden_layer_is_named_by_every_runtime(cartpole_ckpt, tmp_path
     assert f"lite: first diverging layer: {part}.layers.2" in result.console_table()
 
 
+@pytest.mark.slow
 def test_a_passing_verify_and_no_localize_localize_nothing(cartpole_bundle, cartpole_ckpt, tmp_path):
     result = verify_run(cartpole_bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=RUNTIMES))
     assert result.exit_code == 0 and result.localizations == {}
@@ -140,6 +142,7 @@ def test_the_deploy_side_names_the_layer_from_a_golden_file(cartpole_bundle, car
     assert report["localization"]["lite"]["first_diverging_layer"] == "actor.layers.2"
 
 
+@pytest.mark.slow
 def test_an_fp16_report_shows_where_the_error_grows(cartpole_ckpt, tmp_path):
     bundle = export_run(cartpole_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16", formats=("mindir", "ms")))
     result = verify_run(bundle, cartpole_ckpt, VerifyOptions(**FAST, runtimes=("lite",)))

@@ -74,6 +74,7 @@ def recurrent(tmp_path_factory) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_a_gru_policy_verifies_with_its_state_threaded_through_every_runtime(recurrent):
     proc = cli(recurrent, "msrl_consistency.verify", "--bundle", "bundle", "--cell", "policy:make_policy", *SMALL,
                "--require", ",".join(EVERY_RUNTIME), "--out", "r")  # fmt: skip
@@ -145,6 +146,7 @@ def pixel(tmp_path_factory) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_a_cnn_on_uint8_frames_keeps_its_dtype_everywhere_and_verifies(pixel):
     import onnx
 
@@ -168,6 +170,7 @@ def test_uint8_feeds_are_integer_frames_with_black_and_white_and_no_nan(pixel):
     assert frames.min() == 0 and frames.max() == 255
 
 
+@pytest.mark.slow
 def test_a_pixel_policy_nudged_or_fed_floats_fails(pixel, tmp_path):
     import mindspore as ms
 
@@ -192,6 +195,7 @@ SHAPES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(SHAPES))
 def test_heads_and_dict_observations_verify_everywhere_and_fail_when_nudged(tmp_path, case):
     make, contract, env, weight = SHAPES[case]
@@ -237,6 +241,7 @@ def test_every_new_contract_key_parses_and_round_trips():
         assert PolicyContract.from_dict(contract.to_dict()) == contract
 
 
+@pytest.mark.slow
 def test_recorded_observations_may_carry_the_state_columns(recurrent, tmp_path):
     """A team's recording of its device: observations and the hidden state it had at each one."""
     result = _verify_in(recurrent, recurrent / "bundle", runtimes=("ms-graph",), required=())

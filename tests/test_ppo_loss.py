@@ -99,6 +99,7 @@ def batch_for(policy: ActorCritic, rng: np.random.Generator) -> tuple[Tensor, ..
     return x, actions, Tensor(old_logp), Tensor(adv), Tensor(returns), Tensor(old_values)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind,clip_vloss,ent_coef",
     [("box", True, 0.0), ("box", False, 0.01), ("discrete", True, 0.01), ("discrete", False, 0.0)],
@@ -119,6 +120,7 @@ def test_hand_written_gradients_equal_autodiff_of_the_textbook_loss(kind, clip_v
         np.testing.assert_allclose(g.asnumpy(), g_ref.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=param.name)
 
 
+@pytest.mark.slow
 def test_hand_written_gradients_follow_the_loss_scale():
     """fp16 updates scale the loss; the heads' backward must scale their gradients the same way."""
     compat.use_graph_mode()

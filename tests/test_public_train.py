@@ -15,6 +15,7 @@ from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.config import TrainConfig
 
 
+@pytest.mark.slow
 def test_train_writes_the_run_and_returns_where_and_how_it_ended(tmp_path):
     import msrl_consistency.train as cli  # the CLI module imported first: the name ``train`` is still the function
     from msrl_consistency import RunResult, train

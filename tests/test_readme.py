@@ -51,6 +51,7 @@ def test_the_readme_shows_commands():
     assert {"msrl_consistency.train", "msrl_consistency.verify", "inference.check", "inference.play"} <= modules
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("module", "flag"), module_flags())
 def test_every_flag_the_readme_uses_exists(module, flag):
     assert re.search(rf"{re.escape(flag)}(?![\w-])", help_text(module)), f"{module} has no {flag}"

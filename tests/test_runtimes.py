@@ -21,6 +21,7 @@ def bundle_and_ckpt(request):
     return request.getfixturevalue(f"{request.param}_bundle"), request.getfixturevalue(f"{request.param}_ckpt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONFORMING)
 @pytest.mark.parametrize("graph", ["policy", "policy_sample"])
 def test_runtime_agrees_with_training_path(bundle_and_ckpt, name, graph):

@@ -116,6 +116,7 @@ def finished_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_existing_run_is_not_overwritten(finished_run):
     before = (finished_run / rd.RUN_JSON).read_text()
     with pytest.raises(UsageError, match="already holds a run"):
@@ -146,6 +147,7 @@ def test_resume_rejects_corrupt_or_truncated_state(finished_run, tmp_path, damag
         run_main("--resume", str(run_dir))
 
 
+@pytest.mark.slow
 def test_resume_extends_a_finished_run(finished_run, tmp_path):
     import shutil
 
@@ -188,6 +190,7 @@ def wait_until(condition, proc: subprocess.Popen[str], timeout: float = 120.0) -
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_run_dir_in_use_is_refused_with_the_holders_pid(tmp_path):
     run_dir = tmp_path / "run"
     first = start_training(run_dir, "--total-steps", "1000000", "--checkpoint-every", "1")
@@ -205,6 +208,7 @@ def test_a_run_dir_in_use_is_refused_with_the_holders_pid(tmp_path):
     assert rd.read_run_json(run_dir)["env_id"] == "CartPole-v1"  # the first run's files, untouched
 
 
+@pytest.mark.slow
 def test_ctrl_c_finishes_the_iteration_checkpoints_and_says_how_to_resume(tmp_path):
     import signal
 
@@ -227,6 +231,7 @@ def test_ctrl_c_finishes_the_iteration_checkpoints_and_says_how_to_resume(tmp_pa
     assert rd.read_run_json(run_dir)["iteration"] == saved["iteration"] + 1
 
 
+@pytest.mark.slow
 def test_second_ctrl_c_exits_at_once(tmp_path):
     import signal
     import time
@@ -244,6 +249,7 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
     assert rd.read_run_json(run_dir)["iteration"] == 0  # nothing half-written: the last complete checkpoint
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flag", "value"), [("--hidden-sizes", "32"), ("--run-dir", "elsewhere"),
                                              ("--learning-rate", "0.1")])  # fmt: skip
 def test_resume_refuses_flags_that_cannot_change(tmp_path, flag, value):
@@ -253,6 +259,7 @@ def test_resume_refuses_flags_that_cannot_change(tmp_path, flag, value):
         run_main("--resume", str(run_dir), flag, value)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_may_be_given_a_return_to_stop_at(tmp_path):
     # A run given up on (its step budget spent) goes on with a target: it stops at the first evaluation reaching it.
     run_dir = tmp_path / "run"
@@ -265,6 +272,7 @@ def test_a_resumed_run_may_be_given_a_return_to_stop_at(tmp_path):
     assert (info["iteration"], info["stopped_at_return"]["global_step"]) == (3, 96)  # 2 iterations of 32, then one
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_a_one_line_error_and_leaves_no_temp_file(tmp_path):
     """Files may not grow past 20 kB (RLIMIT_FSIZE: writes fail like on a full disk): the checkpoint cannot be
     written, the run stops with exit 2 and one line, and no half-written file is left."""
@@ -284,6 +292,7 @@ def test_a_full_disk_is_a_one_line_error_and_leaves_no_temp_file(tmp_path):
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_profile_reports_where_the_time_went(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run_main("--env-id", "CartPole-v1", "--total-steps", "128", "--run-dir", str(run_dir), "--profile", "true",

@@ -50,6 +50,7 @@ def assert_same_weights(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> N
 
 
 # auto: EnvPool for CartPole, gymnasium for Pendulum (EnvPool's differs); gymnasium's CartPole stays covered.
+@pytest.mark.slow
 @pytest.mark.parametrize(("env_id", "backend"), [("CartPole-v1", "auto"), ("Pendulum-v1", "auto"),
                                                  ("CartPole-v1", "gymnasium")])  # fmt: skip
 def test_same_seed_gives_bitwise_identical_metrics_and_weights(tmp_path, env_id, backend):
@@ -65,6 +66,7 @@ def test_same_seed_gives_bitwise_identical_metrics_and_weights(tmp_path, env_id,
     assert metrics_without_timing(tmp_path / "a") != metrics_without_timing(tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
     cfg = tiny_config()  # 4 iterations
     train(cfg, tmp_path / "plain")
@@ -81,6 +83,7 @@ def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_an_evaluation_episode_does_not_depend_on_how_many_are_played(tmp_path):
     """Evaluation plays its episodes in lockstep, EVAL_BATCH rows per act call: episode k's return is the same
     whether 1, 3 or 20 episodes (two calls' worth) are evaluated, to the last bit (Pendulum: float returns)."""
@@ -99,6 +102,7 @@ def test_an_evaluation_episode_does_not_depend_on_how_many_are_played(tmp_path):
 
 # EnvPool's state is restored by replaying each env's resets and current episode (Box2D and MuJoCo included);
 # gymnasium's classic-control envs are pickled. Pendulum runs its preset's split update.
+@pytest.mark.slow
 @pytest.mark.parametrize(("env_id", "backend", "graphs"), [
     ("CartPole-v1", "envpool", "fused"), ("BipedalWalker-v3", "envpool", "fused"), ("Hopper-v5", "envpool", "fused"),
     ("CartPole-v1", "gymnasium", "fused"), ("Pendulum-v1", "gymnasium", "split"),
@@ -115,6 +119,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, env_id, backend, graphs):
     assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
 
 
+@pytest.mark.slow
 def test_run_dir_contents_and_strict_reload(tmp_path):
     cfg = tiny_config(env_id="Pendulum-v1", eval_episodes=0)
     result = train(cfg, tmp_path / "run")
@@ -156,6 +161,7 @@ def test_truncated_steps_bootstrap_the_final_value(tmp_path):
     np.testing.assert_array_equal(buf["rewards"][:49, 0], 1.0)
 
 
+@pytest.mark.slow
 def test_stop_at_return_ends_the_run_at_the_first_evaluation_reaching_it(tmp_path):
     # CartPole's deterministic episodes last > 5 steps: the first evaluation (iteration 2 of 4) reaches 5.
     early = train(tiny_config(eval_every=2, eval_episodes=1, stop_at_return="5"), tmp_path / "early")
@@ -171,6 +177,7 @@ def test_stop_at_return_ends_the_run_at_the_first_evaluation_reaching_it(tmp_pat
         tiny_config(eval_every=2, eval_episodes=1, stop_at_return="high").validate()
 
 
+@pytest.mark.slow
 def test_async_and_sharded_vector_envs_match_sync(tmp_path):
     # Subprocess envs (one per env, or a helper stepping a shard) step the same seeded envs: identical metrics to the
     # in-process vector env.
@@ -184,6 +191,7 @@ def test_async_and_sharded_vector_envs_match_sync(tmp_path):
     assert rd.read_run_json(tmp_path / "sync")["env_steppers"] == {"processes": 1, "helpers_peak_rss_mb": []}
 
 
+@pytest.mark.slow
 def test_gymnasium_box2d_resume_restarts_episodes_and_says_so(tmp_path):
     # gymnasium's Box2D envs hold C handles that cannot be pickled: resume restarts their episodes (EnvPool's
     # BipedalWalker replays instead, see test_resume_equals_uninterrupted_run).
@@ -196,6 +204,7 @@ def test_gymnasium_box2d_resume_restarts_episodes_and_says_so(tmp_path):
     assert json.loads((tmp_path / "cut" / rd.RUN_JSON).read_text())["resume_exact"] is False
 
 
+@pytest.mark.slow
 def test_a_compiled_call_may_span_an_epoch_boundary(tmp_path):
     # 2 minibatches x 3 epochs: calls of 3 updates hold the end of one epoch and the start of the next. Same shuffles,
     # same update order as one update per call, so the weights agree to the last bits.
@@ -210,6 +219,7 @@ def test_a_compiled_call_may_span_an_epoch_boundary(tmp_path):
         np.testing.assert_allclose(a[name], b[name], rtol=0, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.slow
 def test_updates_per_call_is_a_config_choice(tmp_path):
     # Grouping minibatch updates into compiled calls changes the weights only in the last bits (measured ~1e-9 here),
     # which is why it is a setting (presets choose 2 for memory) and not a changed default.
@@ -223,6 +233,7 @@ def test_updates_per_call_is_a_config_choice(tmp_path):
         np.testing.assert_allclose(a[name], b[name], rtol=0, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.slow
 def test_reward_normalisation_divides_by_the_running_return_std(tmp_path):
     """--normalize-reward: rewards divided by the std of every env's discounted return, measured over the previous
     iterations (the first rollout has none yet, so only --reward-scale applies)."""
@@ -248,6 +259,7 @@ def test_reward_normalisation_divides_by_the_running_return_std(tmp_path):
         trainer.close()
 
 
+@pytest.mark.slow
 def test_reward_normalisation_resumes_exactly(tmp_path):
     cfg = tiny_config(normalize_reward=True, total_steps=192)
     train(cfg, tmp_path / "full")
@@ -262,6 +274,7 @@ def test_reward_normalisation_resumes_exactly(tmp_path):
     assert metrics_without_timing(tmp_path / "plain") != metrics_without_timing(tmp_path / "full")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_split_update_trains_like_the_fused_one(tmp_path, env_id):
     # --update-graphs split runs each minibatch update as two graphs (gradients; clip + Adam) cut from the fused
@@ -287,6 +300,7 @@ def test_split_update_trains_like_the_fused_one(tmp_path, env_id):
             assert float(s_row[key]) == pytest.approx(float(f_row[key]), rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.slow
 def test_graph_kernel_fusion_trains_like_the_unfused_graphs(tmp_path, monkeypatch):
     # --graph-kernel true compiles the act and train-step graphs with MindSpore's graph-kernel fusion (AKG): other
     # kernels for the same arithmetic, so the same weights up to rounding, and bitwise reproducible for a seed. The

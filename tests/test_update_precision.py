@@ -43,6 +43,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return {p: root / p for p in ("fp32", "fp16")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_update_precision_trains_with_fp32_master_weights(runs, precision):
     run_dir = runs[precision]
@@ -68,6 +69,7 @@ def test_update_precision_trains_with_fp32_master_weights(runs, precision):
         assert info["precision"]["loss_scale"] is None
 
 
+@pytest.mark.slow
 def test_fp16_update_resumes_bitwise_with_its_loss_scale(runs, tmp_path):
     train_run(tmp_path / "cut", "fp16", stop_at=3)
     state = rd.load_resume_state(tmp_path / "cut" / rd.RESUME_STATE)
@@ -97,6 +99,7 @@ def test_loss_scale_halves_and_skips_on_overflow_and_grows_after_a_window():
     assert float(scale.scale.asnumpy()) == 1.0  # never below 1
 
 
+@pytest.mark.slow
 def test_an_overflowing_fp16_update_is_skipped_without_a_trace():
     # A loss scale of 2^100 overflows every fp16 gradient: both updates of the call must leave every weight,
     # Adam moment, beta power and step count exactly as they were, and halve the scale twice.
@@ -122,6 +125,7 @@ def test_an_overflowing_fp16_update_is_skipped_without_a_trace():
             np.testing.assert_array_equal(after[name], value, err_msg=name)
 
 
+@pytest.mark.slow
 def test_fp16_trained_policy_exports_an_fp32_graph_that_verifies(runs, tmp_path):
     ckpt = runs["fp16"] / rd.CHECKPOINT
     bundle = export_run(ckpt, tmp_path / "bundle", ExportOptions(formats=("mindir",)))

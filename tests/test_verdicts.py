@@ -68,6 +68,7 @@ def small(**kwargs) -> VerifyOptions:
 
 
 # -- 1. nothing compared is not a pass --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_run_that_compared_nothing_exits_3_naming_why(cartpole_bundle, cartpole_ckpt, tmp_path):
     args = ["--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), *SMALL, "--out", str(tmp_path / "r")]
     proc = cli(tmp_path, "msrl_consistency.verify", *args, "--runtimes", "lite",
@@ -84,6 +85,7 @@ def test_a_run_that_compared_nothing_exits_3_naming_why(cartpole_bundle, cartpol
     assert proc.returncode == 3 and "nothing was compared" in proc.stdout, proc.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_the_deploy_check_with_no_runtime_exits_3(cartpole_bundle, cartpole_ckpt, tmp_path):
     """inference.check in a deploy venv without a built runner and without onnxruntime: not "CONSISTENT"."""
     from inference.compare.golden import save_golden
@@ -101,12 +103,14 @@ def test_the_deploy_check_with_no_runtime_exits_3(cartpole_bundle, cartpole_ckpt
 
 
 # -- 2. a failing policy that samples from its noise input reaches the report --------------------------------------
+@pytest.mark.slow
 def test_a_sac_style_sampler_verifies_when_genuine(sac_bundle):
     result = verify_policy(fp.make_sac(), None, sac_bundle, options=small(required=EVERY_RUNTIME))
     assert result.exit_code == 0, result.console_table(only_failed=True)
     assert set(EVERY_RUNTIME) <= set(result.compared)
 
 
+@pytest.mark.slow
 def test_a_broken_sac_style_sampler_fails_with_a_report_and_the_right_stage(work, tmp_path):
     nudged = export_policy(fp.nudge(fp.make_sac(), "body.0.weight", 0.05), fp.SAC_CONTRACT, tmp_path / "nudged")
     result = verify_policy(fp.make_sac(), None, nudged.root, options=small(required=EVERY_RUNTIME))
@@ -119,6 +123,7 @@ def test_a_broken_sac_style_sampler_fails_with_a_report_and_the_right_stage(work
     assert "squash" in result.failed[0].diagnosis["detail"]
 
 
+@pytest.mark.slow
 def test_the_pytest_helper_fails_a_noise_sampler_with_the_table(work, tmp_path):
     from msrl_consistency.testing import assert_policy_consistent
 
@@ -128,6 +133,7 @@ def test_the_pytest_helper_fails_a_noise_sampler_with_the_table(work, tmp_path):
                                  episodes=2)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_gumbel_cnn_verifies_when_genuine_and_fails_when_nudged(work, gumbel_bundle, tmp_path):
     frames = work / "frames.npy"
     result = verify_policy(fp.make_gumbel_cnn(), None, gumbel_bundle, observations=frames,
@@ -187,6 +193,7 @@ SHAPES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(SHAPES))
 def test_actors_as_other_teams_write_them_export_a_full_bundle_that_verifies_everywhere(work, tmp_path, case):
     """Shapes the ONNX exporter froze at its batch, LeakyReLU (Mul + Max, which Lite 2.0.0 cannot run), an actor
@@ -205,6 +212,7 @@ def test_actors_as_other_teams_write_them_export_a_full_bundle_that_verifies_eve
     assert {c.runtime for c in result.failed} >= {"ms-mindir", "lite", "onnxruntime"}
 
 
+@pytest.mark.slow
 def test_a_format_that_cannot_be_produced_is_marked_and_the_others_kept(work, tmp_path):
     out = tmp_path / "bundle"
     contract = tmp_path / "c.toml"
@@ -248,6 +256,7 @@ def test_a_graph_without_the_cells_input_scaling_is_a_preprocessing_fault(work, 
     assert "/255" in result.failed[0].diagnosis["detail"]
 
 
+@pytest.mark.slow
 def test_a_graph_exported_in_training_mode_is_named_and_the_cell_keeps_its_mode(work, tmp_path):
     code = ("import mindspore as ms, foreign_policies as fp\nnet = fp.make_batchnorm()\nms.save_checkpoint(net, "
             "'bn.ckpt')\nnet.set_train(True)\nms.export(net, ms.Tensor(shape=[None, 4], dtype=ms.float32), "
@@ -264,6 +273,7 @@ def test_a_graph_exported_in_training_mode_is_named_and_the_cell_keeps_its_mode(
     assert stages(result) == {"training-mode"}
 
 
+@pytest.mark.slow
 def test_a_flip_is_counted_once_and_the_header_says_what_was_observed(work, tmp_path):
     nudged = export_policy(fp.nudge(fp.make_batchnorm(), "fc2.weight", 0.5), fp.BATCHNORM_CONTRACT, tmp_path / "b")
     out = tmp_path / "r"
@@ -283,6 +293,7 @@ def test_a_flip_is_counted_once_and_the_header_says_what_was_observed(work, tmp_
 TEST_RUNNER = str(Path(lite_build.runner_path()).with_name("msrl-lite-runner-test"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "code", "status"), [("kill", 3, "error"), ("crash", 1, "fail")])
 def test_a_runner_killed_from_outside_is_not_judged_but_a_crash_is(cartpole_bundle, cartpole_ckpt, tmp_path, fault,
                                                                    code, status):  # fmt: skip
@@ -336,6 +347,7 @@ def test_an_object_array_in_an_observations_file_is_bad_input(cartpole_bundle, t
 
 
 # -- 15. a bundle does not choose the code that runs -----------------------------------------------------------------
+@pytest.mark.slow
 def test_a_bundle_naming_a_factory_does_not_run_it_unless_asked(work, sac_bundle, tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(sac_bundle, copy)
