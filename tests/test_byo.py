@@ -4,15 +4,14 @@ brings are caught and named. Each example is copied to a temp dir and run there,
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from byo_examples import trained_example
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bring-your-own"
 SMALL = ["--observations", "400", "--episodes", "2"]
 
 
@@ -22,16 +21,6 @@ def run(cwd: Path, *args: str, module: str = "msrl_consistency.verify") -> subpr
 
 def report(path: Path) -> dict:
     return json.loads((path / "report.json").read_text())
-
-
-def trained_example(tmp_path_factory, name: str, *train_args: str) -> Path:
-    """A copy of ``examples/bring-your-own/NAME`` after its own plain MindSpore training script ran there."""
-    work = tmp_path_factory.mktemp("byo") / name
-    shutil.copytree(EXAMPLES / name, work)
-    proc = subprocess.run([sys.executable, "train.py", *train_args], cwd=work, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return work
 
 
 @pytest.fixture(scope="module")

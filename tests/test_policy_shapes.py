@@ -14,13 +14,13 @@ import foreign_envs as fe
 import foreign_policies as fp
 import numpy as np
 import pytest
+from byo_examples import EXAMPLES, trained_example
 
 from inference.compare.verifier import VerifyOptions
 from inference.contract import PolicyContract
 from inference.errors import UsageError
 from msrl_consistency.api import export_policy, verify_policy
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bring-your-own"
 EVERY_RUNTIME = ("ms-graph", "ms-mindir", "lite", "onnxruntime")
 SMALL = ["--observations", "1000", "--episodes", "3"]
 
@@ -52,16 +52,6 @@ def example_module(work: Path, unique: str):
     finally:
         sys.path.remove(str(work))
     return module
-
-
-def trained_example(tmp_path_factory, name: str, *train_args: str) -> Path:
-    """A copy of ``examples/bring-your-own/NAME`` after its own plain MindSpore training script ran there."""
-    work = tmp_path_factory.mktemp("byo") / name
-    shutil.copytree(EXAMPLES / name, work)
-    proc = subprocess.run([sys.executable, "train.py", *train_args], cwd=work, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return work
 
 
 # -- carried state: a GRU on CartPole-v1 ----------------------------------------------------------------------------
