@@ -174,6 +174,12 @@ def test_the_deploy_sub_packages_import_each_other_one_way():
     assert unit_cycles(DEPLOY, by_module=True) == []
 
 
+def test_the_training_sub_packages_import_each_other_one_way():
+    training = REPO / "msrl_consistency"  # e.g. training depends on artifacts, never the reverse
+    assert unit_cycles(training) == []
+    assert unit_cycles(training, by_module=True) == []
+
+
 def test_the_checks_catch_what_they_are_for(tmp_path: Path):
     """The scanner on a made-up package: a function-level training import, a registration string, a cycle."""
     root = tmp_path / "inference"

@@ -9,7 +9,7 @@ there is no exchange and no collective at all.
 
 Each step has its own module: the seeds (``seeds.py``), the Cells and the update (``learner.py``), the rollout
 (``rollout.py``), evaluation (``evaluate.py``), the exchange and consistency check (``distributed.py``), and what a
-checkpoint takes and ``--resume`` gives back (``artifacts/run_state.py``).
+checkpoint takes and ``--resume`` gives back (``training/run_state.py``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ from inference.errors import INTERRUPTS, UsageError
 from msrl_consistency import compat
 from msrl_consistency.agent.preprocess import RunningMeanStd
 from msrl_consistency.artifacts import run_dir as rd
-from msrl_consistency.artifacts import run_state
 from msrl_consistency.artifacts.provenance import git_commit, versions
 from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs import describe_env
 from msrl_consistency.envs.engines import resolve_backend
-from msrl_consistency.training import affinity
+from msrl_consistency.training import affinity, run_state
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training.compile_cache import CompileCache
 from msrl_consistency.training.evaluate import Evaluator
