@@ -52,7 +52,7 @@ def test_ctrl_c_during_verify_exits_130_and_twice_exits_at_once(cartpole_bundle,
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(lines) + stderr[-2000:]
-    assert "interrupted" in stderr and not (tmp_path / "r" / "report.json").exists()
+    assert "interrupted" in stderr and not (tmp_path / "r").exists()  # no report set, not even an empty --out
     proc = start(*args)
     lines = []
     wait_for(lambda: bool(lines.append(proc.stderr.readline()) or any("reference" in line for line in lines)))
@@ -71,3 +71,4 @@ def test_a_scheduler_sigterm_is_a_graceful_stop_too(cartpole_bundle, cartpole_ck
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written: no --out, no temp dir

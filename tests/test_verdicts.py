@@ -110,6 +110,20 @@ def test_a_sac_style_sampler_verifies_when_genuine(sac_bundle):
     assert set(EVERY_RUNTIME) <= set(result.compared)
 
 
+def test_manifest_defaults_reach_the_report(sac_bundle, tmp_path):
+    """(Item 9) An optional manifest field left out: the report says what verify assumed instead."""
+    copy = tmp_path / "sac"
+    shutil.copytree(sac_bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["env"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    result = verify_policy(fp.make_sac(), None, copy, options=small(runtimes=("onnxruntime",), episodes=1))
+    assert result.exit_code == 0, result.console_table(only_failed=True)
+    write_reports(result, tmp_path / "r")
+    assert "observation bounds unknown" in report(tmp_path / "r")["bundle"]["defaults"]["env"]
+    assert "## Manifest defaults" in (tmp_path / "r" / "report.md").read_text()
+
+
 @pytest.mark.slow
 def test_a_broken_sac_style_sampler_fails_with_a_report_and_the_right_stage(work, tmp_path):
     nudged = export_policy(fp.nudge(fp.make_sac(), "body.0.weight", 0.05), fp.SAC_CONTRACT, tmp_path / "nudged")
@@ -311,7 +325,21 @@ def test_a_runner_killed_from_outside_is_not_judged_but_a_crash_is(cartpole_bund
         assert "killed from outside twice" in lite[0]["summary"]
 
 
-def test_a_runner_killed_once_is_restarted_and_the_report_says_so(cartpole_bundle):
+@pytest.mark.slow
+def test_a_runner_killed_once_is_restarted_and_the_report_says_so(cartpole_bundle, cartpole_ckpt, tmp_path):
+    """One SIGKILL from outside during verify: the runner is restarted, the bundle judged, the restart reported."""
+    out = tmp_path / "r"
+    proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
+               "--runtimes", "lite", *SMALL, "--out", str(out),
+               env={"MSRL_LITE_RUNNER": TEST_RUNNER, "MSRL_LITE_RUNNER_FAULT": "kill",
+                    "MSRL_LITE_RUNNER_FAULT_ONCE": str(tmp_path / "fired")})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "fired").exists()
+    restarts = [c for c in report(out)["checks"] if c["runtime"] == "lite" and c["name"] == "restarts"]
+    assert [c["status"] for c in restarts] == ["warn"] and "SIGKILL" in restarts[0]["summary"], restarts
+
+
+def test_a_runner_killed_once_is_restarted_with_the_same_answers(cartpole_bundle):
     import signal
 
     from inference.runtimes.base import RuntimeSource
@@ -336,6 +364,17 @@ def test_a_broken_onnxruntime_is_unavailable_with_its_reason(tmp_path):
             "print(_import_problem())")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "onnxruntime is installed but does not import: libonnxruntime.so: cannot open"
+
+
+@pytest.mark.slow
+def test_a_broken_onnxruntime_as_the_only_runtime_is_not_verified(cartpole_bundle, cartpole_ckpt, tmp_path):
+    (tmp_path / "onnxruntime").mkdir()
+    (tmp_path / "onnxruntime" / "__init__.py").write_text("raise ImportError('libonnxruntime.so: cannot open')\n")
+    proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
+               "--runtimes", "onnxruntime", *SMALL, "--out", str(tmp_path / "r"),
+               env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "nothing was compared" in proc.stdout and "does not import: libonnxruntime.so" in proc.stdout
 
 
 def test_an_object_array_in_an_observations_file_is_bad_input(cartpole_bundle, tmp_path):
