@@ -1,6 +1,6 @@
 """What the two ways of running Lite share: the runner process (``lite_client``) and the in-process library
 (``lite_inprocess``). The error taxonomy (each error carries a distinct CLI exit code), the tensor dtypes both
-speak, where the runner and the library live, and Lite's refusal to load a model as an exception.
+speak, where the runner lives, and Lite's refusal to load a model as an exception.
 
 NumPy and the standard library only: this runs on a deploy box without any framework installed.
 """
@@ -22,7 +22,6 @@ DTYPES: tuple[np.dtype, ...] = tuple(
 
 _REPO = Path(__file__).resolve().parents[1]
 RUNNER_NAME = "msrl-lite-runner"
-TEST_RUNNER_NAME = "msrl-lite-runner-test"
 DEFAULT_MAX_ROWS = 65536  # the runner's own default for --max-rows
 
 

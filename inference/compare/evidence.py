@@ -44,7 +44,8 @@ def gather_diagnosis(
     bundle: Bundle, ref: Reference, got: dict[str, dict[str, np.ndarray]], cmps: dict[str, dict[str, ArrayComparison]],
     tolerance: Mapping[str, Tolerance], checkpoint_matches: bool | None,
 ) -> dict[str, str]:  # fmt: skip
-    """Gather the evidence ``diagnose`` weighs, for any contract kind and whether or not the graph takes noise."""
+    """A failing runtime's diagnosis: the evidence ``diagnose`` weighs, gathered for any contract kind and whether or
+    not the graph takes noise."""
     det = bundle.mode_graph("deterministic")
     graph = det or bundle.graphs[0]
     contract = bundle.contract(graph)
