@@ -26,6 +26,7 @@ from mindspore import Tensor, nn
 
 from inference.bundle import Bundle
 from inference.compare.localize import (
+    IDENTITY_IN_EVAL_NOTE,
     LayerComparison,
     LayerPlan,
     Localization,
@@ -45,6 +46,9 @@ OP_TYPES = {
     "ReLU6": {"Clip"}, "Flatten": {"Flatten", "Reshape"}, "GELU": {"Gelu", "Mul"},
 }  # fmt: skip
 IDENTITY_IN_EVAL = {"Dropout", "Dropout1d", "Dropout2d", "Identity"}
+# Cells the exporter writes as several parameter-reading ops plus gate arithmetic it leaves unnamed (a GRUCell: two
+# Gemms, Split, Sigmoid/Tanh, and the final ``h + z * (n - h)`` as anonymous Sub/Mul/Add).
+RECURRENT = {"GRUCell", "RNNCell"}
 SHAPE_ONLY = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
 
 
@@ -102,9 +106,15 @@ def plan_layers(layers: Sequence[CapturedLayer], onnx_path: Path) -> LayerPlan:
     inferred = onnx.shape_inference.infer_shapes(model)
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.value_info, *inferred.graph.output]}
     nodes = [(n.name, n.op_type, tuple(n.input), tuple(n.output), _scalars(n)) for n in model.graph.node]
+    graph_inputs = {i.name for i in model.graph.input}
+    params = {p for layer in layers for p in layer.params}
+    constants = {i.name for i in model.graph.initializer} - params
     planned, last_pos = [], -1
     for layer in layers:
         pos, why = _anchor(layer, nodes, last_pos)
+        if pos is not None and layer.kind in RECURRENT:
+            own_inputs = graph_inputs | constants | set(layer.params)
+            pos = _recurrent_output(nodes, layer.params, pos, own_inputs, {o.name for o in model.graph.output})
         tensor = None
         if pos is not None:
             pos = _follow_shape_ops(nodes, pos, ranks, layer.output.ndim)
@@ -136,12 +146,38 @@ def _anchor(layer: CapturedLayer, nodes: Sequence[tuple], after: int) -> tuple[i
     if scoped:
         return max(scoped), ""
     if layer.kind in IDENTITY_IN_EVAL:
-        return None, "an identity in eval mode: the graph has no op of its own for it (its input is compared)"
+        return None, IDENTITY_IN_EVAL_NOTE
     ops = OP_TYPES.get(layer.kind)
     if ops is None:
         return None, f"no ONNX op is known to compute a {layer.kind} layer"
     pos = next((k for k in range(after + 1, len(nodes)) if nodes[k][1] in ops), None)
     return pos, "" if pos is not None else f"no {'/'.join(sorted(ops))} node after the previous layer"
+
+
+def _recurrent_output(
+    nodes: Sequence[tuple], params: Sequence[str], pos: int, own_inputs: set[str], graph_outputs: set[str]
+) -> int:  # fmt: skip
+    """A recurrent cell's output node. Its nodes are those reading its Parameters and what they feed up to its last
+    named op (``pos``); from there they go on while they read only the cell's tensors, the graph's inputs and
+    constants (another layer's Parameters end them). Its output is the first of its tensors that leaves the cell:
+    a graph output (the carried state) or read by a node outside it."""
+    readers = [k for k, n in enumerate(nodes) if set(n[2]) & set(params)]
+    own_nodes = sorted({*readers, *(k for r in readers for k in _downstream(nodes, r) if k <= pos)})
+    own = {t for k in own_nodes for t in nodes[k][3]}
+    for k in range(pos + 1, len(nodes)):
+        inputs = set(nodes[k][2])
+        if not inputs & own:
+            continue  # another branch of the graph
+        if not inputs <= own | own_inputs:
+            break  # the cell's tensors with another layer's Parameters: the next layer
+        own |= set(nodes[k][3])
+        own_nodes.append(k)
+    members = set(own_nodes)
+    for k in own_nodes:
+        out = nodes[k][3][0]
+        if out in graph_outputs or any(out in nodes[j][2] for j in range(k + 1, len(nodes)) if j not in members):
+            return k
+    return own_nodes[-1]
 
 
 def _downstream(nodes: Sequence[tuple], start: int) -> list[int]:

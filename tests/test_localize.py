@@ -109,6 +109,43 @@ def test_a_changed_weight_in_a_cnns_second_convolution_is_named(tmp_path):
     assert "fused with Relu" in next(r for r in lite.layers if r.scope == "conv2").note
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("fault", "named"), [("gru.weight_ih", "gru"), ("head.weight", "head")])
+def test_a_fault_in_a_recurrent_policy_is_named_at_its_layer(tmp_path, fault, named):
+    """A GRUCell exports as two Gemms and gate arithmetic the exporter leaves unnamed; its output is the carried
+    state (``h_next``), not a gate's, in every runtime."""
+    import importlib.util
+
+    from byo_examples import EXAMPLES
+
+    from inference.contract import PolicyContract
+
+    spec = importlib.util.spec_from_file_location("recurrent_policy", EXAMPLES / "recurrent" / "policy.py")
+    module = sys.modules["recurrent_policy"] = importlib.util.module_from_spec(spec)  # the graph compiler looks it up
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    make_policy = module.make_policy
+    contract = PolicyContract.from_toml(EXAMPLES / "recurrent" / "contract.toml")
+    bundle = export_policy(nudge(make_policy(), fault, 0.5), contract, tmp_path / "bundle")
+    result = verify_policy(make_policy(), None, bundle.root, options=VerifyOptions(**FAST, runtimes=RUNTIMES))
+    assert result.exit_code == 1
+    for name in RUNTIMES:
+        loc = result.localizations[name]
+        assert loc.first == named, loc.line()
+        if named == "head":
+            assert next(r for r in loc.layers if r.scope == "gru").status == "pass", loc.line()
+
+
+def test_a_layer_that_could_not_be_compared_before_the_first_diverging_one_is_said():
+    from inference.compare.localize import IDENTITY_IN_EVAL_NOTE, LayerComparison, _conclude
+
+    rows = [LayerComparison("drop", "Dropout", "unmatched", note=IDENTITY_IN_EVAL_NOTE),
+            LayerComparison("gru", "GRUCell", "unmatched", note="no output 'x' here"),
+            LayerComparison("head", "Dense", "fail", 0.9, 0.2, 3.0)]  # fmt: skip
+    loc = _conclude("lite", rows, rows[2])
+    assert loc.first == "head"
+    assert loc.line().endswith("; gru before it could not be compared here, so the divergence may start there")
+
+
 def test_the_library_entry_point_returns_the_per_layer_comparison(tmp_path):
     import msrl_consistency
 

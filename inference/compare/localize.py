@@ -79,6 +79,11 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray, Mapping[str, float]], np.ndarray]] 
 }
 
 
+# Why a layer has no tensor of its own when it computes nothing in eval mode (Dropout): its input, the previous
+# layer's output, is compared, so it hides no divergence.
+IDENTITY_IN_EVAL_NOTE = "an identity in eval mode: the graph has no op of its own for it (its input is compared)"
+
+
 @dataclass
 class LayerComparison:
     scope: str
@@ -161,7 +166,11 @@ def _conclude(runtime: str, rows: list[LayerComparison], first: LayerComparison 
             "no layer could be matched in this runtime")  # fmt: skip
         return Localization(runtime, None, None, rows, why)
     at = rows.index(first)
-    return Localization(runtime, first.scope, first.kind, rows[: at + 1 + AFTER_FIRST], first.note)
+    blind = [r.scope for r in rows[:at] if r.status not in ("pass", "fail") and r.note != IDENTITY_IN_EVAL_NOTE]
+    caveat = (f"{', '.join(blind)} before it could not be compared here, so the divergence may start there"
+              if blind else "")  # fmt: skip
+    message = "; ".join(m for m in (first.note, caveat) if m)
+    return Localization(runtime, first.scope, first.kind, rows[: at + 1 + AFTER_FIRST], message)
 
 
 def _growth(rows: Sequence[LayerComparison]) -> str:
