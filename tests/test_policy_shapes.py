@@ -179,16 +179,18 @@ def test_a_pixel_policy_nudged_or_fed_floats_fails(pixel, tmp_path):
 
 
 # -- several action heads, a Dict observation -----------------------------------------------------------------------
-SHAPES = {
-    "two heads on MultiDiscrete([2, 3])": (fp.make_two_head, fp.TWO_HEAD_CONTRACT, fe.make_two_head, "body.0.weight"),
-    "a Dict observation (vector + uint8 frame)": (fp.make_dict_policy, fp.DICT_CONTRACT, fe.make_dict, "vec.weight"),
-}
+SHAPES = {  # the policy, its contract, its env, and a weight to nudge with the layer that must then be named
+    "two heads on MultiDiscrete([2, 3])": (fp.make_two_head, fp.TWO_HEAD_CONTRACT, fe.make_two_head, "strength.weight",
+                                           "strength"),
+    "a Dict observation (vector + uint8 frame)": (fp.make_dict_policy, fp.DICT_CONTRACT, fe.make_dict, "vec.weight",
+                                                  "vec"),
+}  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(SHAPES))
 def test_heads_and_dict_observations_verify_everywhere_and_fail_when_nudged(tmp_path, case):
-    make, contract, env, weight = SHAPES[case]
+    make, contract, env, weight, layer = SHAPES[case]
     bundle = export_policy(make(), contract, tmp_path / "b")
     files = bundle.manifest["graphs"]["policy"]["files"]
     assert {f for f, e in files.items() if "file" in e} == {"mindir", "onnx", "ms"}
@@ -197,6 +199,10 @@ def test_heads_and_dict_observations_verify_everywhere_and_fail_when_nudged(tmp_
     nudged = export_policy(fp.nudge(make(), weight, 0.3), contract, tmp_path / "n")
     result = verify_policy(make(), None, nudged.root, env=env, options=options())
     assert result.exit_code == 1 and stages(result) == {"network"}, result.console_table()
+    for name in ("ms-mindir", "lite", "onnxruntime"):  # the nudged layer, and no layer before it
+        loc = result.localizations[name]
+        before = loc.layers[: [r.scope for r in loc.layers].index(layer)]
+        assert loc.first == layer and all(r.status == "pass" for r in before), loc.line()
 
 
 def test_a_contract_that_leaves_a_head_or_a_key_out_is_refused(tmp_path):

@@ -116,3 +116,27 @@ def test_free_running_episodes_that_part_at_a_near_tie_flip_are_reported_not_fai
     assert check.status == "warn" and "near-tie" in check.summary
     assert free_running_check("rt", "stochastic", diff, ref, parted, True, PRESETS["fp32"], ~at_tie).status == "fail"
     assert free_running_check("rt", "stochastic", diff, ref, parted, False, PRESETS["fp32"], at_tie).status == "fail"
+
+
+def test_free_running_episodes_of_several_heads_are_forgiven_only_where_every_differing_head_is_at_a_tie():
+    """Two heads (``MultiDiscrete``): near-ties come per head. The episode is forgiven when each head that differs
+    at the first divergent step flipped at a near-tie; a head at a tie does not excuse another that flipped."""
+    from inference.compare.episode_checks import free_running_check
+    from inference.compare.episodes import EpisodeTrace, action_differences
+    from inference.compare.stats import PRESETS
+
+    def trace(obs, actions):  # actions: [T, K, heads]
+        obs, actions = np.asarray(obs, np.float32)[:, None, None], np.asarray(actions, np.int32)[:, None, :]
+        return EpisodeTrace(obs, actions, np.ones(obs.shape[:2]), np.ones(obs.shape[:2], bool))
+
+    ref = trace([0, 1, 2, 3], [[0, 0], [1, 2], [0, 1], [1, 1]])
+    parted = trace([0, 1, 5, 6], [[0, 0], [1, 1], [0, 0], [0, 0]])  # head 1 flips at step 1
+    diff = action_differences(ref, parted, discrete=True, atol=0.0)
+    assert diff["first_divergent_step"] == [1]
+    ties = np.zeros((4, 1, 2), bool)
+    ties[1, 0, 1] = True  # the flipped head was at a near-tie
+    check = free_running_check("rt", "stochastic", diff, ref, parted, True, PRESETS["fp32"], ties)
+    assert check.status == "warn" and "near-tie" in check.summary
+    other = np.zeros((4, 1, 2), bool)
+    other[1, 0, 0] = True  # only the head that did not flip was at a tie
+    assert free_running_check("rt", "stochastic", diff, ref, parted, True, PRESETS["fp32"], other).status == "fail"

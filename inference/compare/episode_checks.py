@@ -143,7 +143,7 @@ def free_running_check(
         return returns_check(runtime, name, summary, metrics, trace.returns, own.returns, preset)
     firsts = diff["first_divergent_step"]
     diverged = [k for k, f in enumerate(firsts) if f is not None]
-    at_tie = [near_tie is not None and firsts[k] < len(near_tie) and bool(near_tie[firsts[k], k]) for k in diverged]
+    at_tie = [_flipped_at_a_tie(near_tie, trace, own, firsts[k], k) for k in diverged]
     amplified = [diff["amplified"][k] for k in diverged]
     if teacher_ok and diverged and all(a or t for a, t in zip(amplified, at_tie, strict=True)):
         if any(amplified):
@@ -154,6 +154,18 @@ def free_running_check(
                         "check agrees: the episodes part ways there")  # fmt: skip
         return Check(runtime, name, "warn", summary + ", not a policy mismatch", metrics)
     return Check(runtime, name, "fail", summary, metrics)
+
+
+def _flipped_at_a_tie(
+    near_tie: np.ndarray | None, trace: E.EpisodeTrace, own: E.EpisodeTrace, step: int, k: int
+) -> bool:  # fmt: skip
+    """Whether episode ``k`` parted ways at ``step`` only through heads that flipped at a near-tie: every head that
+    differs there (both runs saw the same observations up to that step)."""
+    if near_tie is None or step >= len(near_tie):
+        return False
+    ties = np.atleast_1d(near_tie[step, k]).reshape(-1)
+    differs = np.atleast_1d(np.asarray(trace.actions[step, k]) != np.asarray(own.actions[step, k])).reshape(-1)
+    return differs.shape == ties.shape and bool(differs.any() and (~differs | ties).all())
 
 
 def returns_check(
