@@ -155,7 +155,10 @@ def _export_cells(
             "the Cell gives different outputs for the same input on two calls: sampling inside the graph cannot be "
             "reproduced by another runtime; take the noise as an input ([input] noise in the contract)"
         )
-    exported = half_precision(_fresh(cells, built)) if options.precision == "fp16" else built
+    exported = built
+    if options.precision == "fp16":
+        exported = half_precision(_fresh(cells, built), contract)
+        _runs_in_half_precision(exported, io)
     env = None
     if contract.env_id:
         from msrl_consistency.envs import describe_env
@@ -207,11 +210,25 @@ def _probe(cell: nn.Cell, contract: PolicyContract, what: str) -> G.GraphIO:
         raise UsageError(f"contract and {what} disagree: {exc}") from None
 
 
+def _runs_in_half_precision(cell: nn.Cell, io: G.GraphIO) -> None:
+    """An fp16 export's Cell compiles with its layers in fp16. Graph mode, as the export: a layer that multiplies its
+    own float32 weights by fp16 inputs passes in PyNative and fails only there."""
+    from mindspore import Tensor
+
+    feeds = [Tensor(G.example(t, 2, np.random.default_rng(2))) for t in io.inputs]
+    try:
+        with compat.execution_mode(graph=True):
+            cell(*feeds)
+    except (TypeError, ValueError, RuntimeError) as exc:  # what MindSpore raises for an op's dtypes
+        raise UsageError(f"--precision fp16: the Cell does not run with its layers in fp16 ({first_line(exc, 200)}); "
+                         "export it in fp32") from None  # fmt: skip
+
+
 def _differs_on_rerun(cell: nn.Cell, io: G.GraphIO) -> bool:
     from mindspore import Tensor
 
     rng = np.random.default_rng(1)
-    feeds = [Tensor(rng.standard_normal((4, *t.shape[1:])).astype(np.float32)) for t in io.inputs]
+    feeds = [Tensor(G.example(t, 4, rng)) for t in io.inputs]
     with compat.execution_mode(graph=False):
         first = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
         again = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]

@@ -339,9 +339,14 @@ def layers_to_float16(cell: nn.Cell) -> nn.Cell:
     ``to_float`` on ``cell`` itself would, in graph mode, also cast the ops of its methods (the sampling noise's
     transform among them) to fp16: measured, an fp16 graph then drew infinite Gumbel samples where PyNative did not.
     """
+    from mindspore.nn.layer.rnn_cells import RNNCellBase
+
     for _, sub in cell.cells_and_names():
         if sub is not cell:
             sub.to_float(ms.float16)
+            if isinstance(sub, RNNCellBase):  # GRUCell/LSTMCell/RNNCell multiply their raw weights (no cast of their
+                for param in sub.get_parameters(expand=False):  # own): fp16 inputs need fp16 weights
+                    param.set_dtype(ms.float16)
     return cell
 
 

@@ -205,6 +205,57 @@ def test_heads_and_dict_observations_verify_everywhere_and_fail_when_nudged(tmp_
         assert loc.first == layer and all(r.status == "pass" for r in before), loc.line()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["gru", *SHAPES])
+def test_every_shape_exports_in_fp16_and_verifies_under_the_fp16_preset(tmp_path, case):
+    """Half precision casts every float input but the noise (the carried state too), keeps a single output a
+    single output, and gives a recurrent cell fp16 weights (it multiplies its raw weights)."""
+    from msrl_consistency.artifacts.bundle import ExportOptions
+
+    if case == "gru":
+        make, contract, env = example_module(EXAMPLES / "recurrent", "recurrent_fp16").make_policy, \
+            PolicyContract.from_toml(EXAMPLES / "recurrent" / "contract.toml"), None
+    else:
+        make, contract, env, _, _ = SHAPES[case]
+    bundle = export_policy(make(), contract, tmp_path / "b", options=ExportOptions(precision="fp16"))
+    assert bundle.precision == "fp16"
+    fp16_runtimes = ("ms-graph", "ms-mindir", "lite")  # no ONNX graph in fp16 (MindSpore 2.10 writes an invalid one)
+    result = verify_policy(make(), None, bundle.root, env=env, options=options(required=fp16_runtimes))
+    assert result.exit_code == 0, result.console_table(only_failed=True)
+
+
+def test_a_cell_that_cannot_compute_in_fp16_is_refused_in_one_line(tmp_path):
+    import mindspore as ms
+    from mindspore import Parameter, nn, ops
+
+    def matmul(x, w):
+        return ops.MatMul(False, True)(x, w)
+
+    class RawMatMul(nn.Cell):  # hands its float32 weight to a function, as GRUCell does: no cast reaches it
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = Parameter(ms.Tensor(np.ones((2, 4), np.float32)), name="w")
+
+        def construct(self, x):
+            return matmul(x, self.w)
+
+    class Policy(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = RawMatMul()
+
+        def construct(self, obs):
+            return self.layer(obs)
+
+    from msrl_consistency.artifacts.bundle import ExportOptions
+
+    contract = {"env_id": "CartPole-v1", "input": {"obs": [4]}, "outputs": {"names": ["logits"]},
+                "action": {"kind": "argmax", "values": "logits"}}  # fmt: skip
+    with pytest.raises(UsageError, match=r"^--precision fp16: the Cell does not run with its layers in fp16 \(") as e:
+        export_policy(Policy(), contract, tmp_path / "b", options=ExportOptions(precision="fp16"))
+    assert "\n" not in str(e.value) and not (tmp_path / "b").exists()
+
+
 def test_a_contract_that_leaves_a_head_or_a_key_out_is_refused(tmp_path):
     import mindspore as ms
     from mindspore import nn

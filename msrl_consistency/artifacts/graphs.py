@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from mindspore import Tensor, nn
 
-from inference.contract import OBS, ActionSpec, ContractError, Field, PolicyContract
+from inference.contract import NOISE, OBS, ActionSpec, ContractError, Field, PolicyContract
 from inference.errors import first_line
 from inference.tensors import TensorMeta
 from msrl_consistency import compat
@@ -152,18 +152,27 @@ def probe_graph(cell: nn.Cell, contract: PolicyContract, name: str = "policy") -
 class Float16Policy(nn.Cell):
     """Runs an fp16 copy of a head but keeps the float32 I/O contract, so runtimes need no special case.
 
-    Only the observation enters in fp16. The sampling noise stays float32, so its transform (Gumbel's
-    ``-log(-log(u))``, ``mean + std * eps``) runs in float32 where fp16 layer outputs meet it: in fp16 the uniform
-    clamp ``1 - 1e-6`` rounds to 1.0 and every draw above ~0.99976 became an infinite Gumbel sample.
+    The float inputs marked in ``half`` (observations, carried state) enter in fp16; integer inputs (uint8 frames)
+    go in as they are. The sampling noise stays float32, so its transform (Gumbel's ``-log(-log(u))``,
+    ``mean + std * eps``) runs in float32 where fp16 layer outputs meet it: in fp16 the uniform clamp ``1 - 1e-6``
+    rounds to 1.0 and every draw above ~0.99976 became an infinite Gumbel sample.
     """
 
-    def __init__(self, head: nn.Cell) -> None:
+    def __init__(self, head: nn.Cell, half: tuple[bool, ...]) -> None:
         super().__init__()
         self.head = head
+        self.half = half
 
-    def construct(self, obs: Tensor, *noise: Tensor) -> tuple[Tensor, ...]:
-        outs = self.head(obs.astype(ms.float16), *noise)
+    def construct(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        cast = tuple(x.astype(ms.float16) if h else x for x, h in zip(inputs, self.half))  # noqa: B905 - graph mode
+        outs = self.head(*cast)
+        outs = outs if isinstance(outs, tuple) else (outs,)  # a single-output Cell returns a bare Tensor
         return tuple(o if o.dtype == ms.int32 else o.astype(ms.float32) for o in outs)
+
+
+def half_inputs(contract: PolicyContract) -> tuple[bool, ...]:
+    """Which of a graph's inputs an fp16 export casts: every float32 input but the sampling noise."""
+    return tuple(t.dtype == np.float32 and t.name != NOISE for t in contract.input_metas())
 
 
 def export_heads(policy: ActorCritic, precision: str = "fp32") -> dict[str, nn.Cell]:
@@ -171,8 +180,8 @@ def export_heads(policy: ActorCritic, precision: str = "fp32") -> dict[str, nn.C
     if precision == "fp16":
         compat.layers_to_float16(policy)
         return {
-            "policy": Float16Policy(DeterministicPolicy(policy)),
-            "policy_sample": Float16Policy(StochasticPolicy(policy)),
+            "policy": Float16Policy(DeterministicPolicy(policy), (True,)),  # (obs)
+            "policy_sample": Float16Policy(StochasticPolicy(policy), (True, False)),  # (obs, noise)
         }
     return {"policy": DeterministicPolicy(policy), "policy_sample": StochasticPolicy(policy)}
 
