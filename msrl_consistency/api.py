@@ -155,10 +155,7 @@ def _export_cells(
             "the Cell gives different outputs for the same input on two calls: sampling inside the graph cannot be "
             "reproduced by another runtime; take the noise as an input ([input] noise in the contract)"
         )
-    exported = built
-    if options.precision == "fp16":
-        exported = half_precision(_fresh(cells, built), contract)
-        _runs_in_half_precision(exported, io)
+    exported = _half_precision(cells, built, contract, io) if options.precision == "fp16" else built
     env = None
     if contract.env_id:
         from msrl_consistency.envs import describe_env
@@ -210,18 +207,23 @@ def _probe(cell: nn.Cell, contract: PolicyContract, what: str) -> G.GraphIO:
         raise UsageError(f"contract and {what} disagree: {exc}") from None
 
 
-def _runs_in_half_precision(cell: nn.Cell, io: G.GraphIO) -> None:
-    """An fp16 export's Cell compiles with its layers in fp16. Graph mode, as the export: a layer that multiplies its
-    own float32 weights by fp16 inputs passes in PyNative and fails only there."""
+def _half_precision(cells: UserCells, built: nn.Cell, contract: PolicyContract, io: G.GraphIO) -> nn.Cell:
+    """A copy of the Cell with its layers in fp16, compiled once as the export will (graph mode: a layer that
+    multiplies its own float32 weights by fp16 inputs passes in PyNative and fails only there). When the Cell's own
+    ``construct`` combines its own Parameters with fp16 layer outputs, those Parameters go to fp16 as well."""
     from mindspore import Tensor
 
     feeds = [Tensor(G.example(t, 2, np.random.default_rng(2))) for t in io.inputs]
-    try:
-        with compat.execution_mode(graph=True):
-            cell(*feeds)
-    except (TypeError, ValueError, RuntimeError) as exc:  # what MindSpore raises for an op's dtypes
-        raise UsageError(f"--precision fp16: the Cell does not run with its layers in fp16 ({first_line(exc, 200)}); "
-                         "export it in fp32") from None  # fmt: skip
+    first = ""
+    for own_parameters in (False, True):
+        cell = half_precision(_fresh(cells, built), contract, own_parameters)
+        try:
+            with compat.compile_log_captured(), compat.execution_mode(graph=True):
+                cell(*feeds)
+            return cell
+        except (TypeError, ValueError, RuntimeError) as exc:  # what MindSpore raises for an op's dtypes
+            first = first or first_line(exc, 200)
+    raise UsageError(f"--precision fp16: the Cell does not run with its layers in fp16 ({first}); export it in fp32")
 
 
 def _differs_on_rerun(cell: nn.Cell, io: G.GraphIO) -> bool:

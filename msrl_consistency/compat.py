@@ -333,11 +333,36 @@ def set_seed(seed: int) -> None:
     ms.set_seed(seed)
 
 
-def layers_to_float16(cell: nn.Cell) -> nn.Cell:
+@contextlib.contextmanager
+def compile_log_captured() -> Iterator[list[str]]:
+    """MindSpore's own stderr (a failed compile logs its C++ stack and the Cell's traceback there) captured for the
+    block, so a command can say what failed in one line; the text is in the yielded list afterwards, and replayed
+    under ``MSRL_DEBUG=1``."""
+    import sys
+
+    sys.stderr.flush()
+    text: list[str] = []
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield text
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text.append(tmp.read().decode(errors="replace"))
+            if os.environ.get("MSRL_DEBUG"):
+                sys.stderr.write(text[0])
+
+
+def layers_to_float16(cell: nn.Cell, own_parameters: bool = False) -> nn.Cell:
     """Every sub-Cell of ``cell`` computes in fp16; ``cell``'s own ``construct`` and methods do not.
 
     ``to_float`` on ``cell`` itself would, in graph mode, also cast the ops of its methods (the sampling noise's
     transform among them) to fp16: measured, an fp16 graph then drew infinite Gumbel samples where PyNative did not.
+    ``own_parameters``: ``cell``'s own Parameters become fp16 too, for a ``construct`` that combines them with fp16
+    layer outputs in ops that take one dtype (MindSpore RL's PPO actor: ``BiasAdd(zeros_like(mean), sigma_bias)``).
     """
     from mindspore.nn.layer.rnn_cells import RNNCellBase
 
@@ -347,6 +372,9 @@ def layers_to_float16(cell: nn.Cell) -> nn.Cell:
             if isinstance(sub, RNNCellBase):  # GRUCell/LSTMCell/RNNCell multiply their raw weights (no cast of their
                 for param in sub.get_parameters(expand=False):  # own): fp16 inputs need fp16 weights
                     param.set_dtype(ms.float16)
+    if own_parameters:
+        for param in cell.get_parameters(expand=False):
+            param.set_dtype(ms.float16)
     return cell
 
 

@@ -206,15 +206,18 @@ def test_heads_and_dict_observations_verify_everywhere_and_fail_when_nudged(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["gru", *SHAPES])
+@pytest.mark.parametrize("case", ["gru", "old-style actor", *SHAPES])
 def test_every_shape_exports_in_fp16_and_verifies_under_the_fp16_preset(tmp_path, case):
     """Half precision casts every float input but the noise (the carried state too), keeps a single output a
-    single output, and gives a recurrent cell fp16 weights (it multiplies its raw weights)."""
+    single output, gives a recurrent cell fp16 weights (it multiplies its raw weights), and the Cell's own
+    Parameters when its ``construct`` combines them with layer outputs in a one-dtype op (``BiasAdd``)."""
     from msrl_consistency.artifacts.bundle import ExportOptions
 
     if case == "gru":
         make, contract, env = example_module(EXAMPLES / "recurrent", "recurrent_fp16").make_policy, \
             PolicyContract.from_toml(EXAMPLES / "recurrent" / "contract.toml"), None
+    elif case == "old-style actor":
+        make, contract, env = fp.make_old_style, fp.OLD_STYLE_CONTRACT, None
     else:
         make, contract, env, _, _ = SHAPES[case]
     bundle = export_policy(make(), contract, tmp_path / "b", options=ExportOptions(precision="fp16"))

@@ -156,6 +156,13 @@ def test_returns_rule_of_the_fp16_preset():
     worse = np.r_[np.full(10, 500.0), np.full(10, 200.0)]
     assert returns_check("rt", "x", "", {}, ref, same, fp16).status == "pass"
     assert returns_check("rt", "x", "", {}, ref, worse, fp16).status == "fail"
+    # A chaotic env: paired episodes part ways and their returns scatter. A mean beyond the bound that is within the
+    # noise of three episodes cannot be judged (warn, with what would judge it); the same shift steady is a failure.
+    scattered_ref, scattered = np.array([-80.0, 10.0, -20.0]), np.array([-120.0, 15.0, -18.0])
+    check = returns_check("rt", "x", "", {}, scattered_ref, scattered, fp16)
+    assert check.status == "warn" and "within the noise of 3 paired episodes" in check.summary, check.summary
+    steady = returns_check("rt", "x", "", {}, np.full(20, -30.0), np.full(20, -39.4), fp16)
+    assert steady.status == "fail"
     from scipy import stats as scipy_stats  # a dev dependency
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=30), rng.normal(0.8, size=30)

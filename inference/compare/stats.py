@@ -63,7 +63,8 @@ class Preset:
     * Free-running episodes: ``"exact"`` compares them step by step (only chaotic amplification of differences
       below tolerance is forgiven); ``"returns"`` compares the distribution of episode returns: the mean return may
       move by at most ``return_tolerance * max(|reference mean|, reference std, 1)`` and a two-sample
-      Kolmogorov-Smirnov test may not reject equality at ``ks_alpha``.
+      Kolmogorov-Smirnov test may not reject equality at ``ks_alpha``; a larger move within the noise of the paired
+      episodes (3 standard errors of their differences) is a warning that more episodes would judge it.
     """
 
     name: str

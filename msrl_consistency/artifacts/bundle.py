@@ -76,13 +76,14 @@ class GraphExport:
 SelfCheck = Callable[[Bundle, dict[str, nn.Cell]], dict[str, Any]]
 
 
-def half_precision(cell: nn.Cell, contract: PolicyContract) -> nn.Cell:
+def half_precision(cell: nn.Cell, contract: PolicyContract, own_parameters: bool = False) -> nn.Cell:
     """An fp16 graph behind the float32 I/O contract (the Cell's layers are converted in place: pass a copy).
 
     The layers compute in fp16; the Cell's own ``construct`` is not converted (``to_float`` on it would cast its
     noise input to fp16 too), so the noise transform written there meets fp16 layer outputs in float32.
+    ``own_parameters``: see ``compat.layers_to_float16``.
     """
-    return G.Float16Policy(compat.layers_to_float16(cell), G.half_inputs(contract))
+    return G.Float16Policy(compat.layers_to_float16(cell, own_parameters), G.half_inputs(contract))
 
 
 def write_bundle(
