@@ -334,26 +334,23 @@ def set_seed(seed: int) -> None:
 
 
 @contextlib.contextmanager
-def compile_log_captured() -> Iterator[list[str]]:
-    """MindSpore's own stderr (a failed compile logs its C++ stack and the Cell's traceback there) captured for the
-    block, so a command can say what failed in one line; the text is in the yielded list afterwards, and replayed
-    under ``MSRL_DEBUG=1``."""
+def compile_log_captured() -> Iterator[None]:
+    """MindSpore's own stderr kept out of the console for the block (a failed compile logs its C++ stack and the
+    Cell's traceback there), so a command can say what failed in one line; replayed under ``MSRL_DEBUG=1``."""
     import sys
 
     sys.stderr.flush()
-    text: list[str] = []
     saved = os.dup(2)
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
-            yield text
+            yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            tmp.seek(0)
-            text.append(tmp.read().decode(errors="replace"))
             if os.environ.get("MSRL_DEBUG"):
-                sys.stderr.write(text[0])
+                tmp.seek(0)
+                sys.stderr.write(tmp.read().decode(errors="replace"))
 
 
 def layers_to_float16(cell: nn.Cell, own_parameters: bool = False) -> nn.Cell:
@@ -362,7 +359,7 @@ def layers_to_float16(cell: nn.Cell, own_parameters: bool = False) -> nn.Cell:
     ``to_float`` on ``cell`` itself would, in graph mode, also cast the ops of its methods (the sampling noise's
     transform among them) to fp16: measured, an fp16 graph then drew infinite Gumbel samples where PyNative did not.
     ``own_parameters``: ``cell``'s own Parameters become fp16 too, for a ``construct`` that combines them with fp16
-    layer outputs in ops that take one dtype (MindSpore RL's PPO actor: ``BiasAdd(zeros_like(mean), sigma_bias)``).
+    layer outputs in ops that take one dtype (an old-style actor's ``BiasAdd(zeros_like(mean), sigma_bias)``).
     """
     from mindspore.nn.layer.rnn_cells import RNNCellBase
 

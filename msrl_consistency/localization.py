@@ -6,7 +6,8 @@ exported graph, and ``localize(cell, runtime, observations)`` (the library entry
 * ``plan_layers``: each layer's output tensor in the exported ONNX graph. A layer with Parameters is anchored by
   them (MindSpore exports them as initializers under their names): its output is that of the last node reading
   one, followed through shape-only nodes to the layer's shape. A layer without Parameters is the next node of a
-  matching op type. Anything else stays unmatched, with the reason.
+  matching op type. A recurrent cell's output is its first tensor that leaves it (the carried state, not a gate:
+  the exporter leaves its final gate arithmetic unnamed). Anything else stays unmatched, with the reason.
 * The MindIR (``ms-mindir``): MindSpore gives no per-layer outputs of a loaded MindIR on CPU (its kernels lose the
   Cell scope), so its Parameters are compared with the Cell's instead: the first layer whose weights differ.
 """
