@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+import msrl_consistency.runtimes  # noqa: F401 - registers ms-cell, the reference an audit reruns
 from inference.bundle import Bundle
 from inference.compare.audit import AuditFacts, audit, only_graph, plot_timeline
 from inference.compare.checks import VerifyResult

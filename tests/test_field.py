@@ -187,3 +187,53 @@ def test_bad_recordings_are_one_line_errors(cartpole_bundle, cartpole_ckpt, tmp_
         assert proc.returncode == 2, (bad, proc.stderr[-1500:])
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (bad, lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["dict", "two_head"])
+def test_dict_and_multi_head_policies_record_on_the_device_and_audit_from_the_library(tmp_path, shape):
+    """A Dict observation and two action heads through ``inference.load(record=)`` in a team's own loop (no
+    MindSpore), then ``msrl_consistency.audit.audit_recordings`` called as a library in a fresh process."""
+    import foreign_policies as fp
+
+    from msrl_consistency.api import export_policy
+
+    make, contract = {"dict": ("make_dict_policy", fp.DICT_CONTRACT),
+                      "two_head": ("make_two_head", fp.TWO_HEAD_CONTRACT)}[shape]  # fmt: skip
+    bundle = export_policy(getattr(fp, make)(), contract, tmp_path / "bundle")
+    recording = tmp_path / "rec"
+    proc = device(f"""
+        sys.path.insert(0, {str(REPO / "tests")!r})
+        import numpy as np
+        import foreign_envs as fe
+        import inference
+        env = fe.{"make_dict" if shape == "dict" else "make_two_head"}()
+        policy = inference.load({str(bundle.root)!r}, record={str(recording)!r})
+        for episode in range(2):
+            obs, _ = env.reset(seed=episode)
+            done = False
+            while not done:
+                action = policy.act(obs)
+                obs, reward, term, trunc, _ = env.step(action if action.ndim else int(action))
+                done = term or trunc
+                policy.observe(reward, done)
+            policy.reset()
+        policy.close()
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    audit_code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, {str(REPO / "tests")!r})
+        import foreign_policies as fp
+        from inference.bundle import load_bundle
+        from msrl_consistency.artifacts.cells import UserCells
+        from msrl_consistency.audit import audit_recordings
+        result, _ = audit_recordings(load_bundle({str(bundle.root)!r}), [Path({str(recording)!r})],
+                                     UserCells(fp.{make}, None), None)
+        print([c.name for c in result.checks if c.status == "pass"])
+        sys.exit(result.exit_code)
+    """)
+    proc = subprocess.run([sys.executable, "-c", audit_code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "observations.policy" in proc.stdout and "field.returns" in proc.stdout

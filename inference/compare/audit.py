@@ -239,8 +239,9 @@ def audit_checks(label: str, facts: AuditFacts) -> list[Check]:
     if w:
         first, last = w[0].max_abs, w[-1].max_abs
         grows = last > 10 * max(first, 1e-12) and last > 0 and w[-1].worst_ratio > 0.1
-        summary = (f"{len(w)} windows of ~{w[0].steps} steps: largest error {first:.2e} in the first, {last:.2e} in "
-                   f"the last (worst {max(x.worst_ratio for x in w):.2f} of the tolerance)")  # fmt: skip
+        windows = f"{len(w)} windows of ~{w[0].steps} steps" if len(w) > 1 else f"1 window of {w[0].steps} steps"
+        summary = (f"{windows}: largest error {first:.2e} in the first, {last:.2e} in the last (worst "
+                   f"{max(x.worst_ratio for x in w):.2f} of the tolerance)")  # fmt: skip
         checks.append(Check(label, "field.drift", "warn" if grows else "pass",
                             summary + ("; the error grows over time" if grows else ""),
                             metrics={"windows": [dataclasses.asdict(x) for x in w]}))  # fmt: skip
