@@ -63,7 +63,13 @@ def check_golden(
     if reference.traces:  # free-running episodes need the env the golden file was recorded on
         given = {k: v for k, v in observation_args.items() if v is not None}
         recorded = read_golden(golden)[0].get("env")
-        inputs = resolve_inputs(bundle, **(given or _env_arg(recorded)))
+        try:
+            inputs = resolve_inputs(bundle, **(given or _env_arg(recorded)))
+        except UsageError as exc:
+            if given:
+                raise
+            raise UsageError(f"the golden file's episodes ran on {recorded!r}, which this box cannot recreate ({exc}); "
+                             "pass --env MODULE:FACTORY or --env-id ID") from None  # fmt: skip
     return verify(bundle, options, inputs, reference=reference, progress=progress, localizer=localizer)
 
 

@@ -5,6 +5,7 @@ every runtime and fails against an injected fault; a contract that leaves a head
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -331,3 +332,26 @@ def test_a_runtime_whose_model_would_cast_an_input_is_a_finding(pixel, tmp_path)
                            options=options(runtimes=("onnxruntime",), required=()))  # fmt: skip
     check = next(c for c in result.failed if c.runtime == "onnxruntime")
     assert check.name == "input_dtypes" and "obs float32 (contract: uint8)" in check.summary
+
+
+@pytest.mark.slow
+def test_a_golden_file_recorded_on_a_teams_own_env_is_checked_on_the_device(tmp_path):
+    """verify_policy with an env constructor records it as MODULE:FACTORY: the device's inference.check recreates it
+    where that module imports, and where it does not, says how to give it (exit 2, one line)."""
+    from inference.compare.golden import save_golden
+
+    bundle = export_policy(fp.make_dict_policy(), fp.DICT_CONTRACT, tmp_path / "b")
+    result = verify_policy(fp.make_dict_policy(), None, bundle.root, env=fe.make_dict,
+                           options=options(required=(), runtimes=("ms-graph",)))  # fmt: skip
+    assert result.inputs["env"] == "foreign_envs:make_dict"
+    save_golden(tmp_path / "g.npz", result.reference, result.bundle, result.inputs["env"])
+    code = "import sys; sys.modules['mindspore'] = None\nfrom inference.check import cli\ncli()"
+    golden = ["--golden", str(tmp_path / "g.npz"), "--out", str(tmp_path / "r")]
+    args = [sys.executable, "-c", code, str(bundle.root), *golden]
+    env = {**os.environ, "PYTHONPATH": str(Path(fe.__file__).parent)}
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot recreate" in last and "pass --env MODULE:FACTORY" in last

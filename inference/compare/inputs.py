@@ -88,7 +88,7 @@ def env_source(env_id: str) -> EnvSource:
 def env_factory_source(env: str | Callable[[], Any]) -> EnvSource:
     """A team's own env constructor (``MODULE:FACTORY`` or a callable) as an episode source."""
     factory = import_factory(env, "--env") if isinstance(env, str) else env
-    label = env if isinstance(env, str) else getattr(env, "__name__", "env")
+    label = env if isinstance(env, str) else _factory_label(env)
     try:
         probe = factory()
     except Exception as exc:  # noqa: BLE001 - the user's constructor may raise anything
@@ -99,6 +99,15 @@ def env_factory_source(env: str | Callable[[], Any]) -> EnvSource:
     finally:
         probe.close()
     return EnvSource(str(label), factory, int(steps))
+
+
+def _factory_label(factory: Callable[[], Any]) -> str:
+    """A callable env constructor by the name that imports it again (``MODULE:FACTORY``, what a golden file records
+    for the device's ``inference.check``), or its bare name when it has none (a lambda, a local function)."""
+    module, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    if module and name and "<" not in name and module != "__main__":
+        return f"{module}:{name}"
+    return getattr(factory, "__name__", "env")
 
 
 def load_observations(
