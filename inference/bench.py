@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, BundleError, load_bundle
+from inference.compare.feeds import seeded_feeds
 from inference.contract import ContractError
 from inference.errors import UsageError
 from inference.lite_client import LiteRunner
@@ -45,22 +46,15 @@ def rss_mb(pid: int | None) -> float | None:
     return None if pid is None else status_mb("VmRSS", pid)
 
 
-def seeded_observations(bundle: Bundle, obs_dim: int, rows: int, seed: int) -> np.ndarray:
-    """Observations around the bundle's normalisation statistics (the states the policy was trained on)."""
-    rng = np.random.default_rng([seed, 7])
-    norm = bundle.manifest.get("normalization") or {}
-    mean = np.asarray(norm.get("mean") or np.zeros(obs_dim), np.float64)
-    std = np.sqrt(np.asarray(norm.get("var") or np.ones(obs_dim), np.float64))
-    if mean.shape != (obs_dim,) or std.shape != (obs_dim,):
-        mean, std = np.zeros(obs_dim), np.ones(obs_dim)
-    return (mean + std * rng.standard_normal((rows, obs_dim))).astype(np.float32)
+def seeded_inputs(bundle: Bundle, graph: str, rows: int, seed: int) -> list[np.ndarray]:
+    """``rows`` seeded rows of every input ``graph`` takes, from the bundle alone: observations around its
+    normalisation statistics (the states the policy was trained on) in the contract's dtypes and keys, the noise of
+    a graph that samples inside, and carried states."""
+    return seeded_feeds(bundle, rows, seed).graph_inputs(bundle, graph)
 
 
-def _feeds(bundle: Bundle, graph: str, obs: np.ndarray, seed: int) -> list[np.ndarray]:
-    """The graph's inputs for ``obs``: the observation, plus seeded host noise for a graph with a noise input."""
-    if not bundle.contract(graph).takes_noise:
-        return [obs]
-    return [obs, bundle.sample_noise(graph, np.random.default_rng([seed, 8]), len(obs))]
+def _rows(inputs: list[np.ndarray], lo: int, hi: int) -> list[np.ndarray]:
+    return [np.ascontiguousarray(a[lo:hi]) for a in inputs]
 
 
 def _percentiles(seconds: np.ndarray) -> dict[str, float]:
@@ -70,11 +64,10 @@ def _percentiles(seconds: np.ndarray) -> dict[str, float]:
 def bench_batches(
     bundle: Bundle, graph: str, runner: LiteModel | LiteRunner, batches: list[int], warmup: int, loops: int, seed: int
 ) -> list[dict[str, Any]]:
-    obs_dim = runner.inputs[0].shape[-1]
-    pool = seeded_observations(bundle, obs_dim, max(batches) * 4, seed)
+    pool = seeded_inputs(bundle, graph, max(batches) * 4, seed)
     rows = []
     for batch in batches:
-        feeds = [_feeds(bundle, graph, pool[k * batch : (k + 1) * batch], seed + k) for k in range(4)]
+        feeds = [_rows(pool, k * batch, (k + 1) * batch) for k in range(4)]
         for i in range(warmup):
             runner.infer(*feeds[i % 4])
         lat = np.empty(loops)
@@ -95,9 +88,8 @@ def soak(
     bundle: Bundle, graph: str, runner: LiteModel | LiteRunner, requests: int, distinct: int, seed: int
 ) -> dict[str, Any]:
     """N single-observation requests over ``distinct`` fixed inputs; every repeat must be bitwise identical."""
-    obs_dim = runner.inputs[0].shape[-1]
-    pool = seeded_observations(bundle, obs_dim, distinct, seed + 1)
-    feeds = [_feeds(bundle, graph, pool[i : i + 1], seed + 1000 + i) for i in range(distinct)]
+    pool = seeded_inputs(bundle, graph, distinct, seed + 1)
+    feeds = [_rows(pool, i, i + 1) for i in range(distinct)]
     first: list[dict[str, bytes] | None] = [None] * distinct
     first_arrays: list[dict[str, np.ndarray] | None] = [None] * distinct
     drifted, max_abs = 0, 0.0
@@ -228,7 +220,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         play_graph = mode_graph(bundle, args.stochastic)
         play_runner, _, _ = open_runner(bundle, play_graph, args.format, **kwargs)
         with play_runner:
-            returns = run_episodes(play_runner, bundle, play_graph, args.episodes, args.seed, args.stochastic)
+            returns = run_episodes(play_runner, bundle, play_graph, args.episodes, args.seed, args.stochastic,
+                                   own_env=args.env)  # fmt: skip
         result["episodes"] = {
             "episodes": args.episodes,
             "seed": args.seed,
@@ -257,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--soak-inputs", type=int, default=64, help="distinct inputs the soak cycles over")
     p.add_argument("--episodes", type=int, default=10, help="seeded episodes for the task figure (0: skip)")
     p.add_argument("--stochastic", action="store_true", help="episodes with seeded host noise")
+    p.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor for the episodes (gymnasium API), "
+                   "instead of the bundle's env id")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="bench.json", help="where to write the JSON result (default bench.json)")
     args = p.parse_args(argv)

@@ -25,6 +25,7 @@ from inference.field import Recorder
 from inference.lite_client import LiteRunner
 from inference.lite_common import LiteRunnerError
 from inference.lite_inprocess import LiteModel
+from inference.plugins import import_factory
 from inference.sdk import FORMATS, open_runner
 from inference.spaces import check_env_spaces
 from inference.tensors import FeedError
@@ -38,6 +39,15 @@ def bundle_env_id(bundle: Bundle) -> str:
     if not isinstance(env_id, str) or not env_id:
         raise BundleError(f"{bundle.root}/manifest.json has no env_id: cannot tell which env to play")
     return env_id
+
+
+def env_maker(bundle: Bundle, own_env: str | None = None) -> tuple[str, Callable[[], Any]]:
+    """The env to play in, as a label and a constructor: ``own_env`` (``MODULE:FACTORY``, a team's own env) or the
+    bundle's env id."""
+    if own_env:
+        return own_env, import_factory(own_env, "--env")
+    env_id = bundle_env_id(bundle)
+    return env_id, lambda: make_env(env_id)
 
 
 def make_env(env_id: str) -> Any:
@@ -70,21 +80,23 @@ def run_episodes(
     stochastic: bool,
     report: Callable[[str], None] | None = None,
     recorder: Recorder | None = None,
+    own_env: str | None = None,
 ) -> list[float]:
     """Returns of ``episodes`` seeded episodes of ``graph`` served by ``runner`` (env seeds seed, seed+1, ...;
-    host noise from a seeded stream); the graph's contract turns its outputs into env actions."""
-    env_id = bundle_env_id(bundle)
+    host noise from a seeded stream); the graph's contract turns its outputs into env actions. ``own_env``: a team's
+    own env constructor (``MODULE:FACTORY``) instead of the bundle's env id."""
+    label, make = env_maker(bundle, own_env)
     contract = bundle.contract(graph)
-    probe = make_env(env_id)
+    probe = make()
     try:
         width = lambda name: bundle.output_shape(graph, name)[-1]  # noqa: E731
-        check_env_spaces(contract, probe.observation_space, probe.action_space, width, f"bundle vs env {env_id}")
+        check_env_spaces(contract, probe.observation_space, probe.action_space, width, f"bundle vs env {label}")
     finally:
         probe.close()
     rng = np.random.default_rng([seed, PLAY_NOISE_STREAM])
     returns = []
     for k in range(episodes):
-        env = make_env(env_id)
+        env = make()
         try:
             obs, _ = env.reset(seed=seed + k)
             if recorder is not None and k:
@@ -117,12 +129,12 @@ def run_episodes(
 
 def play(
     bundle_dir: str, episodes: int, seed: int, stochastic: bool, fmt: str, device: str, device_id: int,
-    record: str | None = None,
+    record: str | None = None, own_env: str | None = None,
 ) -> list[float]:  # fmt: skip
     if episodes < 1:
         raise BundleError(f"--episodes must be >= 1, got {episodes}")
     bundle = load_bundle(bundle_dir)
-    bundle_env_id(bundle)  # refuse before starting a runner
+    env_maker(bundle, own_env)  # refuse before starting a runner
     graph = mode_graph(bundle, stochastic)
     runner, loaded, why = open_runner(bundle, graph, fmt, device=device, device_id=device_id)
     where = "in this process" if runner.pid == os.getpid() else "runner process"
@@ -130,7 +142,8 @@ def play(
                                                     "lite-isolated")  # fmt: skip
     with runner:
         try:
-            returns = run_episodes(runner, bundle, graph, episodes, seed, stochastic, report=print, recorder=recorder)
+            returns = run_episodes(runner, bundle, graph, episodes, seed, stochastic, report=print, recorder=recorder,
+                                   own_env=own_env)  # fmt: skip
         finally:
             if recorder is not None:
                 recorder.close()
@@ -152,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--record", metavar="DIR", help="record every step (inference.field) for an audit on the "
                    "training box (verify --bundle B --audit DIR)")
+    p.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor (gymnasium API), instead of the "
+                   "bundle's env id")
     p.add_argument("--isolate", action="store_true",
                    help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
     args = p.parse_args(argv)
@@ -159,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MSRL_LITE_ISOLATE"] = "1"
     try:
         play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, args.device, args.device_id,
-             args.record)
+             args.record, args.env)
     except (BundleError, ContractError, FeedError, LiteRunnerError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
