@@ -7,7 +7,8 @@
 The policy acts as the bundle's contract says: the graph's own action output (post-processing inside the graph),
 or argmax / squash of its scores; ``mode="stochastic"`` feeds the sampling graph seeded noise (``seed=``) or takes
 ``noise=``. A policy that carries state keeps it between calls, one row per observation row, from the contract's
-``init`` (``reset()`` starts new episodes; ``state=`` overrides it for one call).
+``init`` (``reset()`` starts new episodes, and a call with another number of rows needs it first: a ``FeedError``
+otherwise; ``state=`` overrides the state for one call).
 
 ``record=DIR`` keeps every step for an audit against training (``inference.field``; ``policy.observe(reward,
 done)`` adds the env's answers). At a fixed batch, the Lite path allocates nothing per call when the graph computes
@@ -28,6 +29,7 @@ from inference.errors import UsageError
 from inference.field import DEFAULT_CHUNK_STEPS, Recorder
 from inference.lite_client import LiteRunner
 from inference.lite_common import RunnerUnavailable
+from inference.tensors import FeedError
 
 RUNTIMES = ("best", "lite", "lite-isolated", "onnxruntime")
 
@@ -146,8 +148,11 @@ class Policy:
         if c.states:
             if state is not None:
                 self._state = state
-            elif self._state is None or len(self._state) != n:
+            elif self._state is None:
                 self._state = c.initial_state(n)
+            elif len(self._state) != n:  # a silent re-init would restart every episode's memory mid-way
+                raise FeedError(f"the carried state holds {len(self._state)} row(s) and this call has {n} "
+                                "observation(s): call reset() to start new episodes, or pass state=")  # fmt: skip
             feeds += c.state_inputs(self._state)
         self.outputs = self.model.infer_into(*feeds)
         if c.states:

@@ -179,8 +179,17 @@ def test_load_carries_a_recurrent_state(tmp_path):
             p.act(obs[-1])
             scores.append(np.concatenate([np.ravel(v) for k, v in sorted(p.outputs.items())]).copy())
         name = policy.contract.states[0].name
+        try:  # another batch size mid-episode: refused, never a silent restart of every episode's memory
+            policy.act(obs[0, :2])
+            refused = ""
+        except inference.FeedError as exc:
+            refused = str(exc)
+        policy.reset()
+        after_reset = policy.act(obs[0, :2]).shape
         print(json.dumps({{"replayed": all(np.array_equal(a, b) for a, b in zip(first, again)),
                           "state_moved": bool(np.abs(state[name]).sum() > 0),
-                          "history_matters": bool(not np.array_equal(*scores))}}))
+                          "history_matters": bool(not np.array_equal(*scores)),
+                          "refused": refused, "after_reset": list(after_reset)}}))
     """)
-    assert result == {"replayed": True, "state_moved": True, "history_matters": True}
+    assert result.pop("refused").startswith("the carried state holds 3 row(s) and this call has 2 observation(s)")
+    assert result == {"replayed": True, "state_moved": True, "history_matters": True, "after_reset": [2]}
