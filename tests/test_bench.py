@@ -115,20 +115,16 @@ def test_soak_detects_bitwise_drift(cartpole_bundle):
 
 def _shape_bundle(shape: str, out):
     """A bundle of ``shape`` and the arguments that name its env for play and bench."""
-    import importlib.util
-
     import foreign_policies as fp
-    from byo_examples import EXAMPLES
+    from byo_examples import EXAMPLES, example_module
 
     from inference.contract import PolicyContract
     from msrl_consistency.api import export_policy
 
     if shape == "gru":  # CartPole-v1, the contract's env id
-        spec = importlib.util.spec_from_file_location("bench_gru_policy", EXAMPLES / "recurrent" / "policy.py")
-        module = sys.modules["bench_gru_policy"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        make = example_module(EXAMPLES / "recurrent", "bench_recurrent_policy").make_policy
         contract = PolicyContract.from_toml(EXAMPLES / "recurrent" / "contract.toml")
-        return export_policy(module.make_policy(), contract, out), []
+        return export_policy(make(), contract, out), []
     if shape == "dict":
         return export_policy(fp.make_dict_policy(), fp.DICT_CONTRACT, out), ["--env", "foreign_envs:make_dict"]
     return export_policy(fp.make_two_head(), fp.TWO_HEAD_CONTRACT, out), ["--env", "foreign_envs:make_two_head"]

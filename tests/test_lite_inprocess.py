@@ -152,16 +152,13 @@ def test_load_acts_like_the_runner_in_a_control_loop(cartpole_bundle, pendulum_b
 
 
 def test_load_carries_a_recurrent_state(tmp_path):
-    import importlib.util
+    from byo_examples import EXAMPLES, example_module
 
     from msrl_consistency.api import export_policy
 
-    example = REPO / "examples" / "bring-your-own" / "recurrent"
-    spec = importlib.util.spec_from_file_location("inprocess_gru_policy", example / "policy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # MindSpore's graph parser looks the Cell's module up by name
-    spec.loader.exec_module(module)
-    bundle = export_policy(module.make_policy(), example / "contract.toml", tmp_path / "gru")
+    example = EXAMPLES / "recurrent"
+    make = example_module(example, "inprocess_recurrent_policy").make_policy
+    bundle = export_policy(make(), example / "contract.toml", tmp_path / "gru")
     result = deploy_python(f"""
         import numpy as np
         import inference

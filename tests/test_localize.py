@@ -114,16 +114,11 @@ def test_a_changed_weight_in_a_cnns_second_convolution_is_named(tmp_path):
 def test_a_fault_in_a_recurrent_policy_is_named_at_its_layer(tmp_path, fault, named):
     """A GRUCell exports as two Gemms and gate arithmetic the exporter leaves unnamed; its output is the carried
     state (``h_next``), not a gate's, in every runtime."""
-    import importlib.util
-
-    from byo_examples import EXAMPLES
+    from byo_examples import EXAMPLES, example_module
 
     from inference.contract import PolicyContract
 
-    spec = importlib.util.spec_from_file_location("recurrent_policy", EXAMPLES / "recurrent" / "policy.py")
-    module = sys.modules["recurrent_policy"] = importlib.util.module_from_spec(spec)  # the graph compiler looks it up
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    make_policy = module.make_policy
+    make_policy = example_module(EXAMPLES / "recurrent", "localize_recurrent_policy").make_policy
     contract = PolicyContract.from_toml(EXAMPLES / "recurrent" / "contract.toml")
     bundle = export_policy(nudge(make_policy(), fault, 0.5), contract, tmp_path / "bundle")
     result = verify_policy(make_policy(), None, bundle.root, options=VerifyOptions(**FAST, runtimes=RUNTIMES))

@@ -15,7 +15,7 @@ import foreign_envs as fe
 import foreign_policies as fp
 import numpy as np
 import pytest
-from byo_examples import EXAMPLES, trained_example
+from byo_examples import EXAMPLES, example_module, trained_example
 
 from inference.compare.verifier import VerifyOptions
 from inference.contract import PolicyContract
@@ -38,31 +38,19 @@ def cli(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-def example_module(work: Path, unique: str):
-    """The example's ``policy.py`` as a module of its own name (every example has a ``policy`` module)."""
-    import importlib.util
-
-    sys.path.insert(0, str(work))  # its own imports (pixel_env) resolve from its directory
-    try:
-        if unique in sys.modules:
-            return sys.modules[unique]
-        spec = importlib.util.spec_from_file_location(unique, work / "policy.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[unique] = module  # MindSpore's graph compiler looks the Cell's module up by name
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    finally:
-        sys.path.remove(str(work))
-    return module
-
-
 # -- carried state: a GRU on CartPole-v1 ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def recurrent(tmp_path_factory) -> Path:
-    work = trained_example(tmp_path_factory, "recurrent", "--steps", "80")
+def exported_example(tmp_path_factory, name: str) -> Path:
+    """The example trained briefly by its own script, then exported with the CLI into its ``bundle/``."""
+    work = trained_example(tmp_path_factory, name, "--steps", "80")
     proc = cli(work, "msrl_consistency.export", "--cell", "policy:make_policy", "--ckpt", "policy.ckpt", "--contract",
                "contract.toml", "--out", "bundle")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     return work
+
+
+@pytest.fixture(scope="module")
+def recurrent(tmp_path_factory) -> Path:
+    return exported_example(tmp_path_factory, "recurrent")
 
 
 @pytest.mark.slow
@@ -130,11 +118,7 @@ def _verify_in(work: Path, bundle: Path, **kwargs):
 # -- uint8 camera frames from a team's own env ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pixel(tmp_path_factory) -> Path:
-    work = trained_example(tmp_path_factory, "pixel", "--steps", "80")
-    proc = cli(work, "msrl_consistency.export", "--cell", "policy:make_policy", "--ckpt", "policy.ckpt", "--contract",
-               "contract.toml", "--out", "bundle")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return work
+    return exported_example(tmp_path_factory, "pixel")
 
 
 @pytest.mark.slow
