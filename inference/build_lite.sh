@@ -205,8 +205,12 @@ CXXFLAGS=(-O2 -std=c++17 -Wall -fPIC -D_GLIBCXX_USE_CXX11_ABI=$CXX_ABI -I"$INC_R
 # -rpath-link resolves the runtime's own dependencies at link time; a DT_RPATH (not RUNPATH, which is not
 # inherited by those indirect dependencies) lets the binaries run without LD_LIBRARY_PATH.
 LDFLAGS=(-L"$LIB" -Wl,-rpath-link,"$LIB" -Wl,--disable-new-dtags -Wl,-rpath,"$LIB")
-COMMON=(main protocol json lite_log errors mindir_probe pinning server)
+COMMON=(main protocol json lite_log errors mindir_probe pinning server inline_run)
 INPROCESS=(inprocess protocol json lite_log errors pinning)  # libmsrl-lite.so: Lite in the caller's process
+# inline_run.cc defines Lite's ActorThreadPool::PushActorToQueue so the graph runs on the calling thread: the
+# runner exports it from the executable; in a Python process it is libmsrl-lite-inline.so, which
+# lite_inprocess.py loads RTLD_GLOBAL before libmsrl-lite.so (and so before Lite's plugins).
+EXPORT_PUSH=-Wl,--export-dynamic-symbol=_ZN9mindspore15ActorThreadPool16PushActorToQueueEPNS_9ActorBaseE
 
 # Rebuild when the sources, the SDK, its version or the compiler changed (content hash, not timestamps).
 key=$( { cat "$SRC"/*.cc "$SRC"/*.h "$0"; [[ -f "$CONVERTER_SRC" ]] && cat "$CONVERTER_SRC";
@@ -241,7 +245,8 @@ LINK_RT="-l${RTLIB#lib}"
 LINK_RT="${LINK_RT%.so}"
 CONVERTER=null
 if [[ "$(cat "$OUT/.build-key" 2>/dev/null || true)" == "$key" && -x "$OUT/msrl-lite-runner" \
-      && -x "$OUT/msrl-lite-runner-test" && -f "$OUT/libmsrl-lite.so" && -f "$OUT/msrl-lite-runner.json" ]]; then
+      && -x "$OUT/msrl-lite-runner-test" && -f "$OUT/libmsrl-lite.so" && -f "$OUT/libmsrl-lite-inline.so" \
+      && -f "$OUT/msrl-lite-runner.json" ]]; then
     say "$OUT is up to date"
     exit 0
 fi
@@ -255,12 +260,13 @@ compile_objects "$OBJ" "${srcs[@]}"
 objs=()
 for f in "${COMMON[@]}"; do objs+=("$OBJ/$f.o"); done
 say "linking msrl-lite-runner and msrl-lite-runner-test (with the fault-injection hook)"
-compile "$OUT/msrl-lite-runner" "$LINK_RT" -- "${objs[@]}" "$OBJ/request_hook_none.o"
-compile "$OUT/msrl-lite-runner-test" "$LINK_RT" -- "${objs[@]}" "$OBJ/request_hook_fault.o"
-say "linking libmsrl-lite.so (Lite in the calling process)"
+compile "$OUT/msrl-lite-runner" "$LINK_RT" -ldl "$EXPORT_PUSH" -- "${objs[@]}" "$OBJ/request_hook_none.o"
+compile "$OUT/msrl-lite-runner-test" "$LINK_RT" -ldl "$EXPORT_PUSH" -- "${objs[@]}" "$OBJ/request_hook_fault.o"
+say "linking libmsrl-lite.so and libmsrl-lite-inline.so (Lite in the calling process)"
+compile "$OUT/libmsrl-lite-inline.so" -shared -ldl -- "$OBJ/inline_run.o"
 lib_objs=()
 for f in "${INPROCESS[@]}"; do lib_objs+=("$OBJ/$f.o"); done
-compile "$OUT/libmsrl-lite.so" -shared "$LINK_RT" -- "${lib_objs[@]}"
+compile "$OUT/libmsrl-lite.so" -shared "$LINK_RT" -L"$OUT" -lmsrl-lite-inline "-Wl,-rpath,\$ORIGIN" -- "${lib_objs[@]}"
 if ((RUNNER_ONLY)); then
     say "converter skipped (--runner-only)"
 elif [[ ! -f "$CONVERTER_SRC" ]]; then
@@ -304,6 +310,7 @@ cat >"$OUT/msrl-lite-runner.json" <<EOF
   "runner": "msrl-lite-runner",
   "test_runner": "msrl-lite-runner-test",
   "library": "libmsrl-lite.so",
+  "inline_library": "libmsrl-lite-inline.so",
   "converter": $CONVERTER,
   "built": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 }

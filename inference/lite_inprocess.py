@@ -2,16 +2,20 @@
 ``build_lite.sh``) through ``ctypes``.
 
 The deploy side's default: a control loop pays Lite's own compute, not a pipe and two process wake-ups per step
-(``LiteRunner``). The runner process stays for a process that imports MindSpore (Lite 2.0.0 and MindSpore 2.10
-ship clashing ``libmindspore_core.so``) and for untrusted models (its watchdog kills a hung graph; in-process a
-hang is the caller's): ``open_lite`` chooses, ``MSRL_LITE_ISOLATE=1`` (the commands' ``--isolate``) forces the
-runner. The same context options, load-failure classification and feed checks as the runner, so both give the
-same bits for the same graph and thread count.
+(``LiteRunner``), and on the CPU the graph runs on the calling thread, not on Lite's actor thread
+(``libmsrl-lite-inline.so``, loaded first and RTLD_GLOBAL so that the dynamic linker binds Lite's plugins to it;
+see ``inference/runner/inline_run.h``). The runner process stays for a process that imports MindSpore (Lite 2.0.0
+and MindSpore 2.10 ship clashing ``libmindspore_core.so``) and for untrusted models (its watchdog kills a hung
+graph; in-process a hang is the caller's): ``open_lite`` chooses, ``MSRL_LITE_ISOLATE=1`` (the commands'
+``--isolate``) forces the runner. The same context options, load-failure classification and feed checks as the
+runner, so both give the same bits for the same graph and thread count.
 
-Feeds are validated here before Lite sees them (count, dtype, rank, fixed dimensions, the row cap; a
-non-contiguous array is made contiguous, the only copy on the Python side); outputs land in buffers allocated
-once per input shape. ``infer`` returns copies, safe to keep; ``infer_into`` returns those buffers themselves
-(overwritten by the next call: the allocation-free path of a control loop).
+Feeds are validated here before Lite sees them (count, dtype, rank, fixed dimensions, the row cap), once per input
+signature (shapes and dtypes): the call's arguments are then prepared once (``_Call``, one pointer per step), small
+feeds are copied into buffers of that call (cheaper than asking NumPy for an array's address, and any layout
+goes), and outputs land in buffers allocated once per signature. ``infer`` returns copies, safe to keep;
+``infer_into`` returns those buffers themselves (overwritten by the next call: the allocation-free path of a
+control loop).
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ from inference.lite_common import (
 from inference.tensors import FeedError, TensorMeta
 
 LIBRARY_NAME = "libmsrl-lite.so"
+INLINE_LIBRARY_NAME = "libmsrl-lite-inline.so"
 MAX_RANK = 8
 _ERR = 4096
-_SHAPES_KEPT = 8  # output buffers kept for this many distinct input shapes
+_SHAPES_KEPT = 8  # prepared calls (and their buffers) kept for this many distinct input signatures
+_STAGE_BYTES = 256 << 10  # feeds up to this size are copied into the call's own buffer; larger ones passed as is
 
 
 def library_path() -> Path:
@@ -75,7 +81,17 @@ class _Library:
     _instance: _Library | None = None
 
     def __init__(self, path: Path) -> None:
-        lib = ctypes.CDLL(str(path))
+        # Global, and before libmsrl-lite.so pulls in Lite: its symbols must be bound before Lite's plugins load.
+        inline = ctypes.CDLL(str(path.with_name(INLINE_LIBRARY_NAME)), mode=ctypes.RTLD_GLOBAL)
+        inline.msrl_lite_inline_runs.restype = ctypes.c_uint64
+        inline.msrl_lite_float_mode.restype = ctypes.c_uint32
+        inline.msrl_lite_set_float_mode.argtypes = [ctypes.c_uint32]
+        self.inline_runs = inline.msrl_lite_inline_runs
+        mode = inline.msrl_lite_float_mode()
+        try:
+            lib = ctypes.CDLL(str(path))
+        finally:  # loading Lite switches this thread to flush denormals; this process's own arithmetic keeps its mode
+            inline.msrl_lite_set_float_mode(mode)
         c = ctypes
         p_i64, p_u64 = c.POINTER(c.c_int64), c.POINTER(c.c_uint64)
         lib.msrl_lite_version.restype = c.c_char_p
@@ -86,7 +102,7 @@ class _Library:
         lib.msrl_lite_describe.argtypes = [c.c_void_p, c.c_int, c.c_int, c.c_char_p, c.c_size_t,
                                            c.POINTER(c.c_int), p_i64]  # fmt: skip
         lib.msrl_lite_fetch.argtypes = [c.c_void_p, c.c_int, c.POINTER(c.c_void_p), p_u64, c.c_char_p, c.c_size_t]
-        # msrl_lite_predict is called with ready-made ctypes arguments (_Shape.args): no per-call conversion
+        lib.msrl_lite_predict.argtypes = [c.c_void_p]  # a _Call's address: no per-call argument conversion
         lib.msrl_lite_close.argtypes = [c.c_void_p]
         self.lib = lib
         self.predict = lib.msrl_lite_predict
@@ -105,32 +121,59 @@ class _Library:
         return cls._instance
 
 
-class _Shape:
-    """What a call at one input signature (shapes, dtypes) needs, prepared once: the feed validation done, the
-    ctypes arguments built, and (after the first call, when Lite knows them) the output buffers."""
+class _CallArgs(ctypes.Structure):
+    """``struct msrl_lite_call`` (inference/runner/inprocess.cc)."""
+
+    _fields_ = [
+        ("handle", ctypes.c_void_p),
+        ("n", ctypes.c_int32),
+        ("n_out", ctypes.c_int32),
+        ("data", ctypes.POINTER(ctypes.c_void_p)),
+        ("nbytes", ctypes.POINTER(ctypes.c_uint64)),
+        ("dims", ctypes.POINTER(ctypes.c_int64)),
+        ("ranks", ctypes.POINTER(ctypes.c_int32)),
+        ("out", ctypes.POINTER(ctypes.c_void_p)),
+        ("out_bytes", ctypes.POINTER(ctypes.c_uint64)),
+        ("error", ctypes.POINTER(ctypes.c_char)),
+        ("error_len", ctypes.c_uint64),
+    ]
+
+
+class _Call:
+    """A call at one input signature (shapes, dtypes), prepared once: the feeds validated, the C arguments built,
+    a buffer for each small feed, and (after the first call, when Lite knows them) the output buffers."""
 
     def __init__(self, model: LiteModel, feeds: list[np.ndarray]) -> None:
         c = ctypes
         n = len(feeds)
         flat = [d for a in feeds for d in a.shape]
-        self.data = (c.c_void_p * n)()
+        # small feeds are copied into these buffers (fixed addresses); None: the feed's own memory, passed as is
+        self.staged: list[np.ndarray | None] = [np.empty_like(a) if a.nbytes <= _STAGE_BYTES else None for a in feeds]
+        self.passed: list[np.ndarray | None] = [None] * n
         self.outputs: dict[str, np.ndarray] = {}
-        self.count = c.c_int(0)
-        self.out, self.out_bytes = None, None
-        self.dims = (c.c_int64 * max(len(flat), 1))(*flat)
-        self.ranks = (c.c_int * n)(*[a.ndim for a in feeds])
-        self.nbytes = (c.c_uint64 * n)(*[a.nbytes for a in feeds])
-        # msrl_lite_predict's arguments in order; only the data pointers change from call to call
-        self.args = [c.c_void_p(model._handle), c.c_int(n), self.data, self.nbytes, self.dims, self.ranks, self.count,
-                     None, None, model._error, c.c_size_t(_ERR)]  # fmt: skip
+        self.data = (c.c_void_p * n)(*[b.ctypes.data if b is not None else None for b in self.staged])
+        self._keep = [self.data, (c.c_uint64 * n)(*[a.nbytes for a in feeds]),
+                      (c.c_int64 * max(len(flat), 1))(*flat), (c.c_int32 * n)(*[a.ndim for a in feeds])]  # fmt: skip
+        self.args = _CallArgs(model._handle, n, 0, self.data, *self._keep[1:], None, None,
+                              ctypes.cast(model._error, ctypes.POINTER(ctypes.c_char)), _ERR)  # fmt: skip
+        self.pointer = c.c_void_p(c.addressof(self.args))
+
+    def feed(self, arrays: tuple[np.ndarray, ...]) -> None:
+        """Put this step's feeds where the call reads them."""
+        for k, (buf, a) in enumerate(zip(self.staged, arrays, strict=True)):
+            if buf is not None:
+                buf[...] = a
+            else:  # kept referenced until the next call: Lite reads it during this one
+                self.passed[k] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+                self.data[k] = self.passed[k].ctypes.data
 
     def allocate(self, metas: list[TensorMeta]) -> None:
         self.outputs = {meta.name: np.empty(meta.shape, meta.dtype) for meta in metas}
         arrays = list(self.outputs.values())
-        self.count.value = len(arrays)
-        self.out = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        self.out_bytes = (ctypes.c_uint64 * len(arrays))(*[a.nbytes for a in arrays])
-        self.args[7], self.args[8] = self.out, self.out_bytes
+        out = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        out_bytes = (ctypes.c_uint64 * len(arrays))(*[a.nbytes for a in arrays])
+        self._keep += [out, out_bytes]
+        self.args.out, self.args.out_bytes, self.args.n_out = out, out_bytes, len(arrays)
 
 
 class LiteModel:
@@ -167,7 +210,7 @@ class LiteModel:
         self._handle = handle
         self.inputs = self._describe(0)
         self.outputs = self._describe(1)
-        self._shapes: OrderedDict[tuple, _Shape] = OrderedDict()
+        self._calls: OrderedDict[tuple, _Call] = OrderedDict()
         self._error = ctypes.create_string_buffer(_ERR)
         self._predict = self._lib.predict
 
@@ -175,6 +218,12 @@ class LiteModel:
     def pid(self) -> int:
         """The process Lite runs in: this one."""
         return os.getpid()
+
+    @property
+    def runs_inline(self) -> bool:
+        """Whether Lite has run graphs on the calling thread in this process (False before the first call, with
+        ``MSRL_LITE_INLINE=0``, off the CPU, or where the dynamic linker kept Lite's actor hand-off)."""
+        return self._lib.inline_runs() > 0
 
     def _describe(self, output: int) -> list[TensorMeta]:
         metas = []
@@ -211,34 +260,29 @@ class LiteModel:
     def infer_into(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Run the model; the outputs are buffers owned by this model, overwritten by its next call at the same
         input shapes (no allocation per call)."""
-        try:  # a signature seen before was validated then: shapes, dtypes and layout decide everything checked
-            key = tuple((a.shape, a.dtype, a.flags.c_contiguous) for a in arrays)
-            shape = self._shapes.get(key)
+        try:  # a signature seen before was validated then: shapes and dtypes decide everything checked
+            key = tuple([(a.shape, a.dtype) for a in arrays])
+            call = self._calls.get(key)
         except AttributeError:  # not an array: _check says which input
-            shape = key = None
-        if shape is None:
-            feeds = self._check(arrays)
-            shape = _Shape(self, feeds)
-            if key is not None and all(a.flags.c_contiguous for a in arrays):
-                self._shapes[key] = shape
-                if len(self._shapes) > _SHAPES_KEPT:
-                    self._shapes.popitem(last=False)
+            call = key = None
+        if call is None:
+            call = _Call(self, self._check(arrays))
+            if key is not None:
+                self._calls[key] = call
+                if len(self._calls) > _SHAPES_KEPT:
+                    self._calls.popitem(last=False)
         elif self._handle is None:
             raise LiteRunnerError(f"{self.model_path}: the model is closed")
-        else:
-            feeds = arrays
-        data = shape.data
-        for k, a in enumerate(feeds):
-            data[k] = a.ctypes.data
-        status = self._predict(*shape.args)
-        if not status and not shape.count.value:  # the first call at these shapes: Lite now knows the output shapes
-            shape.allocate(self._describe(1))
-            status = self._lib.lib.msrl_lite_fetch(self._handle, shape.count, shape.out, shape.out_bytes,
-                                                   self._error, _ERR)  # fmt: skip
+        call.feed(arrays)
+        status = self._predict(call.pointer)
+        if not status and not call.args.n_out:  # the first call at these shapes: Lite now knows the output shapes
+            call.allocate(self._describe(1))
+            status = self._lib.lib.msrl_lite_fetch(self._handle, call.args.n_out, call.args.out,
+                                                   call.args.out_bytes, self._error, _ERR)  # fmt: skip
         if status:
             message = self._error.value.decode(errors="replace")
             raise (FeedError if status == 1 else InferenceError)(f"{Path(self.model_path).name}: {message}")
-        return shape.outputs
+        return call.outputs
 
     def infer(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Run the model; the outputs are the caller's to keep."""
@@ -248,7 +292,7 @@ class LiteModel:
         """Free the model (idempotent)."""
         handle, self._handle = self._handle, None
         if handle:
-            self._shapes.clear()
+            self._calls.clear()
             self._lib.lib.msrl_lite_close(handle)
 
     def __enter__(self) -> LiteModel:

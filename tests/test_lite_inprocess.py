@@ -31,19 +31,24 @@ def deploy_python(code: str) -> dict:
 
 AGREE = """
 import numpy as np
+import inference.lite_inprocess as lite_inprocess
 from inference.lite_client import LiteRunner
 from inference.lite_inprocess import LiteModel
-result = {}
+result, staged = {}, lite_inprocess._STAGE_BYTES
 for path in PATHS:
-    model, runner = LiteModel(path), LiteRunner(path)
-    rng = np.random.default_rng(0)
-    same = []
-    for batch in (1, 7, 64, 1, 7):  # shapes again after others: buffers kept per shape, Lite resized back
-        feeds = [rng.standard_normal((batch, *(d for d in m.shape[1:]))).astype(m.dtype) * 3 for m in model.inputs]
-        a, b = model.infer(*feeds), runner.infer(*feeds)
-        same.append(sorted(a) == sorted(b) and all(a[k].tobytes() == b[k].tobytes() for k in b))
-    result[path] = same
-    model.close(); runner.close()
+    for stage in (staged, 0):  # feeds copied into the call's buffers / passed as they are
+        lite_inprocess._STAGE_BYTES = stage
+        model, runner = LiteModel(path), LiteRunner(path)
+        rng = np.random.default_rng(0)
+        same = []
+        for batch in (1, 7, 64, 1, 7):  # shapes again after others: buffers kept per shape, Lite resized back
+            feeds = [rng.standard_normal((batch, *m.shape[1:])).astype(m.dtype) * 3 for m in model.inputs]
+            if batch == 7:
+                feeds = [np.asfortranarray(f) for f in feeds]  # not C-contiguous
+            a, b = model.infer(*feeds), runner.infer(*feeds)
+            same.append(sorted(a) == sorted(b) and all(a[k].tobytes() == b[k].tobytes() for k in b))
+        result[f"{path} {stage}"] = same + [model.runs_inline]
+        model.close(); runner.close()
 print(json.dumps(result))
 """
 
@@ -57,7 +62,46 @@ def test_in_process_lite_gives_the_runners_bits(cartpole_bundle, pendulum_bundle
     paths = [str(b.file(g, "ms")) for b in (cartpole_bundle, pendulum_bundle) for g in b.graphs]
     paths.append(str(cnn.file("policy", "ms")))
     result = deploy_python(f"PATHS = {paths!r}\n" + AGREE)
-    assert result == {p: [True] * 5 for p in paths}
+    assert {k.rsplit(" ", 1)[0] for k in result} == set(paths) and len(result) == 2 * len(paths)
+    assert {k: v for k, v in result.items() if v != [True] * 6} == {}  # the last: Lite ran on the calling thread
+
+
+def test_lite_computes_in_its_float_mode_and_leaves_the_callers_alone(tmp_path):
+    """Lite's x86 threads flush denormals to zero, and Lite's Build switches its caller's thread to that mode too.
+    In-process, the graph must compute in that mode (or its answer would differ from the runner's), and the
+    caller's own arithmetic (an env's physics, say) must keep its mode. A 1e30 gain on denormals tells them apart."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn
+
+    from msrl_consistency.api import export_policy
+
+    gain = nn.Dense(4, 2, weight_init=ms.Tensor(np.full((2, 4), 1e30, np.float32)), bias_init="zeros")
+    contract = {"input": {"obs": [4]}, "outputs": {"names": ["logits"]},
+                "action": {"kind": "categorical", "logits": "logits"}}  # fmt: skip
+    path = str(export_policy(gain, contract, tmp_path / "gain").file("policy", "ms"))
+    result = deploy_python(f"""
+        import os
+        import numpy as np
+        from inference.lite_client import LiteRunner
+        from inference.lite_inprocess import LiteModel
+        obs = np.full((3, 4), 1e-39, np.float32)  # denormal
+        caller = lambda: float(obs[0, 0] * np.float32(1e30))  # this thread's own arithmetic
+        before = caller()
+        model = LiteModel({path!r})
+        opened = caller()
+        here = model.infer(obs)["logits"]
+        after = caller()
+        with LiteRunner({path!r}) as runner:  # the runner runs the graph on its serving thread too
+            runner_inline = runner.infer(obs)["logits"]
+        os.environ["MSRL_LITE_INLINE"] = "0"
+        with LiteRunner({path!r}) as runner:  # on Lite's own actor thread
+            worker = runner.infer(obs)["logits"]
+        print(json.dumps({{"caller": [before, opened, after], "here": here.tolist(), "inline": model.runs_inline,
+                          "same": here.tobytes() == runner_inline.tobytes() == worker.tobytes()}}))
+    """)
+    assert result["caller"] == [pytest.approx(1e-9, rel=1e-3)] * 3  # never flushed, before or after Lite
+    assert result["here"] == [[0.0, 0.0]] * 3 and result["inline"] and result["same"]
 
 
 def test_bad_feeds_are_refused_before_lite_sees_them(cartpole_bundle):
@@ -76,7 +120,7 @@ def test_bad_feeds_are_refused_before_lite_sees_them(cartpole_bundle):
                 errors[name] = None
             except FeedError as exc:
                 errors[name] = str(exc)
-        strided = np.asfortranarray(np.repeat(obs, 2, 0))  # not C-contiguous: copied, then the same answer
+        strided = np.asfortranarray(np.repeat(obs, 2, 0))  # not C-contiguous: the same answer
         plain = np.ascontiguousarray(strided)
         same = model.infer(strided)["logits"].tobytes() == model.infer(plain)["logits"].tobytes()
         model.close()

@@ -1,13 +1,15 @@
 // libmsrl-lite.so: MindSpore Lite in the calling process, behind a minimal C ABI that Python loads with ctypes
 // (inference/lite_inprocess.py). The runner process stays for a process that imports MindSpore (the two ship
 // clashing libmindspore_core.so) and for untrusted models (its watchdog); a deploy loop calls Lite directly here,
-// without the pipe and the two process wake-ups per step.
+// without the pipe and the two process wake-ups per step. On the CPU the graph runs on the caller's thread
+// (inline_run.h: libmsrl-lite-inline.so, which the caller loads RTLD_GLOBAL before this library).
 //
 // The same context as the runner (threads, CPU or Ascend device, Lite's worker pinned to the caller's CPU with one
 // thread), the same load-failure classification (errors.h), the same feed validation, so the two give bitwise the
 // same outputs for the same graph and thread count. Feeds are copied once, into Lite's own input tensors; outputs
 // once, into buffers the caller owns (no allocation per call at a fixed shape).
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -21,6 +23,7 @@
 #include "include/api/model.h"
 #include "include/api/status.h"
 #include "include/api/types.h"
+#include "inline_run.h"
 #include "lite_log.h"
 #include "pinning.h"
 #include "protocol.h"
@@ -37,6 +40,7 @@ struct Handle {
   std::vector<std::vector<int64_t>> declared, current;
   msrl::ThreadFollower follower;
   bool follow = false;
+  bool inline_actors = false;
 };
 
 void Put(char *buf, size_t len, const std::string &text) {
@@ -57,14 +61,22 @@ std::string Version() {
   return v.empty() ? MSRL_LITE_VERSION : v;
 }
 
-// Resizes Lite's inputs when the feed shapes changed since the last call; "" or the reason it failed.
-std::string EnsureShapes(Handle *h, const std::vector<std::vector<int64_t>> &dims) {
-  if (dims == h->current) return "";
-  mindspore::Status st = h->model->Resize(h->inputs, dims);
+// Resizes Lite's inputs when the feed shapes (n feeds, ranks[i] dims each, back to back in dims) differ from the
+// last call's; "" or the reason it failed. The steady state (same shapes) allocates nothing.
+std::string EnsureShapes(Handle *h, int n, const int64_t *dims, const int32_t *ranks) {
+  bool same = static_cast<size_t>(n) == h->current.size();
+  for (int i = 0, at = 0; same && i < n; at += ranks[i], ++i) {
+    same = h->current[i].size() == static_cast<size_t>(ranks[i]) &&
+           std::equal(dims + at, dims + at + ranks[i], h->current[i].begin());
+  }
+  if (same) return "";
+  std::vector<std::vector<int64_t>> shapes(n);
+  for (int i = 0, at = 0; i < n; at += ranks[i], ++i) shapes[i].assign(dims + at, dims + at + ranks[i]);
+  mindspore::Status st = h->model->Resize(h->inputs, shapes);
   if (st.IsError()) return "resize failed: " + msrl::OneLine(st.ToString());
   h->inputs = h->model->GetInputs();
   h->outputs = h->model->GetOutputs();
-  h->current = dims;
+  h->current = shapes;
   return "";
 }
 
@@ -119,7 +131,11 @@ void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, i
   h->model = std::make_unique<mindspore::Model>();
   const std::vector<pid_t> threads_before = msrl::ThreadIds();
   msrl::LogCapture capture;
-  mindspore::Status st = h->model->Build(model_path, type, ctx);
+  mindspore::Status st;
+  {
+    msrl::FloatMode keep;  // as when the libraries loaded: the caller's own arithmetic keeps its float mode
+    st = h->model->Build(model_path, type, ctx);
+  }
   const std::string log = capture.Release();
   if (st.IsError()) return fail(msrl::ClassifyLoadFailure(log, st, model_path, dev, device_id, Version()));
   h->inputs = h->model->GetInputs();
@@ -141,6 +157,7 @@ void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, i
   // of the process belongs to Lite" does not hold, so only the threads Build started are followed.
   h->follow = dev == "cpu" && threads == 1;
   if (h->follow) h->follower.InitSince(threads_before);
+  h->inline_actors = dev == "cpu" && msrl::InlineWanted();
   return h.release();
 }
 
@@ -187,44 +204,65 @@ int msrl_lite_fetch(void *handle, int n_out, void *const *out, const uint64_t *o
   return 0;
 }
 
-// Runs the model. Inputs: n feeds with their data, byte sizes and shapes (validated by the caller against the
-// model's declaration: dtype, rank, fixed dimensions, row cap). Outputs: copied into the caller's buffers (as
-// msrl_lite_fetch); without buffers (n_out = 0: the first call at these shapes, whose output shapes Lite only
-// knows after running) they stay in Lite's tensors for msrl_lite_describe and msrl_lite_fetch. 0 ok; 1 a feed or
-// buffer does not fit; 2 Lite failed.
-int msrl_lite_predict(void *handle, int n, void *const *data, const uint64_t *nbytes, const int64_t *dims,
-                      const int *ranks, int n_out, void *const *out, const uint64_t *out_bytes, char *error,
-                      size_t error_len) {
-  auto *h = static_cast<Handle *>(handle);
+// One call's arguments, prepared once per input signature by the caller (lite_inprocess.py's _Call mirrors it):
+// a control loop passes one pointer per step, and only the contents of its buffers change.
+struct msrl_lite_call {
+  void *handle;
+  int32_t n;                 // feeds
+  int32_t n_out;             // output buffers; 0 on the first call at these shapes (see msrl_lite_predict)
+  void *const *data;         // n feed buffers
+  const uint64_t *nbytes;    // their sizes
+  const int64_t *dims;       // the feeds' shapes, back to back
+  const int32_t *ranks;      // n ranks
+  void *const *out;          // n_out output buffers
+  const uint64_t *out_bytes; // their sizes
+  char *error;               // the failure's text
+  uint64_t error_len;
+};
+
+// Runs the model on call's feeds (validated by the caller against the model's declaration: dtype, rank, fixed
+// dimensions, row cap). Outputs: copied into the caller's buffers (as msrl_lite_fetch); without buffers (n_out = 0:
+// the first call at these shapes, whose output shapes Lite only knows after running) they stay in Lite's tensors
+// for msrl_lite_describe and msrl_lite_fetch. 0 ok; 1 a feed or buffer does not fit; 2 Lite failed.
+int msrl_lite_predict(const msrl_lite_call *call) {
+  auto *h = static_cast<Handle *>(call->handle);
+  const int n = call->n;
   if (static_cast<size_t>(n) != h->inputs.size()) {
-    Put(error, error_len, "expected " + std::to_string(h->inputs.size()) + " inputs, got " + std::to_string(n));
+    Put(call->error, call->error_len,
+        "expected " + std::to_string(h->inputs.size()) + " inputs, got " + std::to_string(n));
     return 1;
   }
-  std::vector<std::vector<int64_t>> shapes(n);
-  for (int i = 0, at = 0; i < n; at += ranks[i], ++i) shapes[i].assign(dims + at, dims + at + ranks[i]);
-  std::string err = EnsureShapes(h, shapes);
+  std::string err = EnsureShapes(h, n, call->dims, call->ranks);
   if (!err.empty()) {
-    Put(error, error_len, err);
+    Put(call->error, call->error_len, err);
     return 2;
   }
   for (int i = 0; i < n; ++i) {
-    if (nbytes[i] == 0) continue;
+    if (call->nbytes[i] == 0) continue;
     void *dst = h->inputs[i].MutableData();
-    if (dst == nullptr || h->inputs[i].DataSize() != nbytes[i]) {
-      Put(error, error_len, "input '" + h->inputs[i].Name() + "': " + std::to_string(nbytes[i]) +
-                                " bytes do not fill the model's input of " +
-                                std::to_string(h->inputs[i].DataSize()) + " bytes");
+    if (dst == nullptr || h->inputs[i].DataSize() != call->nbytes[i]) {
+      Put(call->error, call->error_len,
+          "input '" + h->inputs[i].Name() + "': " + std::to_string(call->nbytes[i]) +
+              " bytes do not fill the model's input of " + std::to_string(h->inputs[i].DataSize()) + " bytes");
       return 1;
     }
-    std::memcpy(dst, data[i], nbytes[i]);
+    std::memcpy(dst, call->data[i], call->nbytes[i]);
   }
-  if (h->follow) h->follower.Follow();
-  mindspore::Status st = h->model->Predict(h->inputs, &h->outputs);
+  if (h->follow && msrl_lite_inline_runs() == 0) h->follower.Follow();  // inline: Lite's thread stays idle
+  mindspore::Status st;
+  {
+    // The float mode a thread has after Build, as in the runner (whose thread Lite alone uses); restored after.
+    msrl::FloatMode lite_mode(msrl::FloatMode::kFlushDenormals);
+    msrl::InlineScope inline_run(h->inline_actors);
+    h->outputs.clear();  // Lite then hands its own output tensors back, without converting these first
+    st = h->model->Predict(h->inputs, &h->outputs);
+  }
   if (st.IsError()) {
-    Put(error, error_len, "predict failed: " + msrl::OneLine(st.ToString()));
+    Put(call->error, call->error_len, "predict failed: " + msrl::OneLine(st.ToString()));
     return 2;
   }
-  return n_out == 0 ? 0 : msrl_lite_fetch(handle, n_out, out, out_bytes, error, error_len);
+  if (call->n_out == 0) return 0;
+  return msrl_lite_fetch(h, call->n_out, call->out, call->out_bytes, call->error, call->error_len);
 }
 
 void msrl_lite_close(void *handle) { delete static_cast<Handle *>(handle); }

@@ -23,6 +23,7 @@
 #include "include/api/model.h"
 #include "include/api/status.h"
 #include "include/api/types.h"
+#include "inline_run.h"
 #include "json.h"
 #include "lite_log.h"
 #include "mindir_probe.h"
@@ -193,6 +194,7 @@ int main(int argc, char **argv) {
   const char *follow_env = std::getenv("MSRL_LITE_RUNNER_FOLLOW");
   msrl::ServerOptions options;
   options.follow = args.device == "cpu" && args.threads == 1 && !(follow_env && std::atoi(follow_env) == 0);
+  options.inline_actors = args.device == "cpu" && msrl::InlineWanted();  // see inline_run.h
   options.max_rows = args.max_rows;
   options.hook = msrl::MakeRequestHook();
   msrl::Server server(model.get(), STDIN_FILENO, msrl::ProtocolFd(), options);

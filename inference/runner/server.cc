@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "errors.h"
+#include "inline_run.h"
 #include "json.h"
 
 namespace msrl {
@@ -158,11 +159,14 @@ std::string Server::Predict(uint32_t n, bool tap) {
     if (dst == nullptr || inputs_[i].DataSize() != feeds_[i].nbytes) return "cannot allocate input buffer";
     std::memcpy(dst, feeds_[i].data.data(), feeds_[i].nbytes);
   }
-  follower_.Follow();
+  // Once Lite runs on this thread, its own thread stays idle: nothing left to pin.
+  if (msrl_lite_inline_runs() == 0) follower_.Follow();
+  InlineScope inline_run(options_.inline_actors);
   out_.Clear();
   out_.Put(kMagic);
   out_.Put(kOk);
   mindspore::Status st;
+  outputs_.clear();  // Lite then hands its own output tensors back, without converting these first
   if (!tap) {
     st = model_->Predict(inputs_, &outputs_);
   } else {

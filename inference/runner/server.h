@@ -15,8 +15,9 @@
 namespace msrl {
 
 struct ServerOptions {
-  bool follow = false;     // pin Lite's worker thread to the serving thread's CPU (pinning.h)
-  uint64_t max_rows = 0;   // largest batch (first dimension) a request may carry; refused beyond it
+  bool follow = false;          // pin Lite's worker thread to the serving thread's CPU (pinning.h)
+  bool inline_actors = false;   // run Lite's graph on the serving thread (inline_run.h)
+  uint64_t max_rows = 0;        // largest batch (first dimension) a request may carry; refused beyond it
   RequestHook hook = nullptr;
 };
 
