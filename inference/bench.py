@@ -1,13 +1,15 @@
 """``python -m inference.bench BUNDLE``: latency, throughput, soak and task return of a policy on MindSpore Lite.
 
 In the manner of Lite's own ``benchmark`` tool, but for policies and through the deployed path (Lite in this
-process, as ``play`` and a deploy loop use it; ``--isolate``: the runner process and its pipe): per batch size,
-``--warmup`` untimed then ``--loops`` timed requests, reported as request latency p50/p99/p99.9, latency per
-observation and observations per second. ``--soak N`` sends N single-observation requests cycling over a fixed
-set of seeded inputs and reports the RSS of the process Lite runs in over time and any bitwise drift of the
-answers to repeated inputs.
-``--episodes`` plays seeded episodes through the deployed model (``inference.play``) for the task figure.
-Prints a table and writes JSON (``--json``). No timing is asserted anywhere: these are measurements.
+process, called as ``play`` and ``inference.load`` call it, outputs into reused buffers; ``--isolate``: the runner
+process and its pipe): per batch size, ``--warmup`` untimed then ``--loops`` timed requests, reported as request
+latency p50/p99/p99.9, latency per observation and observations per second. ``--baseline onnxruntime`` times the
+bundle's ONNX graph in ONNX Runtime on the same feeds and thread count, batch by batch alternately with Lite (the
+machine's load then weighs on both alike), and reports the ratios. ``--soak N`` sends N single-observation
+requests cycling over a fixed set of seeded inputs and reports the RSS of the process Lite runs in over time and
+any bitwise drift of the answers to repeated inputs. ``--episodes`` plays seeded episodes through the deployed
+model (``inference.play``) for the task figure. Prints a table and writes JSON (``--json``). No timing is asserted
+anywhere: these are measurements.
 
 Exit codes: 0 done, 2 bad arguments or bundle (one ``error:`` line), 3-10 Lite errors (see ``lite_common``).
 """
@@ -32,6 +34,7 @@ from inference.lite_client import LiteRunner
 from inference.lite_common import DEFAULT_MAX_ROWS, LiteRunnerError
 from inference.lite_inprocess import LiteModel
 from inference.play import mode_graph, run_episodes
+from inference.policy import OnnxModel
 from inference.procfs import status_mb
 from inference.sdk import FORMATS, open_runner, runner_info
 from inference.tensors import FeedError
@@ -62,26 +65,46 @@ def _percentiles(seconds: np.ndarray) -> dict[str, float]:
 
 
 def bench_batches(
-    bundle: Bundle, graph: str, runner: LiteModel | LiteRunner, batches: list[int], warmup: int, loops: int, seed: int
-) -> list[dict[str, Any]]:
+    bundle: Bundle, graph: str, models: list[Any], batches: list[int], warmup: int, loops: int, seed: int
+) -> list[list[dict[str, Any]]]:
+    """Each batch size timed on each model in turn (same feeds); one list of rows per model."""
     pool = seeded_inputs(bundle, graph, max(batches) * 4, seed)
-    rows = []
+    rows: list[list[dict[str, Any]]] = [[] for _ in models]
     for batch in batches:
         feeds = [_rows(pool, k * batch, (k + 1) * batch) for k in range(4)]
-        for i in range(warmup):
-            runner.infer(*feeds[i % 4])
-        lat = np.empty(loops)
-        start = time.perf_counter()
-        for i in range(loops):
-            t = time.perf_counter()
-            runner.infer(*feeds[i % 4])
-            lat[i] = time.perf_counter() - t
-        wall = time.perf_counter() - start
-        row: dict[str, Any] = {"batch": batch, "requests": loops, **_percentiles(lat)}
-        row["per_obs_p50_us"] = row["p50_us"] / batch
-        row["obs_per_s"] = batch * loops / wall
-        rows.append(row)
+        for model, model_rows in zip(models, rows, strict=True):
+            model_rows.append(time_batch(getattr(model, "infer_into", model.infer), feeds, warmup, loops))
     return rows
+
+
+def time_batch(infer: Any, feeds: list[list[np.ndarray]], warmup: int, loops: int) -> dict[str, Any]:
+    """``warmup`` untimed then ``loops`` timed calls of ``infer`` cycling over ``feeds``."""
+    for i in range(warmup):
+        infer(*feeds[i % 4])
+    lat = np.empty(loops)
+    start = time.perf_counter()
+    for i in range(loops):
+        t = time.perf_counter()
+        infer(*feeds[i % 4])
+        lat[i] = time.perf_counter() - t
+    wall = time.perf_counter() - start
+    batch = len(feeds[0][0])
+    row: dict[str, Any] = {"batch": batch, "requests": loops, **_percentiles(lat)}
+    row["per_obs_p50_us"] = row["p50_us"] / batch
+    row["obs_per_s"] = batch * loops / wall
+    return row
+
+
+def open_baseline(bundle: Bundle, graph: str, threads: int) -> OnnxModel:
+    """ONNX Runtime on the bundle's ONNX file of ``graph`` (``--baseline onnxruntime``)."""
+    entry = bundle.graph(graph)["files"].get("onnx") or {}
+    if "file" not in entry or "failed" in entry:
+        why = f": its export failed ({entry['failed']})" if "failed" in entry else ""
+        raise BundleError(f"--baseline onnxruntime: graph {graph!r} of {bundle.root} has no ONNX file{why}")
+    try:
+        return OnnxModel(bundle.file(graph, "onnx"), threads)
+    except ImportError:
+        raise UsageError("--baseline onnxruntime: the onnxruntime package is not installed here") from None
 
 
 def soak(
@@ -143,11 +166,18 @@ def parse_batches(text: str) -> list[int]:
     return batches
 
 
+def where(result: dict[str, Any]) -> str:
+    """Where Lite ran the graph, as the table's header says it."""
+    if not result["lite_in_process"]:
+        return "in the runner process"
+    return "in this process, on the calling thread" if result.get("lite_inline") else "in this process"
+
+
 def render(result: dict[str, Any]) -> str:
     lines = [
         f"{result['env_id']} {result['graph']} ({result['format']}: {result['format_reason']}) on Lite "
-        f"{result['lite_version']}, {result['threads']} thread(s), {result['warmup']} warm-up + {result['loops']} "
-        f"timed requests per batch size",
+        f"{result['lite_version']} {where(result)}, {result['threads']} thread(s), {result['warmup']} warm-up + "
+        f"{result['loops']} timed requests per batch size",
         "",
         "| batch | p50 µs | p99 µs | p99.9 µs | per obs p50 µs | obs/s |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -157,6 +187,22 @@ def render(result: dict[str, Any]) -> str:
             f"| {r['batch']} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['p99.9_us']:.1f} | "
             f"{r['per_obs_p50_us']:.2f} | {r['obs_per_s']:,.0f} |"
         )
+    b = result.get("baseline")
+    if b:
+        lines += [
+            "",
+            f"baseline: ONNX Runtime {b['version']} on {Path(b['file']).name}, the same feeds and thread count, timed "
+            "batch by batch alternately with Lite",
+            "",
+            "| batch | Lite p50 µs | ORT p50 µs | p50 / ORT | Lite p99 µs | ORT p99 µs | p99 / ORT | obs/s / ORT |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r, o in zip(result["batches"], b["batches"], strict=True):
+            lines.append(
+                f"| {r['batch']} | {r['p50_us']:.1f} | {o['p50_us']:.1f} | {r['p50_us'] / o['p50_us']:.2f}x | "
+                f"{r['p99_us']:.1f} | {o['p99_us']:.1f} | {r['p99_us'] / o['p99_us']:.2f}x | "
+                f"{r['obs_per_s'] / o['obs_per_s']:.2f}x |"
+            )
     s = result.get("soak")
     if s:
         lines += [
@@ -212,8 +258,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loops": args.loops,
         "environment": {k: env[k] for k in ("python", "numpy", "machine", "cpu_model", "simd")},
     }
+    baseline = open_baseline(bundle, graph, args.threads) if args.baseline else None
     with runner:
-        result["batches"] = bench_batches(bundle, graph, runner, batches, args.warmup, args.loops, args.seed)
+        models = [runner] if baseline is None else [runner, baseline]
+        timed = bench_batches(bundle, graph, models, batches, args.warmup, args.loops, args.seed)
+        result["batches"] = timed[0]
+        result["lite_inline"] = bool(getattr(runner, "runs_inline", False))  # the graph ran on this thread
+        if baseline is not None:
+            result["baseline"] = {"runtime": "onnxruntime", "version": baseline.version,
+                                  "file": str(bundle.file(graph, "onnx")), "batches": timed[1]}  # fmt: skip
+            baseline.close()
         if args.soak:
             result["soak"] = soak(bundle, graph, runner, args.soak, args.soak_inputs, args.seed)
     if args.episodes:
@@ -246,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--isolate", action="store_true",
                    help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
+    p.add_argument("--baseline", choices=["onnxruntime"],
+                   help="also time the bundle's ONNX graph in ONNX Runtime, batch by batch alternately with Lite")
     p.add_argument("--soak", type=int, default=0, metavar="N", help="N single-observation soak requests")
     p.add_argument("--soak-inputs", type=int, default=64, help="distinct inputs the soak cycles over")
     p.add_argument("--episodes", type=int, default=10, help="seeded episodes for the task figure (0: skip)")

@@ -149,6 +149,7 @@ class _Call:
         flat = [d for a in feeds for d in a.shape]
         # small feeds are copied into these buffers (fixed addresses); None: the feed's own memory, passed as is
         self.staged: list[np.ndarray | None] = [np.empty_like(a) if a.nbytes <= _STAGE_BYTES else None for a in feeds]
+        self.all_staged = all(b is not None for b in self.staged)
         self.passed: list[np.ndarray | None] = [None] * n
         self.outputs: dict[str, np.ndarray] = {}
         self.data = (c.c_void_p * n)(*[b.ctypes.data if b is not None else None for b in self.staged])
@@ -160,6 +161,10 @@ class _Call:
 
     def feed(self, arrays: tuple[np.ndarray, ...]) -> None:
         """Put this step's feeds where the call reads them."""
+        if self.all_staged:  # the common case, kept short: it runs once per control step
+            for buf, a in zip(self.staged, arrays):  # noqa: B905 - the count was checked with the signature
+                buf[...] = a  # type: ignore[index]
+            return
         for k, (buf, a) in enumerate(zip(self.staged, arrays, strict=True)):
             if buf is not None:
                 buf[...] = a

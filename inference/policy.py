@@ -34,8 +34,9 @@ from inference.tensors import FeedError
 RUNTIMES = ("best", "lite", "lite-isolated", "onnxruntime")
 
 
-class _OnnxModel:
-    """ONNX Runtime on one graph, with the interface of ``LiteModel`` that ``Policy`` uses."""
+class OnnxModel:
+    """ONNX Runtime on one graph, with the interface of ``LiteModel`` that ``Policy`` and ``inference.bench``
+    use (``infer`` and ``infer_into`` alike: ONNX Runtime hands back fresh arrays)."""
 
     def __init__(self, path: Path, threads: int = 1) -> None:
         import onnxruntime as ort
@@ -43,11 +44,15 @@ class _OnnxModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.version = ort.__version__
+        self.inputs = [i.name for i in self.session.get_inputs()]
         self.names = [o.name for o in self.session.get_outputs()]
 
     def infer_into(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
-        feed = {i.name: a for i, a in zip(self.session.get_inputs(), arrays, strict=True)}
+        feed = dict(zip(self.inputs, arrays, strict=True))
         return dict(zip(self.names, self.session.run(self.names, feed), strict=True))
+
+    infer = infer_into
 
     def close(self) -> None:
         self.session = None
@@ -61,7 +66,7 @@ def _open(bundle: Bundle, graph: str, runtime: str, **options: Any) -> tuple[Any
     if runtime in ("lite", "best") and in_process_reason() is None:
         return LiteModel(bundle.file(graph, "ms"), **options), "lite"
     if runtime == "onnxruntime" or (runtime == "best" and _has_onnxruntime() and _has(bundle, graph, "onnx")):
-        return _OnnxModel(bundle.file(graph, "onnx"), options.get("threads", 1)), "onnxruntime"
+        return OnnxModel(bundle.file(graph, "onnx"), options.get("threads", 1)), "onnxruntime"
     try:
         return _IsolatedModel(LiteRunner(bundle.file(graph, "ms"), **options)), "lite-isolated"
     except RunnerUnavailable as exc:

@@ -6,6 +6,7 @@ Timings are only checked for shape (percentiles ordered, rates positive), never 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,33 @@ def test_bench_writes_table_and_json(cartpole_bundle, tmp_path):
                            "--seed", "5"], capture_output=True, text=True, timeout=300)  # fmt: skip
     returns = [float(line.split("return ")[1]) for line in play.stdout.splitlines() if line.startswith("episode")]
     assert result["episodes"]["returns"] == returns and result["episodes"]["mean_return"] == np.mean(returns)
+
+
+def test_bench_times_onnxruntime_alongside_lite(cartpole_bundle, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = bench(str(cartpole_bundle.root), "--batch", "1,16", "--loops", "20", "--warmup", "2", "--episodes", "0",
+                 "--baseline", "onnxruntime", "--json", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    base = result["baseline"]
+    assert base["runtime"] == "onnxruntime" and base["file"] == str(cartpole_bundle.file("policy", "onnx"))
+    assert [r["batch"] for r in base["batches"]] == [r["batch"] for r in result["batches"]] == [1, 16]
+    assert all(0 < r["p50_us"] <= r["p99_us"] and r["obs_per_s"] > 0 for r in base["batches"])
+    assert "| batch | Lite p50 µs | ORT p50 µs | p50 / ORT |" in proc.stdout
+    assert result["lite_inline"] and f"Lite {lite_build.VERSION} in this process, on the calling thread" in proc.stdout
+    assert f"baseline: ONNX Runtime {base['version']} on policy.onnx" in proc.stdout
+
+
+def test_bench_baseline_needs_the_graphs_onnx_file(cartpole_bundle, tmp_path):
+    bundle = tmp_path / "no-onnx"
+    shutil.copytree(cartpole_bundle.root, bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["graphs"]["policy"]["files"]["onnx"] = {"format": "onnx", "failed": "ONNX: an operator it lacks"}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    proc = bench(str(bundle), "--episodes", "0", "--baseline", "onnxruntime", "--json", str(tmp_path / "x.json"))
+    assert proc.returncode == 2 and not (tmp_path / "x.json").exists()
+    assert proc.stderr.strip() == (f"error: --baseline onnxruntime: graph 'policy' of {bundle} has no ONNX file: its "
+                                   "export failed (ONNX: an operator it lacks)")  # fmt: skip
 
 
 def test_bench_stochastic_graph(cartpole_bundle, tmp_path):

@@ -73,7 +73,8 @@ def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, cartpo
     build = [py, "-m", "inference.build_runner", "--sdk", str(REPO / ".lite" / "sdk"), "--runner-only"]
     _run(build, "build_runner", work, env)
     assert (venv / "bin" / "msrl-lite-runner").is_file() and (venv / "bin" / "msrl-lite-runner.json").is_file()
-    assert (venv / "bin" / "libmsrl-lite.so").is_file()  # Lite in the calling process: the deploy side's default
+    for lib in ("libmsrl-lite.so", "libmsrl-lite-inline.so"):  # Lite in the calling process: the deploy default
+        assert (venv / "bin" / lib).is_file()
 
     doctor = _run([str(venv / "bin" / "msrl-doctor"), str(cartpole_bundle.root), "--json"], "doctor", work, env)
     report = json.loads(doctor.stdout)
@@ -89,6 +90,7 @@ def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, cartpo
     assert result["lite_version"] == lite_build.VERSION and result["lite_sdk"]["lite_version"] == lite_build.VERSION
     assert result["soak"]["drifted_requests"] == 0 and [b["batch"] for b in result["batches"]] == [1, 16]
     assert result["lite_in_process"] and result["runner"] == str(venv / "bin" / "libmsrl-lite.so")
+    assert result["lite_inline"]  # and the graph ran on the calling thread
 
     play = _run([py, "-m", "inference.play", str(cartpole_bundle.root), "--episodes", "1"], "play", work, env)
     assert "mean return" in play.stdout and f"Lite {lite_build.VERSION}, in this process" in play.stdout
