@@ -3,8 +3,9 @@
 ONNX Runtime (in-process) is the baseline measured in the same run; ratios are what to compare across
 machines. Two tables: the verify runtimes in this (MindSpore) process, where Lite runs in the runner process; and
 the deploy side, measured in a child process without MindSpore: ONNX Runtime's session, Lite in that process
-(``LiteModel.infer``, and ``infer_into`` without an output copy) and Lite through the runner process, called as
-a control loop calls them. Usage: ``python bench/inference_latency.py [--bundle DIR] [--ckpt RUN/checkpoint.ckpt]``
+(``LiteModel.infer``, ``infer_into`` without an output copy, and ``infer_into`` with the graph left on Lite's actor
+thread, ``MSRL_LITE_INLINE=0``) and Lite through the runner process, called as a control loop calls them.
+Usage: ``python bench/inference_latency.py [--bundle DIR] [--ckpt RUN/checkpoint.ckpt]``
 (default: trains and exports a small CartPole-v1 policy into reports/bench/).
 """
 
@@ -78,7 +79,7 @@ def measure_raw_lite(bundle: Bundle, obs: np.ndarray, calls: int) -> dict:
 
 
 DEPLOY_SIDE = """
-import json, sys, time
+import json, os, sys, time
 sys.modules["mindspore"] = None  # the deploy side: Lite may run in this process
 import numpy as np
 import onnxruntime as ort
@@ -91,8 +92,12 @@ options.intra_op_num_threads = 1
 session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
 name = session.get_inputs()[0].name
 model, runner = LiteModel(ms_path), LiteRunner(ms_path)
+os.environ["MSRL_LITE_INLINE"] = "0"  # this model's graph runs on Lite's own actor thread, as Lite schedules it
+handoff = LiteModel(ms_path)
 calls_of = {"onnxruntime session": lambda x: session.run(None, {name: x}), "lite in this process": model.infer,
-            "lite in this process, infer_into": model.infer_into, "lite runner process": runner.infer}
+            "lite in this process, infer_into": model.infer_into,
+            "lite in this process, infer_into, on Lite's actor thread": handoff.infer_into,
+            "lite runner process": runner.infer}
 rows = {}
 for label, infer in calls_of.items():
     for i in range(200):
@@ -107,6 +112,7 @@ for label, infer in calls_of.items():
         infer(obs[:256])
     rows[label] = {"p50_us": float(np.percentile(lat, 50) * 1e6), "p99_us": float(np.percentile(lat, 99) * 1e6),
                    "batch_obs_s": 256 * n / (time.perf_counter() - t)}
+assert model.runs_inline, "the in-process graph did not run on the calling thread"
 print(json.dumps(rows))
 """
 

@@ -7,7 +7,9 @@
 // and 0.2-0.6 ms with it (p50 unchanged). Pinning Lite's thread to the CPU the serving thread is running on
 // keeps the hand-offs on one CPU (the serving thread is blocked in Predict meanwhile); the pin follows the
 // serving thread when the scheduler moves it. Affinity only changes where threads run, never what they
-// compute. Used with one Lite thread only: more threads are meant to run in parallel.
+// compute. Used with one Lite thread only: more threads are meant to run in parallel. Once the graph runs on
+// the serving thread itself (inline_run.h), Lite's thread stays idle and is no longer followed: this is the
+// path for MSRL_LITE_INLINE=0 and for a Lite where that binding does not take.
 #pragma once
 
 #include <sys/types.h>
