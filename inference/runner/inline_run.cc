@@ -1,12 +1,14 @@
 #include "inline_run.h"
 
 #include <dlfcn.h>
-#include <link.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 // The two Lite (MindRT) symbols involved, declared with the signatures Lite exports them with; only their
 // names matter to the linker.
@@ -33,59 +35,49 @@ std::atomic<uint64_t> g_inline_runs{0};
 using PushFn = void (*)(mindspore::ActorThreadPool *, mindspore::ActorBase *);
 using RunFn = void (*)(mindspore::ActorBase *);
 
-struct LiteSymbols {
-  PushFn push = nullptr;  // Lite's own PushActorToQueue (the queue)
-  RunFn run = nullptr;    // ActorBase::Run: drains the actor's mailbox, as Lite's worker calls it
-};
-
-// The first loaded object other than this one that defines `name` (load order is the order the dynamic linker
-// searches): Lite's definition, whichever of its libraries carries the actor runtime.
-void *FindElsewhere(const char *name) {
-  struct Search {
-    const char *name;
-    void *self;
-    void *found;
-  } s{name, reinterpret_cast<void *>(&FindElsewhere), nullptr};
-  Dl_info mine{};
-  dladdr(s.self, &mine);
-  s.self = mine.dli_fbase;
-  dl_iterate_phdr(
-    [](dl_phdr_info *info, size_t, void *data) -> int {
-      auto *s = static_cast<Search *>(data);
-      if (info->dlpi_name == nullptr || info->dlpi_name[0] == '\0') return 0;  // the executable: maybe us
-      void *handle = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
-      if (handle == nullptr) return 0;
-      void *sym = dlsym(handle, s->name);
-      Dl_info where{};
-      const bool other = sym != nullptr && dladdr(sym, &where) && where.dli_fbase != s->self;
-      dlclose(handle);
-      if (other) s->found = sym;
-      return other ? 1 : 0;
-    },
-    &s);
-  return s.found;
+// `symbol` as defined by the library whose code built `object` (found from its vtable pointer, its first word):
+// the pool's own PushActorToQueue and the actor's own ActorBase::Run. Lite carries MindRT in several of its
+// libraries (libmindspore_core.so and its plugins); each object is handled by the copy compiled with it.
+void *OwnersSymbol(const void *object, const char *symbol) {
+  const void *vtable = *static_cast<const void *const *>(object);
+  Dl_info owner{};
+  if (dladdr(vtable, &owner) == 0 || owner.dli_fname == nullptr) return nullptr;
+  void *handle = dlopen(owner.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  void *sym = dlsym(handle, symbol);  // the owner first, then its dependencies
+  dlclose(handle);
+  Dl_info where{}, mine{};
+  const bool ours = sym != nullptr && dladdr(sym, &where) != 0 &&
+                    dladdr(reinterpret_cast<void *>(&OwnersSymbol), &mine) != 0 && where.dli_fbase == mine.dli_fbase;
+  return ours ? nullptr : sym;
 }
 
-const LiteSymbols &Lite() {
-  static const LiteSymbols lite = [] {
-    LiteSymbols l;
-    l.push = reinterpret_cast<PushFn>(FindElsewhere(kPush));
-    l.run = reinterpret_cast<RunFn>(FindElsewhere(kRun));
-    if (l.push == nullptr) {  // cannot happen while Lite calls this: it defines the symbol it calls
-      std::fprintf(stderr, "msrl-lite: Lite's ActorThreadPool::PushActorToQueue not found in this process\n");
-      std::abort();
-    }
-    return l;
-  }();
-  return lite;
+// OwnersSymbol, remembered per vtable (a process holds a handful of pool and actor classes).
+template <typename Fn>
+Fn Resolve(const void *object, const char *symbol) {
+  static std::mutex mu;
+  static std::vector<std::pair<const void *, Fn>> known;
+  const void *vtable = *static_cast<const void *const *>(object);
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto &[v, fn] : known) {
+    if (v == vtable) return fn;
+  }
+  Fn fn = reinterpret_cast<Fn>(OwnersSymbol(object, symbol));
+  known.emplace_back(vtable, fn);
+  return fn;
 }
 
 }  // namespace
 
 void mindspore::ActorThreadPool::PushActorToQueue(ActorBase *actor) {
-  const LiteSymbols &lite = Lite();
-  if (actor == nullptr || t_scopes == 0 || t_depth >= kMaxDepth || lite.run == nullptr) {
-    lite.push(this, actor);
+  const RunFn run = t_scopes > 0 && t_depth < kMaxDepth && actor != nullptr ? Resolve<RunFn>(actor, kRun) : nullptr;
+  if (run == nullptr) {
+    const PushFn push = Resolve<PushFn>(this, kPush);
+    if (push == nullptr) {  // cannot happen while Lite calls this: the library that built the pool defines it
+      std::fprintf(stderr, "msrl-lite: the thread pool's own ActorThreadPool::PushActorToQueue not found\n");
+      std::abort();
+    }
+    push(this, actor);
     return;
   }
   struct Nested {
@@ -94,7 +86,7 @@ void mindspore::ActorThreadPool::PushActorToQueue(ActorBase *actor) {
   } nested;
   g_inline_runs.fetch_add(1, std::memory_order_relaxed);
   msrl::FloatMode mode(msrl::FloatMode::kFlushDenormals);  // as Lite's workers compute
-  lite.run(actor);
+  run(actor);
 }
 
 namespace msrl {
