@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,8 @@ class LiteModel:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self._lib = _Library.get()
         self._handle: int | None = None
+        # One call at a time: Lite's model, the calls' feed buffers and infer_into's outputs are shared state.
+        self._lock = threading.Lock()
         self.model_path = str(model_path)
         self.max_rows = max_rows
         self.lite_version = self._lib.version
@@ -265,6 +268,15 @@ class LiteModel:
     def infer_into(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Run the model; the outputs are buffers owned by this model, overwritten by its next call at the same
         input shapes (no allocation per call)."""
+        with self._lock:
+            return self._run(arrays)
+
+    def infer(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
+        """Run the model; the outputs are the caller's to keep."""
+        with self._lock:  # copied before another thread's call can overwrite the buffers
+            return {name: value.copy() for name, value in self._run(arrays).items()}
+
+    def _run(self, arrays: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
         try:  # a signature seen before was validated then: shapes and dtypes decide everything checked
             key = tuple([(a.shape, a.dtype) for a in arrays])
             call = self._calls.get(key)
@@ -289,16 +301,13 @@ class LiteModel:
             raise (FeedError if status == 1 else InferenceError)(f"{Path(self.model_path).name}: {message}")
         return call.outputs
 
-    def infer(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
-        """Run the model; the outputs are the caller's to keep."""
-        return {name: value.copy() for name, value in self.infer_into(*arrays).items()}
-
     def close(self) -> None:
-        """Free the model (idempotent)."""
-        handle, self._handle = self._handle, None
-        if handle:
-            self._calls.clear()
-            self._lib.lib.msrl_lite_close(handle)
+        """Free the model (idempotent; waits for a call under way in another thread)."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+            if handle:
+                self._calls.clear()
+                self._lib.lib.msrl_lite_close(handle)
 
     def __enter__(self) -> LiteModel:
         return self
