@@ -37,8 +37,11 @@ import signal
 import struct
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -91,6 +94,17 @@ _STATUS_ERRORS: dict[int, type[Exception]] = {
 }
 
 
+def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A request and its answer must not interleave with another thread's on the one pipe: callers queue."""
+
+    @wraps(method)
+    def serialized(self: LiteRunner, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return serialized
+
+
 def _one_line(text: str) -> str:
     return " | ".join(part.strip() for part in text.splitlines() if part.strip())
 
@@ -125,6 +139,7 @@ class LiteRunner:
         self.load_timeout = load_timeout
         self.max_rows = max_rows
         self.max_restarts = max_restarts
+        self._lock = threading.RLock()  # see _one_at_a_time
         self.restarts = 0  # runners started after the first, over this client's life
         self._restarts_in_a_row = 0
         self._closed = False
@@ -202,6 +217,7 @@ class LiteRunner:
 
     # ---- public API ---------------------------------------------------------------------------------
 
+    @_one_at_a_time
     def infer(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Run the model on one feed per input (model input order); returns outputs by name.
 
@@ -247,6 +263,7 @@ class LiteRunner:
             out[name] = np.frombuffer(buf[off : off + nbytes], dtype=DTYPES[code]).reshape(dims)
         return out
 
+    @_one_at_a_time
     def infer_taps(self, *arrays: np.ndarray) -> list[KernelOutputs]:
         """Run the model once and return every kernel's outputs, in execution order (Lite's names and types: a
         kernel the converter fused carries the fused ops' last output)."""
@@ -283,6 +300,7 @@ class LiteRunner:
         off = self._need(nbytes, deadline)
         return name, np.frombuffer(bytes(self._buf[off : off + nbytes]), dtype=DTYPES[code]).reshape(dims)
 
+    @_one_at_a_time
     def ping(self) -> float:
         """Round-trip an empty request; returns the elapsed seconds (a liveness and latency probe)."""
         self._alive()
@@ -293,6 +311,7 @@ class LiteRunner:
         self._need(4, deadline)
         return time.perf_counter() - start
 
+    @_one_at_a_time
     def close(self) -> None:
         """Ask the runner to quit, then wait briefly and kill its process group if needed. Idempotent; a closed
         client is never restarted."""

@@ -105,29 +105,36 @@ def test_lite_computes_in_its_float_mode_and_leaves_the_callers_alone(tmp_path):
 
 
 def test_threads_sharing_a_model_each_get_their_own_answers(cartpole_bundle):
-    """A model shared by threads (a server answering several envs) runs one call at a time: no thread's feeds or
-    outputs are overwritten by another's, and close() waits for a call under way."""
+    """A model shared by threads (a server answering several envs) takes one call at a time, in this process and
+    through the runner's pipe: no thread's feeds or outputs are overwritten by another's."""
     result = deploy_python(f"""
         import threading
         import numpy as np
+        from inference.lite_client import LiteRunner
         from inference.lite_inprocess import LiteModel
-        model = LiteModel({str(cartpole_bundle.file("policy", "ms"))!r})
+        path = {str(cartpole_bundle.file("policy", "ms"))!r}
         obs = [np.random.default_rng(k).standard_normal((3, 4)).astype(np.float32) for k in range(4)]
-        want = [model.infer(o)["logits"] for o in obs]
-        wrong = []
-        def loop(k):
-            for _ in range(3000):
-                if model.infer(obs[k])["logits"].tobytes() != want[k].tobytes():
-                    wrong.append(k)
-        threads = [threading.Thread(target=loop, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        model.close()
-        print(json.dumps({{"wrong": len(wrong)}}))
+        wrong = {{}}
+        for name, model, calls in (("in-process", LiteModel(path), 3000), ("runner", LiteRunner(path), 300)):
+            want = [model.infer(o)["logits"].copy() for o in obs]
+            wrong[name] = []
+            def loop(k):
+                for _ in range(calls):
+                    try:
+                        same = model.infer(obs[k])["logits"].tobytes() == want[k].tobytes()
+                    except Exception as exc:  # a desynchronised pipe, say
+                        same = repr(exc)
+                    if same is not True:
+                        wrong[name].append(same or k)
+            threads = [threading.Thread(target=loop, args=(k,)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            model.close()
+        print(json.dumps(wrong))
     """)
-    assert result == {"wrong": 0}
+    assert result == {"in-process": [], "runner": []}
 
 
 def test_bad_feeds_are_refused_before_lite_sees_them(cartpole_bundle):
