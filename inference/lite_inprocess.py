@@ -169,7 +169,7 @@ class _Call:
         for k, (buf, a) in enumerate(zip(self.staged, arrays, strict=True)):
             if buf is not None:
                 buf[...] = a
-            else:  # kept referenced until the next call: Lite reads it during this one
+            else:  # referenced until the call returns: Lite reads it
                 self.passed[k] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
                 self.data[k] = self.passed[k].ctypes.data
 
@@ -292,6 +292,8 @@ class LiteModel:
             raise LiteRunnerError(f"{self.model_path}: the model is closed")
         call.feed(arrays)
         status = self._predict(call.pointer)
+        if not call.all_staged:
+            call.passed = [None] * len(call.passed)  # the caller's large feeds are not kept beyond the call
         if not status and not call.args.n_out:  # the first call at these shapes: Lite now knows the output shapes
             call.allocate(self._describe(1))
             status = self._lib.lib.msrl_lite_fetch(self._handle, call.args.n_out, call.args.out,

@@ -4,10 +4,11 @@
 // without the pipe and the two process wake-ups per step. On the CPU the graph runs on the caller's thread
 // (inline_run.h: libmsrl-lite-inline.so, which the caller loads RTLD_GLOBAL before this library).
 //
-// The same context as the runner (threads, CPU or Ascend device, Lite's worker pinned to the caller's CPU with one
-// thread), the same load-failure classification (errors.h), the same feed validation, so the two give bitwise the
-// same outputs for the same graph and thread count. Feeds are copied once, into Lite's own input tensors; outputs
-// once, into buffers the caller owns (no allocation per call at a fixed shape).
+// The same context as the runner (threads, CPU or Ascend device; the graph on the calling thread, or else Lite's
+// worker pinned to the caller's CPU with one thread), the same load-failure classification (errors.h), the same feed
+// validation and float mode, so the two give bitwise the same outputs for the same graph and thread count. Feeds
+// are copied into Lite's own input tensors (from the caller's buffers: one per input signature for small feeds);
+// outputs once, into buffers the caller owns (no allocation per call at a fixed shape).
 
 #include <algorithm>
 #include <cstdint>
