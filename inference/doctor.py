@@ -9,7 +9,9 @@ different float roundings). With a bundle, each pin of its manifest is checked a
   (written by a converter of the same Lite release: Lite only warns on a mismatch, then may fail to build);
 * NumPy and Gymnasium versions differing from training: a warning (seeded noise streams and env dynamics are
   only guaranteed within one version);
-* ``--device ascend`` without CANN or a device: incompatible.
+* ``--device ascend`` without CANN or a device: incompatible;
+* on the CPU, one seeded call of the deterministic graph's ``.ms`` through Lite in this process, as the deploy side
+  runs it: whether the graph ran on the calling thread, or pays Lite's hand-off to its actor thread on every call.
 
 Exit codes: 0 compatible (warnings allowed), 1 an incompatible pair, 2 bad input (one ``error:`` line).
 """
@@ -30,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from inference.bundle import Bundle, BundleError, load_bundle
+from inference.compare.feeds import seeded_feeds
+from inference.lite_common import LiteRunnerError
+from inference.lite_inprocess import LiteModel, in_process_reason
 from inference.mindir import read_header
 from inference.sdk import RunnerInfo, has_file, runner_info
 
@@ -288,7 +293,32 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
             Check("cpu-simd", INFO, env["simd"], "-", "not recorded by the bundle; SIMD level changes float rounding")
         )
     checks.append(device_check(env, info, device))
+    if device == "cpu" and info is not None:
+        checks.append(in_process_check(bundle))
     return checks
+
+
+def in_process_check(bundle: Bundle) -> Check:
+    """One seeded call of the deterministic graph's ``.ms`` through Lite in this process: does the graph run on the
+    calling thread (``libmsrl-lite-inline.so``), or on Lite's actor thread, two thread wake-ups per call?"""
+    name = "lite-in-process"
+    why = in_process_reason()
+    graph = bundle.mode_graph("deterministic")
+    if why is not None:
+        return Check(name, INFO, "not here", "-", why)
+    if graph is None or not has_file(bundle, graph, "ms"):
+        return Check(name, INFO, "-", "no .ms", "the bundle has no deterministic .ms graph to run")
+    try:
+        with LiteModel(bundle.file(graph, "ms")) as model:
+            model.infer(*seeded_feeds(bundle, 1, seed=0).graph_inputs(bundle, graph))
+            inline = model.runs_inline
+    except (LiteRunnerError, ValueError) as exc:  # FeedError is a ValueError
+        return Check(name, WARN, "fails", f"{graph}.ms", f"{type(exc).__name__}: {exc}")
+    if inline:
+        return Check(name, OK, "on the calling thread", f"{graph}.ms", "one call ran on the caller's thread")
+    return Check(name, WARN, "on Lite's actor thread", f"{graph}.ms",
+                 "every call pays two thread wake-ups: MSRL_LITE_INLINE=0 is set, or this Lite's MindRT does not "
+                 "bind to libmsrl-lite-inline.so")  # fmt: skip
 
 
 def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> Check:

@@ -81,6 +81,7 @@ def test_deploy_side_installs_and_runs_without_mindspore(cartpole_bundle, cartpo
     assert report["compatible"] and report["environment"]["mindspore"] is None
     assert report["environment"]["lite"]["runner"] == str(venv / "bin" / "msrl-lite-runner")
     assert report["environment"]["lite"]["lite_version"] == lite_build.VERSION
+    assert {c["name"]: c["here"] for c in report["checks"]}["lite-in-process"] == "on the calling thread"
 
     out = work / "bench.json"
     bench = [py, "-m", "inference.bench", str(cartpole_bundle.root), "--batch", "1,16", "--loops", "20",

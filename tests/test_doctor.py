@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,17 @@ def test_genuine_bundle_is_compatible_through_the_ms_route(cartpole_bundle):
     assert report["environment"]["mindspore"] == cartpole_bundle.manifest["exporter"]["mindspore"]
     table = doctor(str(cartpole_bundle.root))
     assert table.returncode == 0 and table.stdout.rstrip().endswith("compatible")
+
+
+def test_the_doctor_says_where_lite_runs_the_graph(cartpole_bundle):
+    """One seeded call in the doctor's own process: on the calling thread, or (hand-off restored) a warning."""
+    check = _by_name(json.loads(doctor(str(cartpole_bundle.root), "--json").stdout))["lite-in-process"]
+    assert (check["status"], check["here"], check["bundle"]) == (OK, "on the calling thread", "policy.ms")
+    env = {**os.environ, "MSRL_LITE_INLINE": "0"}
+    proc = doctor(str(cartpole_bundle.root), "--json", env=env)
+    check = _by_name(json.loads(proc.stdout))["lite-in-process"]
+    assert proc.returncode == 0 and (check["status"], check["here"]) == ("warn", "on Lite's actor thread")
+    assert "two thread wake-ups" in check["detail"]
 
 
 @pytest.mark.skipif(lite_build.MAX_MINDIR >= 3, reason="this Lite reads the MindIR v3 MindSpore 2.10 writes")
