@@ -210,7 +210,7 @@ INPROCESS=(inprocess protocol json lite_log errors pinning)  # libmsrl-lite.so: 
 # inline_run.cc defines Lite's ActorThreadPool::PushActorToQueue so the graph runs on the calling thread: the
 # runner exports it from the executable; in a Python process it is libmsrl-lite-inline.so, which
 # lite_inprocess.py loads RTLD_GLOBAL before libmsrl-lite.so (and so before Lite's plugins).
-EXPORT_PUSH=-Wl,--export-dynamic-symbol=_ZN9mindspore15ActorThreadPool16PushActorToQueueEPNS_9ActorBaseE
+PUSH_SYMBOL=_ZN9mindspore15ActorThreadPool16PushActorToQueueEPNS_9ActorBaseE
 
 # Rebuild when the sources, the SDK, its version or the compiler changed (content hash, not timestamps).
 key=$( { cat "$SRC"/*.cc "$SRC"/*.h "$0"; [[ -f "$CONVERTER_SRC" ]] && cat "$CONVERTER_SRC";
@@ -259,6 +259,10 @@ say "compiling the runner's sources"
 compile_objects "$OBJ" "${srcs[@]}"
 objs=()
 for f in "${COMMON[@]}"; do objs+=("$OBJ/$f.o"); done
+# The executable exports the one symbol Lite's libraries must bind to (a dynamic list: older linkers than the
+# 2.35 that brought --export-dynamic-symbol read it too).
+printf '{ %s; };\n' "$PUSH_SYMBOL" >"$OBJ/inline.dynlist"
+EXPORT_PUSH="-Wl,--dynamic-list=$OBJ/inline.dynlist"
 say "linking msrl-lite-runner and msrl-lite-runner-test (with the fault-injection hook)"
 compile "$OUT/msrl-lite-runner" "$LINK_RT" -ldl "$EXPORT_PUSH" -- "${objs[@]}" "$OBJ/request_hook_none.o"
 compile "$OUT/msrl-lite-runner-test" "$LINK_RT" -ldl "$EXPORT_PUSH" -- "${objs[@]}" "$OBJ/request_hook_fault.o"

@@ -216,6 +216,31 @@ def test_int_output(argmax_mlp: Mlp) -> None:
     np.testing.assert_array_equal(out["action"], np.argmax(argmax_mlp.reference(obs), axis=1))
 
 
+def _actor_threads_cpu_ns(pid: int) -> int:
+    """CPU time (ns, /proc schedstat) of Lite's actor threads in process ``pid``."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().startswith("ActorThread"):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+def test_the_runner_runs_the_graph_on_its_serving_thread(mlp: Mlp, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inline (the default), Lite's actor thread stays idle while requests are served; with MSRL_LITE_INLINE=0 it
+    runs every graph (and spins between them)."""
+    obs = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+    used = {}
+    for inline in ("1", "0"):
+        monkeypatch.setenv("MSRL_LITE_INLINE", inline)
+        with LiteRunner(mlp.ms) as r:
+            r.infer(obs)
+            before = _actor_threads_cpu_ns(r.pid)
+            for _ in range(2000):
+                r.infer(obs)
+            used[inline] = _actor_threads_cpu_ns(r.pid) - before
+    assert used["1"] < 1e6 and used["0"] > 10e6, used  # 2,000 graphs: well under 1 ms, against tens of ms
+
+
 def test_client_side_feed_errors(runner: LiteRunner) -> None:
     good = np.zeros((2, 4), np.float32)
     for bad_args in [(good.astype(np.float64),), (good[:, :3],), (good[None],), (), (good, good)]:
