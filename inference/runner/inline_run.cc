@@ -58,11 +58,14 @@ Fn Resolve(const void *object, const char *symbol) {
   static std::mutex mu;
   static std::vector<std::pair<const void *, Fn>> known;
   const void *vtable = *static_cast<const void *const *>(object);
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto &[v, fn] : known) {
-    if (v == vtable) return fn;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto &[v, fn] : known) {
+      if (v == vtable) return fn;
+    }
   }
-  Fn fn = reinterpret_cast<Fn>(OwnersSymbol(object, symbol));
+  Fn fn = reinterpret_cast<Fn>(OwnersSymbol(object, symbol));  // outside the lock: it takes the loader's own
+  std::lock_guard<std::mutex> lock(mu);
   known.emplace_back(vtable, fn);
   return fn;
 }
