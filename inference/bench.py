@@ -238,6 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bundle.graph(graph)  # an unknown graph name is a one-line BundleError
     info = runner_info()
     kwargs = {"device": args.device, "device_id": args.device_id, "threads": args.threads}
+    baseline = open_baseline(bundle, graph, args.threads) if args.baseline else None  # a bad one: before Lite loads
     runner, fmt, why = open_runner(bundle, graph, args.format, **kwargs)
     env = environment(info)
     result: dict[str, Any] = {
@@ -258,7 +259,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loops": args.loops,
         "environment": {k: env[k] for k in ("python", "numpy", "machine", "cpu_model", "simd")},
     }
-    baseline = open_baseline(bundle, graph, args.threads) if args.baseline else None
     with runner:
         models = [runner] if baseline is None else [runner, baseline]
         timed = bench_batches(bundle, graph, models, batches, args.warmup, args.loops, args.seed)
