@@ -36,7 +36,7 @@ from inference.lite_client import LiteRunner
 from inference.lite_inprocess import LiteModel
 result, staged = {}, lite_inprocess._STAGE_BYTES
 for path in PATHS:
-    for stage in (staged, 0):  # feeds copied into the call's buffers / passed as they are
+    for stage in (staged, 0) if path in PASSED else (staged,):  # feeds copied into the call's buffers / passed as is
         lite_inprocess._STAGE_BYTES = stage
         model, runner = LiteModel(path), LiteRunner(path)
         rng = np.random.default_rng(0)
@@ -61,8 +61,9 @@ def test_in_process_lite_gives_the_runners_bits(cartpole_bundle, pendulum_bundle
     cnn = export_policy(make_frame_cnn(), FRAME_CONTRACT, tmp_path / "cnn")
     paths = [str(b.file(g, "ms")) for b in (cartpole_bundle, pendulum_bundle) for g in b.graphs]
     paths.append(str(cnn.file("policy", "ms")))
-    result = deploy_python(f"PATHS = {paths!r}\n" + AGREE)
-    assert {k.rsplit(" ", 1)[0] for k in result} == set(paths) and len(result) == 2 * len(paths)
+    passed = [paths[0], paths[-1]]  # a trainer's graph and the CNN also with their feeds passed as they are
+    result = deploy_python(f"PATHS = {paths!r}\nPASSED = {passed!r}\n" + AGREE)
+    assert {k.rsplit(" ", 1)[0] for k in result} == set(paths) and len(result) == len(paths) + len(passed)
     assert {k: v for k, v in result.items() if v != [True] * 6} == {}  # the last: Lite ran on the calling thread
 
 
@@ -115,7 +116,7 @@ def test_threads_sharing_a_model_each_get_their_own_answers(cartpole_bundle):
         path = {str(cartpole_bundle.file("policy", "ms"))!r}
         obs = [np.random.default_rng(k).standard_normal((3, 4)).astype(np.float32) for k in range(4)]
         wrong = {{}}
-        for name, model, calls in (("in-process", LiteModel(path), 3000), ("runner", LiteRunner(path), 300)):
+        for name, model, calls in (("in-process", LiteModel(path), 1500), ("runner", LiteRunner(path), 200)):
             want = [model.infer(o)["logits"].copy() for o in obs]
             wrong[name] = []
             def loop(k):
