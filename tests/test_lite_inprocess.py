@@ -1,6 +1,7 @@
-"""Lite in the calling process (``libmsrl-lite.so`` through ctypes): the same bits as the runner process, bad feeds
-refused before Lite sees them, and ``inference.load`` for a team's control loop. Lite and MindSpore cannot share a
-process, so everything in-process runs in a child Python with MindSpore made unimportable."""
+"""Lite in the calling process (``libmsrl-lite.so`` through ctypes): the same bits as the runner process with the graph
+on the calling thread, Lite's float mode for the graph and the caller's own for everything else, threads sharing a
+model, bad feeds refused before Lite sees them, and ``inference.load`` for a team's control loop. Lite and MindSpore
+cannot share a process, so everything in-process runs in a child Python with MindSpore made unimportable."""
 
 from __future__ import annotations
 
