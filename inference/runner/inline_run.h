@@ -2,7 +2,7 @@
 //
 // Lite 2.0's MindrtExecutor hands every Predict to its actor thread pool and waits for the result: a wake-up of
 // the actor thread and one of the caller per step, which on a small policy cost more than the graph itself
-// (a 64x64 MLP, one observation, from Python: p50 45 us with the hand-off, 24 us without, ONNX Runtime 18 us;
+// (a 64x64 MLP, one observation, from Python: p50 43 us with the hand-off, 24 us without, ONNX Runtime 17 us;
 // bench/results/inference_latency.md). Lite has no option to run inline, so this file defines
 // mindspore::ActorThreadPool::PushActorToQueue, which the dynamic linker then binds in place of Lite's own
 // (the executable's symbols, and those of a library loaded RTLD_GLOBAL before Lite's plugins, come first).
