@@ -144,14 +144,13 @@ class _Call:
     """A call at one input signature (shapes, dtypes), prepared once: the feeds validated, the C arguments built,
     a buffer for each small feed, and (after the first call, when Lite knows them) the output buffers."""
 
-    def __init__(self, model: LiteModel, feeds: list[np.ndarray]) -> None:
+    def __init__(self, model: LiteModel, feeds: tuple[np.ndarray, ...]) -> None:
         c = ctypes
         n = len(feeds)
         flat = [d for a in feeds for d in a.shape]
-        # small feeds are copied into these buffers (fixed addresses); None: the feed's own memory, passed as is
-        self.staged: list[np.ndarray | None] = [np.empty_like(a) if a.nbytes <= _STAGE_BYTES else None for a in feeds]
+        # small feeds are copied into these C-ordered buffers (fixed addresses); None: the feed's own memory
+        self.staged = [np.empty(a.shape, a.dtype) if a.nbytes <= _STAGE_BYTES else None for a in feeds]
         self.all_staged = all(b is not None for b in self.staged)
-        self.passed: list[np.ndarray | None] = [None] * n
         self.outputs: dict[str, np.ndarray] = {}
         self.data = (c.c_void_p * n)(*[b.ctypes.data if b is not None else None for b in self.staged])
         self._keep = [self.data, (c.c_uint64 * n)(*[a.nbytes for a in feeds]),
@@ -160,18 +159,21 @@ class _Call:
                               ctypes.cast(model._error, ctypes.POINTER(ctypes.c_char)), _ERR)  # fmt: skip
         self.pointer = c.c_void_p(c.addressof(self.args))
 
-    def feed(self, arrays: tuple[np.ndarray, ...]) -> None:
-        """Put this step's feeds where the call reads them."""
+    def feed(self, arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+        """Put this step's feeds where the call reads them; returns the arrays Lite reads in place, which the caller
+        keeps referenced until the call returns."""
         if self.all_staged:  # the common case, kept short: it runs once per control step
             for buf, a in zip(self.staged, arrays):  # noqa: B905 - the count was checked with the signature
                 buf[...] = a  # type: ignore[index]
-            return
+            return []
+        passed = []
         for k, (buf, a) in enumerate(zip(self.staged, arrays, strict=True)):
             if buf is not None:
                 buf[...] = a
-            else:  # referenced until the call returns: Lite reads it
-                self.passed[k] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
-                self.data[k] = self.passed[k].ctypes.data
+            else:
+                passed.append(a if a.flags.c_contiguous else np.ascontiguousarray(a))
+                self.data[k] = passed[-1].ctypes.data
+        return passed
 
     def allocate(self, metas: list[TensorMeta]) -> None:
         self.outputs = {meta.name: np.empty(meta.shape, meta.dtype) for meta in metas}
@@ -242,13 +244,12 @@ class LiteModel:
             metas.append(TensorMeta(name.value.decode(), DTYPES[dtype.value], shape))
         return metas
 
-    def _check(self, arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+    def _check(self, arrays: tuple[np.ndarray, ...]) -> None:
         """Each feed against the model's declared input (before Lite sees it)."""
         if self._handle is None:
             raise LiteRunnerError(f"{self.model_path}: the model is closed")
         if len(arrays) != len(self.inputs):
             raise FeedError(f"expected {len(self.inputs)} inputs, got {len(arrays)}")
-        feeds = []
         for meta, arr in zip(self.inputs, arrays, strict=True):
             if not isinstance(arr, np.ndarray):
                 raise FeedError(f"input '{meta.name}': expected a NumPy array, got {type(arr).__name__}")
@@ -262,8 +263,6 @@ class LiteModel:
             if arr.ndim and arr.shape[0] > self.max_rows:
                 raise FeedError(f"input '{meta.name}': {arr.shape[0]} rows exceed the cap of {self.max_rows} rows "
                                 "per request (max_rows=...); split the batch")  # fmt: skip
-            feeds.append(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr))
-        return feeds
 
     def infer_into(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Run the model; the outputs are buffers owned by this model, overwritten by its next call at the same
@@ -283,17 +282,16 @@ class LiteModel:
         except AttributeError:  # not an array: _check says which input
             call = key = None
         if call is None:
-            call = _Call(self, self._check(arrays))
+            self._check(arrays)
+            call = _Call(self, arrays)
             if key is not None:
                 self._calls[key] = call
                 if len(self._calls) > _SHAPES_KEPT:
                     self._calls.popitem(last=False)
         elif self._handle is None:
             raise LiteRunnerError(f"{self.model_path}: the model is closed")
-        call.feed(arrays)
+        _in_place = call.feed(arrays)  # Lite reads these during the call: referenced until it returns
         status = self._predict(call.pointer)
-        if not call.all_staged:
-            call.passed = [None] * len(call.passed)  # the caller's large feeds are not kept beyond the call
         if not status and not call.args.n_out:  # the first call at these shapes: Lite now knows the output shapes
             call.allocate(self._describe(1))
             status = self._lib.lib.msrl_lite_fetch(self._handle, call.args.n_out, call.args.out,

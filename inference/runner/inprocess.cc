@@ -27,6 +27,7 @@
 #include "inline_run.h"
 #include "lite_log.h"
 #include "pinning.h"
+#include "predict.h"
 #include "protocol.h"
 
 #ifndef MSRL_LITE_VERSION
@@ -249,15 +250,8 @@ int msrl_lite_predict(const msrl_lite_call *call) {
     }
     std::memcpy(dst, call->data[i], call->nbytes[i]);
   }
-  if (h->follow && msrl_lite_inline_runs() == 0) h->follower.Follow();  // inline: Lite's thread stays idle
-  mindspore::Status st;
-  {
-    // The float mode a thread has after Build, as in the runner (whose thread Lite alone uses); restored after.
-    msrl::FloatMode lite_mode(msrl::FloatMode::kFlushDenormals);
-    msrl::InlineScope inline_run(h->inline_actors);
-    h->outputs.clear();  // Lite then hands its own output tensors back, without converting these first
-    st = h->model->Predict(h->inputs, &h->outputs);
-  }
+  if (h->follow) h->follower.Follow();
+  const mindspore::Status st = msrl::PredictHere(h->model.get(), h->inputs, &h->outputs, h->inline_actors);
   if (st.IsError()) {
     Put(call->error, call->error_len, "predict failed: " + msrl::OneLine(st.ToString()));
     return 2;

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "inline_run.h"
+
 namespace msrl {
 
 std::vector<pid_t> ThreadIds() {
@@ -31,7 +33,8 @@ void ThreadFollower::InitSince(const std::vector<pid_t> &before) {
 }
 
 void ThreadFollower::Follow() {
-  if (tids_.empty()) return;
+  // Once a graph has run on the serving thread (inline_run.h), Lite's thread stays idle: nothing left to pin.
+  if (tids_.empty() || msrl_lite_inline_runs() > 0) return;
   const int cpu = sched_getcpu();
   if (cpu < 0 || cpu == cpu_) return;
   cpu_set_t mask;

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "errors.h"
-#include "inline_run.h"
 #include "json.h"
+#include "predict.h"
 
 namespace msrl {
 
@@ -159,16 +159,13 @@ std::string Server::Predict(uint32_t n, bool tap) {
     if (dst == nullptr || inputs_[i].DataSize() != feeds_[i].nbytes) return "cannot allocate input buffer";
     std::memcpy(dst, feeds_[i].data.data(), feeds_[i].nbytes);
   }
-  // Once Lite runs on this thread, its own thread stays idle: nothing left to pin.
-  if (msrl_lite_inline_runs() == 0) follower_.Follow();
-  InlineScope inline_run(options_.inline_actors);
+  follower_.Follow();
   out_.Clear();
   out_.Put(kMagic);
   out_.Put(kOk);
   mindspore::Status st;
-  outputs_.clear();  // Lite then hands its own output tensors back, without converting these first
   if (!tap) {
-    st = model_->Predict(inputs_, &outputs_);
+    st = PredictHere(model_, inputs_, &outputs_, options_.inline_actors);
   } else {
     // Response body: u32 n_kernels, then per kernel its name, type and outputs (each as a model output is sent).
     uint32_t kernels = 0;
@@ -188,7 +185,7 @@ std::string Server::Predict(uint32_t n, bool tap) {
       }
       return true;
     };
-    st = model_->Predict(inputs_, &outputs_, nullptr, after);
+    st = PredictHere(model_, inputs_, &outputs_, options_.inline_actors, after);
     out_.Put(kernels);
     out_.Append(body);
     return st.IsError() ? "predict failed: " + OneLine(st.ToString()) : "";
