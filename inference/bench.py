@@ -97,12 +97,12 @@ def time_batch(infer: Any, feeds: list[list[np.ndarray]], warmup: int, loops: in
 
 def open_baseline(bundle: Bundle, graph: str, threads: int) -> OnnxModel:
     """ONNX Runtime on the bundle's ONNX file of ``graph`` (``--baseline onnxruntime``)."""
-    entry = bundle.graph(graph)["files"].get("onnx") or {}
-    if "file" not in entry or "failed" in entry:
-        why = f": its export failed ({entry['failed']})" if "failed" in entry else ""
-        raise BundleError(f"--baseline onnxruntime: graph {graph!r} of {bundle.root} has no ONNX file{why}")
     try:
-        return OnnxModel(bundle.file(graph, "onnx"), threads)
+        path = bundle.file(graph, "onnx")  # not exported, or failed at export: a BundleError saying which
+    except BundleError as exc:
+        raise BundleError(f"--baseline onnxruntime: {exc}") from None
+    try:
+        return OnnxModel(path, threads)
     except ImportError:
         raise UsageError("--baseline onnxruntime: the onnxruntime package is not installed here") from None
 
@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["lite_inline"] = bool(getattr(runner, "runs_inline", False))  # the graph ran on this thread
         if baseline is not None:
             result["baseline"] = {"runtime": "onnxruntime", "version": baseline.version,
-                                  "file": str(bundle.file(graph, "onnx")), "batches": timed[1]}  # fmt: skip
+                                  "file": str(baseline.path), "batches": timed[1]}  # fmt: skip
             baseline.close()
         if args.soak:
             result["soak"] = soak(bundle, graph, runner, args.soak, args.soak_inputs, args.seed)

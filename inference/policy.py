@@ -44,7 +44,7 @@ class OnnxModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.version = ort.__version__
+        self.path, self.version = path, ort.__version__
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.names = [o.name for o in self.session.get_outputs()]
 

@@ -78,8 +78,8 @@ def test_bench_baseline_needs_the_graphs_onnx_file(cartpole_bundle, tmp_path):
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     proc = bench(str(bundle), "--episodes", "0", "--baseline", "onnxruntime", "--json", str(tmp_path / "x.json"))
     assert proc.returncode == 2 and not (tmp_path / "x.json").exists()
-    assert proc.stderr.strip() == (f"error: --baseline onnxruntime: graph 'policy' of {bundle} has no ONNX file: its "
-                                   "export failed (ONNX: an operator it lacks)")  # fmt: skip
+    assert proc.stderr.strip() == (f"error: --baseline onnxruntime: bundle {bundle}: policy.onnx failed at export "
+                                   "(ONNX: an operator it lacks)")  # fmt: skip
 
 
 def test_bench_stochastic_graph(cartpole_bundle, tmp_path):
