@@ -215,6 +215,10 @@ def _route_checks(bundle: Bundle, graph: str, info: RunnerInfo | None) -> list[C
         else:
             status, detail = INCOMPATIBLE, "a .ms must be converted by the runtime's Lite release: re-convert it"
         routes.append(Check(f"{graph}.ms", status, here, f"converted by Lite {written or '?'}", detail))
+    for fmt in ("mindir", "ms"):
+        failed = (bundle.graph(graph)["files"].get(fmt) or {}).get("failed")
+        if failed:  # a route the export itself ruled out
+            routes.append(Check(f"{graph}.{fmt}", INCOMPATIBLE, here, "failed at export", failed))
     if any(c.status == OK for c in routes):
         routes = [
             Check(c.name, WARN, c.here, c.bundle, c.detail + "; the other route is used")
@@ -306,10 +310,14 @@ def in_process_check(bundle: Bundle) -> Check:
     graph = bundle.mode_graph("deterministic")
     if why is not None:
         return Check(name, INFO, "not here", "-", why)
-    if graph is None or not has_file(bundle, graph, "ms"):
-        return Check(name, INFO, "-", "no .ms", "the bundle has no deterministic .ms graph to run")
+    if graph is None:
+        return Check(name, INFO, "-", "no graph", "the bundle has no deterministic graph to run")
     try:
-        with LiteModel(bundle.file(graph, "ms")) as model:
+        path = bundle.file(graph, "ms")
+    except BundleError as exc:  # not exported, or failed at export (the route checks say so too)
+        return Check(name, INFO, "-", f"{graph}.ms", str(exc))
+    try:
+        with LiteModel(path) as model:
             model.infer(*seeded_feeds(bundle, 1, seed=0).graph_inputs(bundle, graph))
             inline = model.runs_inline
     except (LiteRunnerError, ValueError) as exc:  # FeedError is a ValueError

@@ -82,8 +82,10 @@ def runner_info(runner: str | Path | None = None) -> RunnerInfo | None:
 
 
 def has_file(bundle: Bundle, graph: str, fmt: str) -> bool:
+    """Whether ``graph`` has a ``fmt`` file Lite may load: exported, and not marked failed at export (a file that
+    disagreed with its Cell stays in the bundle as evidence; ``Bundle.file`` refuses it)."""
     entry = bundle.manifest.get("graphs", {}).get(graph, {}).get("files", {}).get(fmt) or {}
-    return "file" in entry
+    return "file" in entry and "failed" not in entry
 
 
 def choose_format(bundle: Bundle, graph: str, fmt: str, info: RunnerInfo | None) -> tuple[str, str]:
@@ -105,7 +107,9 @@ def choose_format(bundle: Bundle, graph: str, fmt: str, info: RunnerInfo | None)
         return "mindir", f"no .ms in the bundle; trying MindIR v{version}"
     if has_file(bundle, graph, "ms"):
         return "ms", "the bundle has no .mindir"
-    raise BundleError(f"bundle {bundle.root}: {graph} has neither a .mindir nor a .ms file")
+    failed = "; ".join(f for f in (bundle.export_failure("mindir"), bundle.export_failure("ms")) if f)
+    raise BundleError(f"bundle {bundle.root}: {graph} has neither a .mindir nor a .ms file Lite may load"
+                      + (f" ({failed})" if failed else ""))  # fmt: skip
 
 
 def open_runner(

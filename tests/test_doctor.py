@@ -70,6 +70,19 @@ def test_the_doctor_says_where_lite_runs_the_graph(cartpole_bundle):
     assert "two thread wake-ups" in check["detail"]
 
 
+def test_a_failed_ms_is_a_row_of_the_doctors_table_not_an_error(cartpole_bundle, tmp_path):
+    def fail_ms(manifest, _copy):
+        manifest["graphs"]["policy"]["files"]["ms"]["failed"] = "lite: outputs differ from the Cell"
+
+    proc = doctor(str(_copy(cartpole_bundle.root, tmp_path, fail_ms)), "--json")
+    assert proc.returncode in (0, 1), proc.stderr  # a verdict, never a usage error
+    check = _by_name(json.loads(proc.stdout))["lite-in-process"]
+    assert check["status"] == "info" and "policy.ms failed at export (lite: outputs differ" in check["detail"]
+    checks = json.loads(proc.stdout)["checks"]
+    route = [c for c in checks if c["name"] == "policy.ms" and c["bundle"] == "failed at export"]
+    assert route and route[0]["detail"] == "lite: outputs differ from the Cell"
+
+
 @pytest.mark.skipif(lite_build.MAX_MINDIR >= 3, reason="this Lite reads the MindIR v3 MindSpore 2.10 writes")
 def test_mindir_too_new_and_no_ms_is_incompatible(cartpole_bundle, tmp_path):
     def drop_ms(m, copy):
