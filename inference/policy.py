@@ -29,6 +29,7 @@ from inference.errors import UsageError
 from inference.field import DEFAULT_CHUNK_STEPS, Recorder
 from inference.lite_client import LiteRunner
 from inference.lite_common import RunnerUnavailable
+from inference.sdk import has_file
 from inference.tensors import FeedError
 
 RUNTIMES = ("best", "lite", "lite-isolated", "onnxruntime")
@@ -65,7 +66,7 @@ def _open(bundle: Bundle, graph: str, runtime: str, **options: Any) -> tuple[Any
 
     if runtime in ("lite", "best") and in_process_reason() is None:
         return LiteModel(bundle.file(graph, "ms"), **options), "lite"
-    if runtime == "onnxruntime" or (runtime == "best" and _has_onnxruntime() and _has(bundle, graph, "onnx")):
+    if runtime == "onnxruntime" or (runtime == "best" and _has_onnxruntime() and has_file(bundle, graph, "onnx")):
         return OnnxModel(bundle.file(graph, "onnx"), options.get("threads", 1)), "onnxruntime"
     try:
         return _IsolatedModel(LiteRunner(bundle.file(graph, "ms"), **options)), "lite-isolated"
@@ -80,11 +81,6 @@ def _has_onnxruntime() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _has(bundle: Bundle, graph: str, fmt: str) -> bool:
-    entry = bundle.graph(graph)["files"].get(fmt) or {}
-    return "file" in entry and "failed" not in entry
 
 
 class _IsolatedModel:
