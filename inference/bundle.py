@@ -20,12 +20,14 @@ from inference import schema
 from inference.bundle_v1 import v1_contracts
 from inference.contract import ContractError, PolicyContract
 from inference.files import read_document, sha256_file  # noqa: F401 - sha256_file: part of this module's API
+from inference.mindir import read_header
 
 MANIFEST = "manifest.json"
 SCHEMA = "msrl-consistency/bundle"
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MODES = ("deterministic", "stochastic")
+LITE_FORMATS = ("auto", "ms", "mindir")  # which graph file Lite loads (``Bundle.lite_format``)
 
 
 class BundleError(Exception):
@@ -84,11 +86,13 @@ class Bundle:
             raise BundleError(f"bundle {self.root}: graph {graph!r} has no usable policy contract ({exc})") from None
 
     def mode_graph(self, mode: str) -> str | None:
-        """The graph that acts in ``mode``: deterministic → the first graph without a noise input;
-        stochastic → the first graph with one, else the deterministic graph if it samples on the host."""
+        """The graph that acts in ``mode``: deterministic → the first graph without a noise input, else the first
+        noise-input graph whose contract defines a deterministic action (fed zero noise: the squashed Gaussian mean,
+        the argmax of the scores; ``PolicyContract.deterministic_action``); stochastic → the first graph with a
+        noise input, else the deterministic graph if it samples on the host."""
         det = next((g for g in self.graphs if not self.contract(g).takes_noise), None)
         if mode == "deterministic":
-            return det
+            return det or next((g for g in self.graphs if self.contract(g).has_deterministic_mode), None)
         sto = next((g for g in self.graphs if self.contract(g).takes_noise), None)
         if sto is None and det is not None and self.contract(det).samples_on_host:
             return det
@@ -103,6 +107,42 @@ class Bundle:
             reason = (entry or {}).get("skipped", "not exported")
             raise BundleError(f"bundle {self.root}: no {fmt} file for {graph} ({reason})")
         return self.root / entry["file"]
+
+    def has_file(self, graph: str, fmt: str) -> bool:
+        """Whether ``graph`` has a ``fmt`` file a runtime may load: exported, and not marked failed at export (a file
+        that disagreed with its Cell stays in the bundle as evidence; ``file`` refuses it)."""
+        entry = self.manifest.get("graphs", {}).get(graph, {}).get("files", {}).get(fmt) or {}
+        return "file" in entry and "failed" not in entry
+
+    def lite_format(
+        self, graph: str, fmt: str = "auto", lite_version: str | None = None, max_mind_ir_version: int | None = None
+    ) -> tuple[str, str]:
+        """The file Lite loads for ``graph``, and why: the one rule of ``inference.load``, ``play``, ``bench``,
+        ``doctor`` and the ``lite`` runtime of ``check`` and ``verify``. ``auto`` takes the ``.mindir`` where this
+        Lite reads its MindIR version (``max_mind_ir_version``: what the Lite build reported; None: unknown), and the
+        ``.ms`` otherwise: a ``.ms`` converted by another Lite release may not load where the MindIR does. A file
+        marked failed at export is never chosen."""
+        if fmt not in LITE_FORMATS:
+            raise BundleError(f"unknown format {fmt!r} (one of {', '.join(LITE_FORMATS)})")
+        if fmt != "auto":
+            self.file(graph, fmt)  # refused now, with its reason, if not exported or failed at export
+            return fmt, "requested"
+        lite = f"Lite {lite_version}" if lite_version else "this Lite"
+        if self.has_file(graph, "mindir"):
+            version = read_header(self.file(graph, "mindir")).mind_ir_version
+            loads = None if version is None or max_mind_ir_version is None else 0 <= version <= max_mind_ir_version
+            limit = f" reads <= v{max_mind_ir_version}" if max_mind_ir_version is not None else ""
+            if loads:
+                return "mindir", f"MindIR v{version} loads directly in {lite} ({limit.strip()})"
+            if self.has_file(graph, "ms"):
+                why = f"{lite}{limit}" if loads is False else f"cannot tell whether {lite} reads it"
+                return "ms", f"fallback to .ms: MindIR v{version}, {why}"
+            return "mindir", f"no usable .ms in the bundle; trying MindIR v{version}"
+        if self.has_file(graph, "ms"):
+            return "ms", "the bundle has no usable .mindir"
+        failed = "; ".join(f for f in (self.export_failure("mindir"), self.export_failure("ms")) if f)
+        raise BundleError(f"bundle {self.root}: {graph} has neither a .mindir nor a .ms file Lite may load"
+                          + (f" ({failed})" if failed else ""))  # fmt: skip
 
     def export_failure(self, fmt: str) -> str | None:
         """Why format ``fmt`` failed at export (could not be produced, or disagreed with its Cell), if it did."""

@@ -63,19 +63,17 @@ def check_golden(
     if reference.traces:  # free-running episodes need the env the golden file was recorded on
         given = {k: v for k, v in observation_args.items() if v is not None}
         recorded = read_golden(golden)[0].get("env")
+        if not given and isinstance(recorded, str) and ":" in recorded:  # code: run only when named here
+            raise UsageError(f"the golden file's episodes ran on {recorded!r}, a team's own env: a golden file never "
+                             f"runs code, pass --env {recorded} to run it here (or --env-id ID)")  # fmt: skip
         try:
-            inputs = resolve_inputs(bundle, **(given or _env_arg(recorded)))
+            inputs = resolve_inputs(bundle, **(given or {"env_id": recorded}))
         except UsageError as exc:
             if given:
                 raise
             raise UsageError(f"the golden file's episodes ran on {recorded!r}, which this box cannot recreate ({exc}); "
                              "pass --env MODULE:FACTORY or --env-id ID") from None  # fmt: skip
     return verify(bundle, options, inputs, reference=reference, progress=progress, localizer=localizer)
-
-
-def _env_arg(env: str | None) -> dict[str, str | None]:
-    """A recorded env label as the argument that recreates it: a gymnasium id or ``MODULE:FACTORY``."""
-    return {"env": env} if env and ":" in env and "/" not in env else {"env_id": env}
 
 
 def finish(

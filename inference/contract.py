@@ -283,6 +283,51 @@ class PolicyContract:
         return self.noise_shape is not None
 
     @property
+    def has_deterministic_mode(self) -> bool:
+        """The graph can act deterministically: it takes no noise, or its noise only perturbs a decision the contract
+        names (a Gaussian's mean, a categorical's scores), so the deterministic action is that decision."""
+        return not self.takes_noise or self.action.kind in ("gaussian", "categorical")
+
+    def zero_noise(self, batch: int) -> np.ndarray:
+        """The noise a noise-input graph is fed when it acts deterministically: zeros for standard-normal noise (the
+        sample is then the mean), 0.5 for uniform noise (a constant Gumbel shift, so the argmax is the scores')."""
+        fill = np.float32(0.5) if self.noise_kind == "uniform" else np.float32(0.0)
+        return np.full((batch, *(self.noise_shape or ())), fill, np.float32)
+
+    def deterministic_action(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The deterministic env action: for a graph without noise ``env_action`` (the graph's own action output
+        where it has one); for a noise-input graph the decision its noise perturbs, through the contract's squash:
+        the squashed Gaussian mean, or the argmax of every categorical head's scores."""
+        a = self.action
+        if not self.takes_noise:
+            return self.env_action(outputs)
+        if a.kind == "gaussian":
+            return self.squash(np.asarray(outputs[a.mean], np.float32))  # type: ignore[index]
+        if a.kind == "categorical":
+            return self._stack([argmax_int32(self.categorical_scores(outputs, h)) for h in range(len(a.heads))])
+        raise ContractError(f"a {a.kind} graph that takes noise has no deterministic action")
+
+    def noise_feed(self, mode: str, batch: int, noise: np.ndarray | None) -> list[np.ndarray]:
+        """The graph's noise input for one call in ``mode`` (none when the graph takes no noise; zero noise when it
+        acts deterministically)."""
+        if not self.takes_noise:
+            return []
+        if mode == "deterministic":
+            return [self.zero_noise(batch)]
+        if noise is None:
+            raise ContractError("a stochastic call of a noise-input graph needs its noise")
+        return [noise]
+
+    def mode_action(self, outputs: Mapping[str, np.ndarray], mode: str, noise: np.ndarray | None = None) -> np.ndarray:
+        """The env action of one call in ``mode``: the deterministic action, the graph's own sample (noise input),
+        or a sample drawn on the host from the outputs with ``noise`` (without noise: the deterministic action)."""
+        if mode == "deterministic":
+            return self.deterministic_action(outputs)
+        if self.takes_noise or noise is None:
+            return self.env_action(outputs)
+        return self.env_action(outputs, host_noise=noise)
+
+    @property
     def samples_on_host(self) -> bool:
         """Stochastic actions come from host sampling of the outputs (no noise input, a sampling kind)."""
         return not self.takes_noise and self.action.kind in ("categorical", "gaussian")

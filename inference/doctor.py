@@ -36,7 +36,7 @@ from inference.compare.feeds import seeded_feeds
 from inference.lite_common import LiteRunnerError
 from inference.lite_inprocess import LiteModel, in_process_reason
 from inference.mindir import read_header
-from inference.sdk import RunnerInfo, has_file, runner_info
+from inference.sdk import RunnerInfo, runner_info
 
 OK, WARN, INCOMPATIBLE, INFO = "ok", "warn", "incompatible", "info"
 ASCEND_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/latest")
@@ -193,7 +193,7 @@ def _route_checks(bundle: Bundle, graph: str, info: RunnerInfo | None) -> list[C
     lite = info.lite_version if info else None
     here = f"Lite {lite or '?'}"
     routes: list[Check] = []
-    if has_file(bundle, graph, "mindir"):
+    if bundle.has_file(graph, "mindir"):
         version = read_header(bundle.file(graph, "mindir")).mind_ir_version
         loads = info.mindir_loads(version) if info else None
         limit = "?" if info is None or info.max_mind_ir_version is None else str(info.max_mind_ir_version)
@@ -204,7 +204,7 @@ def _route_checks(bundle: Bundle, graph: str, info: RunnerInfo | None) -> list[C
             None: "cannot tell which MindIR versions this Lite loads (runner not probed)",
         }[loads]
         routes.append(Check(f"{graph}.mindir", status, f"{here} (MindIR <= v{limit})", f"MindIR v{version}", detail))
-    if has_file(bundle, graph, "ms"):
+    if bundle.has_file(graph, "ms"):
         written = ms_lite_version(bundle.file(graph, "ms")) or bundle.manifest.get("exporter", {}).get("lite_sdk")
         if lite is None or written is None:
             status, detail = WARN, "cannot tell the Lite release on one side"

@@ -1,125 +1,86 @@
-"""``python -m inference.play BUNDLE``: play seeded episodes of the bundle's env with MindSpore Lite.
+"""``python -m inference.play BUNDLE``: play seeded episodes of the bundle's env, acting through ``inference.load``.
 
-Deploy side only (NumPy, Gymnasium and Lite, in this process or with ``--isolate`` in the runner process; no
-MindSpore): this is how the policy behaves on a 310 box. ``--format auto`` (the default) loads the ``.mindir``
-where this Lite reads its version and the ``.ms`` otherwise. Exit codes: 0 ok, 2 bad bundle or arguments (one
-``error:`` line), 3 Lite unavailable, 4-6 and 8-10 Lite errors (see ``lite_common``).
+Deploy side only (NumPy, Gymnasium and a runtime: Lite in this process by default; no MindSpore): this is how the
+policy behaves on a 310 box. The policy acts through ``Policy`` (``inference.policy``), exactly as a team's own
+control loop does; ``--runtime`` chooses the runtime (default ``best``: Lite in this process, else ONNX Runtime,
+else the Lite runner process) and one line on stderr says which one acts and why. The env is the bundle's
+registered Gymnasium id, or ``--env MODULE:FACTORY``: only code named on the command line runs.
+
+Exit codes: 0 ok, 2 bad bundle or arguments (one ``error:`` line), 3 no runtime can run the policy here (or the
+runtime failed while acting), 130 interrupted (a recording is finished first).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from inference.bundle import Bundle, BundleError, load_bundle
+from inference.bundle import LITE_FORMATS, Bundle, BundleError, load_bundle
 from inference.compare.acting import to_env
+from inference.compare.episodes import EnvSource
 from inference.compare.feeds import finite_rows
+from inference.compare.inputs import env_factory_source, env_source
 from inference.contract import ContractError
-from inference.errors import UsageError
-from inference.field import Recorder
-from inference.lite_client import LiteRunner
+from inference.errors import EXIT_RUNTIME_UNAVAILABLE, EXIT_USAGE, MsrlError, run_cli
 from inference.lite_common import LiteRunnerError
-from inference.lite_inprocess import LiteModel
-from inference.plugins import import_factory
-from inference.sdk import FORMATS, open_runner
+from inference.policy import Policy
+from inference.serving import RUNTIMES
 from inference.spaces import check_env_spaces
 from inference.tensors import FeedError
 
-PLAY_NOISE_STREAM = 21
+DEPLOY_EXIT_CODES = ("exit codes: 0 ok, 2 bad bundle or arguments, 3 no runtime can run the policy here (or it failed "
+                     "while acting), 130 interrupted")  # fmt: skip
 
 
-def bundle_env_id(bundle: Bundle) -> str:
-    """The env the bundle's policy acts in; a manifest without one cannot be played."""
-    env_id = bundle.manifest.get("env_id")
-    if not isinstance(env_id, str) or not env_id:
-        raise BundleError(f"{bundle.root}/manifest.json has no env_id: cannot tell which env to play")
-    return env_id
-
-
-def env_maker(bundle: Bundle, own_env: str | None = None) -> tuple[str, Callable[[], Any]]:
-    """The env to play in, as a label and a constructor: ``own_env`` (``MODULE:FACTORY``, a team's own env) or the
-    bundle's env id."""
+def episode_env(bundle: Bundle, own_env: str | None = None) -> EnvSource:
+    """The env to play in: ``own_env`` (``MODULE:FACTORY``, a team's own env, named on the command line) or the
+    bundle's registered Gymnasium id (looked up, never imported)."""
     if own_env:
-        return own_env, import_factory(own_env, "--env")
-    env_id = bundle_env_id(bundle)
-    return env_id, lambda: make_env(env_id)
+        return env_factory_source(own_env)
+    env_id = bundle.env_id
+    if not isinstance(env_id, str) or not env_id:
+        raise BundleError(f"{bundle.root}/manifest.json has no env_id: cannot tell which env to play (pass --env "
+                          "MODULE:FACTORY)")  # fmt: skip
+    return env_source(env_id)
 
 
-def make_env(env_id: str) -> Any:
-    """A Gymnasium env; a missing Gymnasium or an unknown env id is a usage error (BundleError, exit 2)."""
+def check_env(policy: Policy, env: EnvSource) -> None:
+    """The env's spaces are the ones the policy's contract describes (one line otherwise, before any step)."""
+    probe = env.make()
     try:
-        import gymnasium as gym
-    except ImportError:
-        raise BundleError("playing episodes needs Gymnasium: pip install gymnasium") from None
-    try:
-        return gym.make(env_id)
-    except Exception as exc:  # noqa: BLE001 - gymnasium raises several kinds for unknown or broken envs
-        raise BundleError(f"cannot make env {env_id!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
-
-
-def mode_graph(bundle: Bundle, stochastic: bool) -> str:
-    """The graph that acts in the requested mode (the policy contract decides, see ``Bundle.mode_graph``)."""
-    mode = "stochastic" if stochastic else "deterministic"
-    graph = bundle.mode_graph(mode)
-    if graph is None:
-        raise BundleError(f"bundle {bundle.root} has no {mode} graph")
-    return graph
+        width = lambda name: policy.bundle.output_shape(policy.graph, name)[-1]  # noqa: E731
+        check_env_spaces(policy.contract, probe.observation_space, probe.action_space, width,
+                         f"bundle vs env {env.label}")  # fmt: skip
+    finally:
+        probe.close()
 
 
 def run_episodes(
-    runner: LiteModel | LiteRunner,
-    bundle: Bundle,
-    graph: str,
-    episodes: int,
-    seed: int,
-    stochastic: bool,
-    report: Callable[[str], None] | None = None,
-    recorder: Recorder | None = None,
-    own_env: str | None = None,
+    policy: Policy, env: EnvSource, episodes: int, seed: int, report: Callable[[str], None] | None = None
 ) -> list[float]:
-    """Returns of ``episodes`` seeded episodes of ``graph`` served by ``runner`` (env seeds seed, seed+1, ...;
-    host noise from a seeded stream); the graph's contract turns its outputs into env actions. ``own_env``: a team's
-    own env constructor (``MODULE:FACTORY``) instead of the bundle's env id."""
-    label, make = env_maker(bundle, own_env)
-    contract = bundle.contract(graph)
-    probe = make()
-    try:
-        width = lambda name: bundle.output_shape(graph, name)[-1]  # noqa: E731
-        check_env_spaces(contract, probe.observation_space, probe.action_space, width, f"bundle vs env {label}")
-    finally:
-        probe.close()
-    rng = np.random.default_rng([seed, PLAY_NOISE_STREAM])
+    """Returns of ``episodes`` seeded episodes (env seeds seed, seed+1, ...) acted by ``policy``; each step's reward
+    and end go to ``policy.observe`` (a recording's episodes and returns)."""
+    check_env(policy, env)
     returns = []
     for k in range(episodes):
-        env = make()
+        made = env.make()
         try:
-            obs, _ = env.reset(seed=seed + k)
-            if recorder is not None and k:
-                recorder.new_episode()
-            state = contract.initial_state(1)  # a policy that carries state starts every episode from its init
+            obs, _ = made.reset(seed=seed + k)
+            policy.reset()  # a policy that carries state starts every episode from its init
             total, done, nan_steps = 0.0, False, 0
             while not done:
-                rows = contract.batch_observations([obs])
-                nan_steps += int(not finite_rows(rows)[0])
-                noise = bundle.sample_noise(graph, rng, 1) if stochastic else None
-                graph_noise = [noise] if contract.takes_noise else []
-                feeds = [*contract.obs_inputs(rows), *graph_noise, *contract.state_inputs(state)]
-                outputs = runner.infer(*feeds)
-                state = contract.next_state(outputs)
-                host = None if contract.takes_noise else noise
-                actions = contract.env_action(outputs, host_noise=host)
-                obs, reward, terminated, truncated, _ = env.step(to_env(contract, actions[0]))
+                nan_steps += int(not finite_rows(policy.contract.batch_observations([obs]))[0])
+                action = policy.act(obs)
+                obs, reward, terminated, truncated, _ = made.step(to_env(policy.contract, action))
                 total += float(reward)
-                done = terminated or truncated
-                if recorder is not None:
-                    recorder.record(feeds, outputs, actions, reward, done)
+                done = bool(terminated or truncated)
+                policy.observe(reward, done)
         finally:
-            env.close()
+            made.close()
         if report is not None:
             flag = f"  ({nan_steps} NaN observations!)" if nan_steps else ""
             report(f"episode {k:3d} seed {seed + k}: return {total:.2f}{flag}")
@@ -128,39 +89,36 @@ def run_episodes(
 
 
 def play(
-    bundle_dir: str, episodes: int, seed: int, stochastic: bool, fmt: str, device: str, device_id: int,
-    record: str | None = None, own_env: str | None = None,
+    bundle_dir: str, episodes: int, seed: int, stochastic: bool, fmt: str = "auto", runtime: str = "best",
+    record: str | None = None, own_env: str | None = None, **options: Any,
 ) -> list[float]:  # fmt: skip
     if episodes < 1:
         raise BundleError(f"--episodes must be >= 1, got {episodes}")
     bundle = load_bundle(bundle_dir)
-    env_maker(bundle, own_env)  # refuse before starting a runner
-    graph = mode_graph(bundle, stochastic)
-    runner, loaded, why = open_runner(bundle, graph, fmt, device=device, device_id=device_id)
-    where = "in this process" if runner.pid == os.getpid() else "runner process"
-    recorder = None if record is None else Recorder(record, bundle, graph, "lite" if where == "in this process" else
-                                                    "lite-isolated")  # fmt: skip
-    with runner:
-        try:
-            returns = run_episodes(runner, bundle, graph, episodes, seed, stochastic, report=print, recorder=recorder,
-                                   own_env=own_env)  # fmt: skip
-        finally:
-            if recorder is not None:
-                recorder.close()
-                print(f"recorded {recorder.steps} steps to {record}")
+    env = episode_env(bundle, own_env)  # refused before any runtime starts
     mode = "stochastic" if stochastic else "deterministic"
+    with Policy(bundle, mode, runtime, seed, record, fmt=fmt, **options) as policy:
+        print(f"acting with {policy.runtime}: {policy.runtime_reason}", file=sys.stderr, flush=True)
+        try:
+            returns = run_episodes(policy, env, episodes, seed, report=print)
+        finally:
+            if policy.recorder is not None:
+                print(f"recorded {policy.recorder.steps} steps to {record}", file=sys.stderr)
     print(f"mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} over {episodes} episodes "
-          f"({mode}, .{loaded} on Lite {runner.lite_version}, {where}: {why})")  # fmt: skip
+          f"({mode}, {policy.runtime_reason})")  # fmt: skip
     return returns
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inference.play", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m inference.play", description=__doc__.splitlines()[0],
+                                epilog=DEPLOY_EXIT_CODES)  # fmt: skip
     p.add_argument("bundle", help="exported bundle directory")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stochastic", action="store_true", help="sample actions with seeded host noise")
-    p.add_argument("--format", default="auto", choices=FORMATS, help="graph file to load in Lite")
+    p.add_argument("--stochastic", action="store_true", help="sample actions with seeded noise")
+    p.add_argument("--runtime", default="best", choices=RUNTIMES,
+                   help="best: Lite in this process, else ONNX Runtime, else the Lite runner process")
+    p.add_argument("--format", default="auto", choices=LITE_FORMATS, help="graph file to load in Lite")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--record", metavar="DIR", help="record every step (inference.field) for an audit on the "
@@ -168,18 +126,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor (gymnasium API), instead of the "
                    "bundle's env id")
     p.add_argument("--isolate", action="store_true",
-                   help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
-    args = p.parse_args(argv)
-    if args.isolate:
-        os.environ["MSRL_LITE_ISOLATE"] = "1"
+                   help="run Lite in the runner process (a watchdog for untrusted models): --runtime lite-isolated")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    runtime = "lite-isolated" if args.isolate else args.runtime
     try:
-        play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, args.device, args.device_id,
-             args.record, args.env)
-    except (BundleError, ContractError, FeedError, LiteRunnerError, UsageError) as exc:
+        play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, runtime, args.record, args.env,
+             device=args.device, device_id=args.device_id)
+    except LiteRunnerError as exc:  # Lite refused the model or failed while acting: not the caller's input
         print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return EXIT_RUNTIME_UNAVAILABLE
+    except (MsrlError, BundleError, ContractError, FeedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", EXIT_USAGE)
     return 0
 
 
+def cli() -> None:
+    """``python -m inference.play``: Ctrl-C finishes a recording and exits 130."""
+    run_cli(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -1,168 +1,186 @@
 """``inference.load(BUNDLE)``: a bundle's policy for a team's own control loop, without MindSpore.
 
-    policy = inference.load("bundles/cartpole")            # Lite in this process when it can run here
-    action = policy.act(obs)                                 # one observation → one env action
-    actions = policy.act(batch)                              # [n, *obs] → n actions
+    with inference.load("bundles/cartpole", record="field/run-1") as policy:
+        obs, _ = env.reset(seed=0)
+        while True:
+            action = policy.act(obs)                 # one observation → one env action (yours to keep)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            policy.observe(reward, terminated or truncated)
+            ...
 
-The policy acts as the bundle's contract says: the graph's own action output (post-processing inside the graph),
-or argmax / squash of its scores; ``mode="stochastic"`` feeds the sampling graph seeded noise (``seed=``) or takes
-``noise=``. A policy that carries state keeps it between calls, one row per observation row, from the contract's
-``init`` (``reset()`` starts new episodes, and a call with another number of rows needs it first: a ``FeedError``
-otherwise; ``state=`` overrides the state for one call).
+``Policy`` is the deploy side's one path from an observation to an env action: ``play`` and ``bench`` act through
+it. It acts as the bundle's contract says: the graph's own action output (post-processing inside the graph), or
+argmax / squash of its scores; ``mode="stochastic"`` feeds the sampling graph seeded noise (``seed=``) or takes
+``noise=``, and a graph that takes noise acts deterministically on zero noise (the squashed mean, the scores'
+argmax). A policy that carries state keeps it between calls, one row per observation row, from the contract's
+``init`` (``reset()`` starts new episodes; a call with another number of rows needs it first; ``state=`` overrides
+the state for one call).
 
-``record=DIR`` keeps every step for an audit against training (``inference.field``; ``policy.observe(reward,
-done)`` adds the env's answers). At a fixed batch, the Lite path allocates nothing per call when the graph computes
-the env action itself: the returned array is Lite's output buffer, overwritten by the next call (copy it to keep).
+What ``act`` accepts is checked, never cast (``inference.act_inputs``): the contract's dtypes, one observation or a
+batch, a ``Dict`` observation as a dict (Gymnasium's vector layout for a batch). What it returns is the caller's to
+keep; ``act_view`` is the allocation-free variant for a single-threaded loop. One call runs at a time, so threads
+may share a policy. ``runtime="best"`` tries Lite in this process, then ONNX Runtime, then the Lite runner process
+(``inference.serving``); ``policy.runtime`` and ``policy.runtime_reason`` say which serves and why.
+
+``record=DIR`` keeps every step for an audit against training (``inference.field``; ``observe(reward, done)`` adds
+the env's answers, one per row).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from inference.bundle import Bundle, load_bundle
+from inference.act_inputs import float32_input, observation_inputs
+from inference.bundle import MODES, Bundle, load_bundle
 from inference.errors import UsageError
 from inference.field import DEFAULT_CHUNK_STEPS, Recorder
-from inference.lite_client import LiteRunner
-from inference.lite_common import RunnerUnavailable
-from inference.sdk import has_file
+from inference.serving import RUNTIMES, OnnxModel, open_graph  # noqa: F401 - OnnxModel: part of this API
 from inference.tensors import FeedError
-
-RUNTIMES = ("best", "lite", "lite-isolated", "onnxruntime")
-
-
-class OnnxModel:
-    """ONNX Runtime on one graph, with the interface of ``LiteModel`` that ``Policy`` and ``inference.bench``
-    use (``infer`` and ``infer_into`` alike: ONNX Runtime hands back fresh arrays)."""
-
-    def __init__(self, path: Path, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.path, self.version = path, ort.__version__
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.names = [o.name for o in self.session.get_outputs()]
-
-    def infer_into(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
-        feed = dict(zip(self.inputs, arrays, strict=True))
-        return dict(zip(self.names, self.session.run(self.names, feed), strict=True))
-
-    infer = infer_into
-
-    def close(self) -> None:
-        self.session = None
-
-
-def _open(bundle: Bundle, graph: str, runtime: str, **options: Any) -> tuple[Any, str]:
-    """The model for ``graph`` and the runtime that serves it (``best``: Lite in this process, else ONNX Runtime,
-    else the Lite runner process)."""
-    from inference.lite_inprocess import LiteModel, in_process_reason
-
-    if runtime in ("lite", "best") and in_process_reason() is None:
-        return LiteModel(bundle.file(graph, "ms"), **options), "lite"
-    if runtime == "onnxruntime" or (runtime == "best" and _has_onnxruntime() and has_file(bundle, graph, "onnx")):
-        return OnnxModel(bundle.file(graph, "onnx"), options.get("threads", 1)), "onnxruntime"
-    try:
-        return _IsolatedModel(LiteRunner(bundle.file(graph, "ms"), **options)), "lite-isolated"
-    except RunnerUnavailable as exc:
-        why = in_process_reason() or "no library"
-        raise UsageError(f"no runtime for {bundle.root}: Lite in this process ({why}), {exc}") from None
-
-
-def _has_onnxruntime() -> bool:
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-class _IsolatedModel:
-    """The runner process behind the ``infer_into`` interface (its answers are fresh arrays anyway)."""
-
-    def __init__(self, runner: LiteRunner) -> None:
-        self.runner = runner
-
-    def infer_into(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
-        return self.runner.infer(*arrays)
-
-    def close(self) -> None:
-        self.runner.close()
 
 
 class Policy:
     """A bundle's acting graph on one runtime (see the module docstring)."""
 
     def __init__(
-        self, bundle: Bundle, mode: str, runtime: str, seed: int, record: str | os.PathLike[str] | None = None,
-        chunk_steps: int = DEFAULT_CHUNK_STEPS, **options: Any,
+        self, bundle: Bundle, mode: str = "deterministic", runtime: str = "best", seed: int = 0,
+        record: str | os.PathLike[str] | None = None, chunk_steps: int = DEFAULT_CHUNK_STEPS, fmt: str = "auto",
+        **options: Any,
     ) -> None:  # fmt: skip
-        if mode not in ("deterministic", "stochastic"):
-            raise UsageError(f"mode must be deterministic or stochastic, got {mode!r}")
+        if mode not in MODES:
+            raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if runtime not in RUNTIMES:
             raise UsageError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
         graph = bundle.mode_graph(mode)
         if graph is None:
-            raise UsageError(f"bundle {bundle.root} has no {mode} graph")
+            kind = bundle.contract(bundle.graphs[0]).action.kind
+            why = "it takes no noise" if mode == "stochastic" else "its noise-input graph has no noise-free decision"
+            raise UsageError(f"bundle {bundle.root} has no {mode} mode: a {kind} policy whose {why}")
         self.bundle, self.graph, self.mode = bundle, graph, mode
         self.contract = bundle.contract(graph)
-        self.model, self.runtime = _open(bundle, graph, runtime, **options)
+        served = open_graph(bundle, graph, runtime, fmt, **options)
+        self.model, self.runtime, self.file, self.runtime_reason = served.model, served.runtime, served.file, served.why
+        self._lock = threading.Lock()  # one call at a time: the state, the noise stream, the model's buffers
         self._rng = np.random.default_rng(seed)
         self._state: np.ndarray | None = None
-        self.outputs: Mapping[str, np.ndarray] = {}  # the last call's graph outputs
+        self._closed = False
         a = self.contract.action
-        # The graph returns the env action itself: hand its buffer back without any host arithmetic.
+        # The graph returns the env action itself: its buffer is the answer, no host arithmetic.
         self._direct = a.action if a.action is not None and (a.kind != "deterministic" or a.discrete) else None
-        self.recorder = None if record is None else Recorder(record, bundle, graph, self.runtime, chunk_steps)
+        self.recorder = None
+        if record is not None:
+            try:
+                self.recorder = Recorder(record, bundle, graph, self.runtime, chunk_steps)
+            except BaseException:
+                self.model.close()
+                raise
 
-    def reset(self) -> None:
-        """Start new episodes: the carried state goes back to the contract's ``init`` at the next call."""
-        self._state = None
-        if self.recorder is not None:
-            self.recorder.new_episode()
+    # -- acting ---------------------------------------------------------------------------------------
+    def act(self, obs: Any, noise: Any = None, state: np.ndarray | None = None) -> np.ndarray:
+        """The env action(s) for one observation or a batch: an array the caller keeps (see the module docstring)."""
+        with self._lock:
+            action, _, single = self._act(obs, noise, state)
+            action = np.array(action)  # never a view of the runtime's buffers
+        return action[0] if single else action
 
-    def observe(self, reward: Any, done: Any = False) -> None:
-        """The env's answer to the last action(s), for the recording (rewards give the field's episode returns)."""
-        if self.recorder is not None:
-            self.recorder.observe(reward, done)
+    def act_view(self, obs: Any, noise: Any = None, state: np.ndarray | None = None) -> np.ndarray:
+        """``act`` without the copy: where the graph computes the env action itself, the answer is a view of the
+        runtime's output buffer, overwritten by this policy's next call. For a single-threaded control loop that uses
+        each action before the next call; anything else: ``act``."""
+        with self._lock:
+            action, _, single = self._act(obs, noise, state)
+        return action[0] if single else action
 
-    def act(self, obs: Any, noise: np.ndarray | None = None, state: np.ndarray | None = None) -> np.ndarray:
-        """The env action(s) for one observation or a batch of them (see the module docstring)."""
+    def act_outputs(
+        self, obs: Any, noise: Any = None, state: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The env action(s) and every graph output of the call (copies), e.g. a value estimate next to the action."""
+        with self._lock:
+            action, outputs, single = self._act(obs, noise, state)
+            action, outputs = np.array(action), {k: np.array(v) for k, v in outputs.items()}
+        return (action[0] if single else action), outputs
+
+    def _act(
+        self, obs: Any, noise: Any, state: np.ndarray | None
+    ) -> tuple[np.ndarray, Mapping[str, np.ndarray], bool]:
+        """One call, under the lock: the batch's actions and outputs (the runtime's own buffers, where it reuses
+        them) and whether ``obs`` was a single observation."""
+        if self._closed:
+            raise UsageError("the policy is closed")
         c = self.contract
-        single = _single(c, obs)
-        rows = c.batch_observations([obs]) if single else obs if c.obs_dict else np.asarray(obs, c.obs_dtype)
-        n = len(rows)
-        feeds = c.obs_inputs(rows)
+        obs_inputs, single = observation_inputs(c, obs)
+        n = len(obs_inputs[0])
         host_noise = None
         if self.mode == "stochastic":
-            noise = self.bundle.sample_noise(self.graph, self._rng, n) if noise is None else np.asarray(noise)
-            if c.takes_noise:
-                feeds.append(np.asarray(noise, np.float32))
-            else:
+            noise = self._noise(noise, n)
+            if not c.takes_noise:
                 host_noise = noise
+        elif noise is not None:
+            raise FeedError("noise= is for mode='stochastic'; a deterministic policy takes none")
+        feeds = [*obs_inputs, *c.noise_feed(self.mode, n, noise)]
         if c.states:
-            if state is not None:
-                self._state = state
-            elif self._state is None:
-                self._state = c.initial_state(n)
-            elif len(self._state) != n:  # a silent re-init would restart every episode's memory mid-way
-                raise FeedError(f"the carried state holds {len(self._state)} row(s) and this call has {n} "
-                                "observation(s): call reset() to start new episodes, or pass state=")  # fmt: skip
-            feeds += c.state_inputs(self._state)
-        self.outputs = self.model.infer_into(*feeds)
+            feeds += c.state_inputs(self._state_for(state, n))
+        outputs = self.model.infer_into(*feeds)
         if c.states:
-            self._state = c.next_state(self.outputs)
-        action = self.outputs[self._direct] if self._direct and host_noise is None else (
-            c.env_action(self.outputs, host_noise=host_noise))  # fmt: skip
+            self._state = c.next_state(outputs)
+        zero_noise = self.mode == "deterministic" and c.takes_noise  # acts on the decision, not the graph's sample
+        if self._direct is not None and host_noise is None and not zero_noise:
+            action = outputs[self._direct]
+        else:
+            action = c.mode_action(outputs, self.mode, host_noise)
         if self.recorder is not None:
-            self.recorder.record(feeds, self.outputs, action)
-        return action[0] if single else action
+            self.recorder.record(feeds, outputs, action, host_noise=host_noise)
+        return action, outputs, single
+
+    def _noise(self, noise: Any, n: int) -> np.ndarray:
+        """This call's sampling noise: the caller's (float32, one row per observation) or the seeded stream's."""
+        width = self.bundle.noise_dim(self.graph)
+        shape = tuple(self.contract.noise_shape) if self.contract.takes_noise else (width,)
+        if noise is None:
+            return self.bundle.sample_noise(self.graph, self._rng, n).reshape(n, *shape)
+        return float32_input(noise, shape, n, "noise")
+
+    def _state_for(self, state: np.ndarray | None, n: int) -> np.ndarray:
+        """The carried state this call feeds: ``state=``, the previous call's, or the contract's init."""
+        c = self.contract
+        if state is not None:
+            want = self._state_dtype()
+            if not isinstance(state, np.ndarray) or state.dtype != want or state.shape != (n,):
+                got = f"{getattr(state, 'dtype', type(state).__name__)} {getattr(state, 'shape', '')}".strip()
+                raise FeedError(f"state= must be {n} row(s) of {want} (policy.state's layout), got {got}")
+            self._state = state
+        elif self._state is None:
+            self._state = c.initial_state(n)
+        elif len(self._state) != n:  # a silent re-init would restart every episode's memory mid-way
+            raise FeedError(f"the carried state holds {len(self._state)} row(s) and this call has {n} "
+                            "observation(s): call reset() to start new episodes, or pass state=")  # fmt: skip
+        assert self._state is not None
+        return self._state
+
+    def _state_dtype(self) -> np.dtype:
+        from inference.contract import state_dtype
+
+        return state_dtype(self.contract.states)
+
+    # -- episodes and recording -------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Start new episodes: the carried state goes back to the contract's ``init`` at the next call."""
+        with self._lock:
+            self._state = None
+            if self.recorder is not None:
+                self.recorder.new_episode()
+
+    def observe(self, reward: Any, done: Any = False) -> None:
+        """The env's answer to the last action(s), one per row: for the recording (episode returns and boundaries;
+        a row whose ``done`` is true starts a new episode at its next step)."""
+        with self._lock:
+            if self.recorder is not None:
+                self.recorder.observe(reward, done)
 
     @property
     def state(self) -> np.ndarray | None:
@@ -170,9 +188,16 @@ class Policy:
         return self._state
 
     def close(self) -> None:
-        self.model.close()
-        if self.recorder is not None:
-            self.recorder.close()
+        """Release the runtime and finish the recording (idempotent); a recording that failed raises here."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self.model.close()
+            finally:
+                if self.recorder is not None:
+                    self.recorder.close()
 
     def __enter__(self) -> Policy:
         return self
@@ -180,12 +205,8 @@ class Policy:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _single(contract: Any, obs: Any) -> bool:
-    """One observation (no batch dimension) rather than a batch of them."""
-    if contract.obs_dict:
-        return isinstance(obs, Mapping)
-    return np.ndim(obs) == len(contract.obs_shape)
+    def __repr__(self) -> str:
+        return f"Policy({self.bundle.root}, {self.graph}, {self.mode}, {self.runtime}: {self.runtime_reason})"
 
 
 def load(
@@ -198,8 +219,8 @@ def load(
 ) -> Policy:
     """A bundle's policy, ready to ``act``: ``runtime`` ``best`` (Lite in this process where it can run, else ONNX
     Runtime, else the Lite runner process), ``lite``, ``lite-isolated`` (the runner process: a watchdog for
-    untrusted models) or ``onnxruntime``; ``record``: a directory that receives every step (``inference.field``;
-    ``policy.observe(reward, done)`` adds the env's answers); ``options``: ``device``, ``device_id``, ``threads``,
-    ``max_rows``, ``chunk_steps``."""
-    b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+    untrusted models) or ``onnxruntime``; ``record``: a directory that receives every step (``inference.field``);
+    ``options``: ``fmt`` (``auto``, ``ms``, ``mindir``: the Lite file), ``device``, ``device_id``, ``threads``,
+    ``max_rows``, ``timeout`` (the runner's watchdog), ``chunk_steps``."""
+    b = bundle if isinstance(bundle, Bundle) else load_bundle(Path(bundle))
     return Policy(b, mode, runtime, seed, record, **options)

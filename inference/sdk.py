@@ -17,16 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inference.bundle import Bundle, BundleError
+from inference.bundle import LITE_FORMATS as FORMATS  # noqa: F401 - the --format choices
+from inference.bundle import Bundle
 from inference.lite_client import LiteRunner
 from inference.lite_common import RUNNER_NAME, MindIRVersionError, runner_path
-from inference.mindir import read_header
 
 if TYPE_CHECKING:
     from inference.lite_inprocess import LiteModel
 
 INFO_FILE = RUNNER_NAME + ".json"
-FORMATS = ("auto", "ms", "mindir")
 
 log = logging.getLogger(__name__)
 
@@ -81,35 +80,11 @@ def runner_info(runner: str | Path | None = None) -> RunnerInfo | None:
     return RunnerInfo(path, version, max_v if isinstance(max_v, int) else None, rule or "unknown", record)
 
 
-def has_file(bundle: Bundle, graph: str, fmt: str) -> bool:
-    """Whether ``graph`` has a ``fmt`` file Lite may load: exported, and not marked failed at export (a file that
-    disagreed with its Cell stays in the bundle as evidence; ``Bundle.file`` refuses it)."""
-    entry = bundle.manifest.get("graphs", {}).get(graph, {}).get("files", {}).get(fmt) or {}
-    return "file" in entry and "failed" not in entry
-
-
 def choose_format(bundle: Bundle, graph: str, fmt: str, info: RunnerInfo | None) -> tuple[str, str]:
-    """The bundle file format to load and why: ``auto`` takes the .mindir where this Lite reads its version."""
-    if fmt not in FORMATS:
-        raise BundleError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
-    if fmt != "auto":
-        return fmt, "requested"
-    if has_file(bundle, graph, "mindir"):
-        version = read_header(bundle.file(graph, "mindir")).mind_ir_version
-        loads = info.mindir_loads(version) if info is not None else None
-        lite = f"Lite {info.lite_version}" if info is not None else "this Lite"
-        limit = f"reads <= v{info.max_mind_ir_version}" if info and info.max_mind_ir_version is not None else ""
-        if loads:
-            return "mindir", f"MindIR v{version} loads directly in {lite} ({limit})"
-        if has_file(bundle, graph, "ms"):
-            why = f"{lite} {limit}" if loads is False else f"cannot tell whether {lite} reads it"
-            return "ms", f"fallback to .ms: MindIR v{version}, {why}"
-        return "mindir", f"no .ms in the bundle; trying MindIR v{version}"
-    if has_file(bundle, graph, "ms"):
-        return "ms", "the bundle has no .mindir"
-    failed = "; ".join(f for f in (bundle.export_failure("mindir"), bundle.export_failure("ms")) if f)
-    raise BundleError(f"bundle {bundle.root}: {graph} has neither a .mindir nor a .ms file Lite may load"
-                      + (f" ({failed})" if failed else ""))  # fmt: skip
+    """``Bundle.lite_format`` with what this Lite build reports of itself (``info``)."""
+    if info is None:
+        return bundle.lite_format(graph, fmt)
+    return bundle.lite_format(graph, fmt, info.lite_version, info.max_mind_ir_version)
 
 
 def open_runner(
@@ -124,7 +99,7 @@ def open_runner(
     try:
         return open_lite(bundle.file(graph, chosen), **kwargs), chosen, why
     except MindIRVersionError as exc:
-        if fmt != "auto" or chosen != "mindir" or not has_file(bundle, graph, "ms"):
+        if fmt != "auto" or chosen != "mindir" or not bundle.has_file(graph, "ms"):
             raise
         log.warning("falling back to the .ms: %s", exc)
         return open_lite(bundle.file(graph, "ms"), **kwargs), "ms", f"fallback to .ms: {exc}"

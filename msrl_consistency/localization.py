@@ -37,7 +37,6 @@ from inference.compare.localize import (
     onnx_tensors,
 )
 from inference.compare.stats import Tolerance, compare_arrays
-from inference.sdk import has_file
 from inference.tensors import TensorMeta
 from msrl_consistency import compat
 
@@ -208,7 +207,7 @@ def _follow_shape_ops(nodes: Sequence[tuple], pos: int, ranks: Mapping[str, int]
 def onnx_of(bundle: Bundle, graph: str, cell: nn.Cell) -> Iterator[Path]:
     """The ONNX graph a bundle's ``.ms`` was converted from: the bundle's own, or (an fp16 bundle keeps none) the
     float32 Cell exported again the same way (MindSpore's exporter is deterministic: the same node names)."""
-    if has_file(bundle, graph, "onnx"):
+    if bundle.has_file(graph, "onnx"):
         yield bundle.file(graph, "onnx")
         return
     from msrl_consistency.artifacts.graphs import GraphIO, write_onnx

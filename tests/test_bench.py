@@ -17,7 +17,6 @@ import pytest
 
 from inference.bench import soak
 from inference.lite_common import runner_available
-from inference.tensors import TensorMeta
 
 pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
 
@@ -113,31 +112,32 @@ def test_bench_missing_bundle(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip() == f"error: bundle {tmp_path / 'nope'} does not exist"
 
 
-class _DriftingRunner:
-    """Answers like a runner, except that one request gets an answer one ulp off."""
+class _DriftingPolicy:
+    """Answers like a policy, except that one request gets an answer one ulp off."""
 
-    inputs = [TensorMeta("obs", np.dtype(np.float32), (-1, 4))]
-    pid = None
-    restarts = 0
+    class model:  # noqa: N801 - stands in for the runtime behind the policy
+        pid = None
+        restarts = 0
 
-    def __init__(self, drift_at: int) -> None:
-        self.calls, self.drift_at = 0, drift_at
+    def __init__(self, bundle, drift_at: int) -> None:
+        self.bundle, self.calls, self.drift_at = bundle, 0, drift_at
+        self.contract = bundle.contract("policy")
 
-    def infer(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+    def act_outputs(self, obs: np.ndarray, state: None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         self.calls += 1
         logits = obs[:, :2] * 2
         if self.calls == self.drift_at:
             logits = np.nextafter(logits, np.inf, dtype=np.float32)
-        return {"logits": logits}
+        return logits.argmax(-1), {"logits": logits}
 
 
 def test_soak_detects_bitwise_drift(cartpole_bundle):
     bundle = cartpole_bundle
-    clean = soak(bundle, "policy", _DriftingRunner(drift_at=-1), requests=50, distinct=5, seed=0)
+    clean = soak(_DriftingPolicy(bundle, drift_at=-1), requests=50, distinct=5, seed=0)
     assert clean["drifted_requests"] == 0 and clean["drift_max_abs"] == 0
-    drifted = soak(bundle, "policy", _DriftingRunner(drift_at=23), requests=50, distinct=5, seed=0)
+    drifted = soak(_DriftingPolicy(bundle, drift_at=23), requests=50, distinct=5, seed=0)
     assert drifted["drifted_requests"] == 1 and 0 < drifted["drift_max_abs"] < 1e-4  # one ulp
-    first = soak(bundle, "policy", _DriftingRunner(drift_at=3), requests=50, distinct=5, seed=0)  # first answer off
+    first = soak(_DriftingPolicy(bundle, drift_at=3), requests=50, distinct=5, seed=0)  # first answer off
     assert first["drifted_requests"] == 9  # every later repeat of that input differs from it
 
 

@@ -215,11 +215,13 @@ def test_load_acts_like_the_runner_in_a_control_loop(cartpole_bundle, pendulum_b
             want = policy.contract.env_action(runner.infer(obs))
             batch = policy.act(obs)
             first = batch.copy()
-            again = policy.act(obs)
+            again = policy.act(obs * 2)
+            view = policy.act_view(obs)
             singles = np.stack([policy.act(row).copy() for row in obs])
             sto = [inference.load(root, mode="stochastic", seed=3).act(obs).copy() for _ in range(2)]
             out[name] = {{"runtime": policy.runtime, "batch": bool(np.array_equal(first, want)),
-                          "same_buffer": again is batch, "singles": bool(np.array_equal(singles, want)),
+                          "kept": bool(np.array_equal(batch, first)) and again is not batch,
+                          "same_buffer": policy.act_view(obs * 3) is view, "singles": bool(np.array_equal(singles, want)),
                           "seeded": bool(np.array_equal(*sto)), "differs": bool(not np.array_equal(sto[0], want))}}
             policy.close(); runner.close()
         print(json.dumps(out))
@@ -227,7 +229,8 @@ def test_load_acts_like_the_runner_in_a_control_loop(cartpole_bundle, pendulum_b
     for name in ("cartpole", "pendulum"):
         r = result[name]
         assert r["runtime"] == "lite" and r["batch"] and r["singles"] and r["seeded"] and r["differs"], (name, r)
-    assert result["cartpole"]["same_buffer"]  # the graph's action output: handed back without a copy
+        assert r["kept"], (name, r)  # what act returns is the caller's: a later call does not overwrite it
+    assert result["cartpole"]["same_buffer"]  # act_view: the graph's action output, handed back without a copy
 
 
 def test_load_carries_a_recurrent_state(tmp_path):

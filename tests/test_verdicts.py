@@ -360,8 +360,8 @@ def test_a_runner_killed_once_is_restarted_with_the_same_answers(cartpole_bundle
 def test_a_broken_onnxruntime_is_unavailable_with_its_reason(tmp_path):
     (tmp_path / "onnxruntime").mkdir()
     (tmp_path / "onnxruntime" / "__init__.py").write_text("raise ImportError('libonnxruntime.so: cannot open')\n")
-    code = ("import sys; sys.path.insert(0, sys.argv[1])\nfrom inference.runtimes.onnxrt import _import_problem\n"
-            "print(_import_problem())")  # fmt: skip
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\nfrom inference.runtimes.onnxrt import import_problem\n"
+            "print(import_problem())")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "onnxruntime is installed but does not import: libonnxruntime.so: cannot open"
 

@@ -39,20 +39,19 @@ class ModePolicy:
         self.state = self.contract.initial_state(batch)
 
     def outputs(self, obs: np.ndarray, noise: np.ndarray | None) -> dict[str, np.ndarray]:
-        """One inference on observation rows (and the graph's noise, when it takes it) with the current state."""
+        """One inference on observation rows (and the graph's noise, when it takes it: zero noise when it acts
+        deterministically) with the current state."""
         c = self.contract
-        graph_noise = [noise] if c.takes_noise else []
         if c.states and (self.state is None or len(self.state) != len(obs)):
             self.reset(len(obs))
-        return self.runtime.infer(*c.obs_inputs(obs), *graph_noise, *c.state_inputs(self.state))
+        return self.runtime.infer(*c.obs_inputs(obs), *c.noise_feed(self.mode, len(obs), noise),
+                                  *c.state_inputs(self.state))  # fmt: skip
 
     def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
         """The env actions for ``obs``; the state moves on to this step's ``next`` outputs."""
         outputs = self.outputs(obs, noise)
         self.state = self.contract.next_state(outputs)
-        if noise is None or self.mode == "deterministic" or self.contract.takes_noise:
-            return self.contract.env_action(outputs)
-        return self.contract.env_action(outputs, host_noise=noise)
+        return self.contract.mode_action(outputs, self.mode, noise)
 
     __call__ = act
 

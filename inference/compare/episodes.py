@@ -38,10 +38,23 @@ class EnvSource:
 
 
 def gym_env_source(env_id: str) -> EnvSource:
-    import gymnasium as gym
+    """A registered Gymnasium env. An id is only looked up, never imported: Gymnasium's ``module:EnvId`` form would
+    import ``module``, and ids come from bundles and golden files, which must not run code (a team's own env is
+    ``--env MODULE:FACTORY``, named on the command line). ``UsageError`` for a module prefix or an unknown id."""
+    from inference.errors import UsageError
 
-    spec = gym.spec(env_id)  # raises gym.error.Error for an unknown id (the CLI turns it into exit 2)
-    return EnvSource(env_id, lambda: gym.make(env_id), int(spec.max_episode_steps or DEFAULT_HORIZON))
+    if ":" in env_id:
+        raise UsageError(f"env id {env_id!r} names a module to import; env ids are only looked up among the "
+                         "registered Gymnasium envs: pass your env as --env MODULE:FACTORY to run its code")
+    try:
+        import gymnasium as gym
+    except ImportError:
+        raise UsageError("playing episodes needs Gymnasium: pip install gymnasium") from None
+    spec = gym.registry.get(env_id)
+    if spec is None:
+        raise UsageError(f"unknown environment id {env_id!r} (not registered with Gymnasium here; a team's own env: "
+                         "--env MODULE:FACTORY)")  # fmt: skip
+    return EnvSource(env_id, lambda: gym.make(spec), int(spec.max_episode_steps or DEFAULT_HORIZON))
 
 
 @dataclass

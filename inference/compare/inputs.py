@@ -75,14 +75,10 @@ def resolve_inputs(
 
 
 def env_source(env_id: str) -> EnvSource:
-    """An env id from gymnasium's registry. Envs defined elsewhere are registered there by their package before
-    (the training package does so for its tiny test envs); a team's own env is ``--env MODULE:FACTORY``."""
-    import gymnasium as gym
-
-    try:
-        return gym_env_source(env_id)
-    except gym.error.Error as exc:
-        raise UsageError(f"unknown environment id {env_id!r} ({first_line(exc)})") from None
+    """An env id from gymnasium's registry (``episodes.gym_env_source``). Envs defined elsewhere are registered there
+    by their package before (the training package does so for its tiny test envs); a team's own env is
+    ``--env MODULE:FACTORY``."""
+    return gym_env_source(env_id)
 
 
 def env_factory_source(env: str | Callable[[], Any]) -> EnvSource:

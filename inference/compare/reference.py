@@ -134,7 +134,8 @@ def _trace_margins(
     obs = trace.obs.reshape(steps * k, *trace.obs.shape[2:])
     flat_noise = None if noise is None else noise[:steps].reshape(steps * k, -1)
     state = None if trace.states is None else trace.states.reshape(steps * k)
-    graph_noise = [flat_noise] if contract.takes_noise else []
+    # deterministic mode through a noise-input graph: fed zero noise, judged on its scores alone
+    graph_noise = [contract.zero_noise(steps * k) if flat_noise is None else flat_noise] if contract.takes_noise else []
     inputs = [*contract.obs_inputs(obs), *graph_noise, *contract.state_inputs(state)]
     outputs = runtimes[graph].infer(*inputs)  # type: ignore[index]
     heads = contract.action.heads

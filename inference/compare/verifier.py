@@ -126,7 +126,8 @@ def verify(
         checks.append(Check("inputs", "episodes", "skip", reference.skipped_episodes))
     for mode in (set(MODES) - set(available_modes(bundle))) if not reference.skipped_episodes else ():
         kind = bundle.contract(bundle.graphs[0]).action.kind
-        why = "every graph takes sampling noise" if mode == "deterministic" else f"a {kind} policy takes no noise"
+        why = (f"every graph takes sampling noise and a {kind} action has no noise-free decision"
+               if mode == "deterministic" else f"a {kind} policy takes no noise")  # fmt: skip
         checks.append(Check("inputs", f"episodes.{mode}", "skip", f"no {mode} mode: {why}"))
     selected: dict[str, Mapping[str, Runtime] | str] = {}
     for name in names:

@@ -12,7 +12,7 @@ from inference.runtimes.base import Runtime, RuntimeSource
 
 
 @functools.cache
-def _import_problem() -> str | None:
+def import_problem() -> str | None:
     """Why ``import onnxruntime`` fails here (not installed, or installed but broken), or None."""
     try:
         importlib.import_module("onnxruntime")
@@ -32,7 +32,7 @@ class OnnxRuntime(Runtime):
 
     @classmethod
     def unavailable_reason(cls, source: RuntimeSource) -> str | None:
-        return _import_problem()
+        return import_problem()
 
     def _load(self) -> None:
         import onnxruntime as ort
