@@ -137,7 +137,11 @@ class Bundle:
             if self.has_file(graph, "ms"):
                 why = f"{lite}{limit}" if loads is False else f"cannot tell whether {lite} reads it"
                 return "ms", f"fallback to .ms: MindIR v{version}, {why}"
-            return "mindir", f"no usable .ms in the bundle; trying MindIR v{version}"
+            ms = self.export_failure("ms") or f"no .ms for {graph}"
+            if loads is False:
+                raise BundleError(f"bundle {self.root}: {graph} has no file Lite may load: its .mindir is MindIR "
+                                  f"v{version}, which {lite}{limit}, and {ms}")  # fmt: skip
+            return "mindir", f"{ms}; trying MindIR v{version}"
         if self.has_file(graph, "ms"):
             return "ms", "the bundle has no usable .mindir"
         failed = "; ".join(f for f in (self.export_failure("mindir"), self.export_failure("ms")) if f)

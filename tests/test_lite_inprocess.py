@@ -255,8 +255,8 @@ def test_load_carries_a_recurrent_state(tmp_path):
             p = inference.load({str(bundle.root)!r})
             for o in obs[:-1] if carried else []:
                 p.act(o)
-            p.act(obs[-1])
-            scores.append(np.concatenate([np.ravel(v) for k, v in sorted(p.outputs.items())]).copy())
+            outputs = p.act_outputs(obs[-1])[1]
+            scores.append(np.concatenate([np.ravel(v) for k, v in sorted(outputs.items())]))
         name = policy.contract.states[0].name
         try:  # another batch size mid-episode: refused, never a silent restart of every episode's memory
             policy.act(obs[0, :2])

@@ -14,6 +14,7 @@ recorded in ``restarts`` so the report says so.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -32,6 +33,14 @@ class LiteRuntime(Runtime):
     description = "MindSpore Lite C++ API on the bundle's .ms (in this process, or the runner process)"
     fmt = "ms"
     timeout = 10.0
+
+    def model_path(self) -> Path:
+        """The file the deploy side loads (``Bundle.lite_format``, as ``inference.load`` and ``doctor`` choose it): the
+        file verified is the file deployed."""
+        from inference.sdk import choose_format, runner_info
+
+        return self.source.bundle.file(self.graph, choose_format(self.source.bundle, self.graph, "auto",
+                                                                 runner_info())[0])  # fmt: skip
 
     @classmethod
     def unavailable_reason(cls, source: RuntimeSource) -> str | None:
@@ -95,3 +104,6 @@ class LiteMindirRuntime(LiteRuntime):
     name = "lite-mindir"
     description = "MindSpore Lite C++ runner on the bundle's .mindir (needs Lite >= the exporter's MindSpore)"
     fmt = "mindir"
+
+    def model_path(self) -> Path:
+        return Runtime.model_path(self)
