@@ -1,8 +1,8 @@
 """msrl-consistency: train PPO with MindSpore, export it, and prove every runtime acts like training.
 
 The library API (``export_policy``, ``verify_policy``, ``assert_policy_consistent``, ``PolicyContract``,
-``localize``) takes any team's own policy Cell, and ``train(config)`` trains ours; it is imported lazily, so
-``import msrl_consistency`` stays light.
+``localize``) takes any team's own policy Cell, and ``train_policy(config)`` trains ours; it is imported lazily, so
+``import msrl_consistency`` stays light (``python -m msrl_consistency.train`` is the command).
 
 Data flow, one sub-package per stage:
 ``envs`` → ``agent`` (policy Cells, in-graph pre/post-processing) → ``training`` (PPO) → ``artifacts``
@@ -19,7 +19,7 @@ _os.environ.setdefault("GLOG_v", "3")
 
 
 _API = {
-    "train": "msrl_consistency.train",  # the CLI module, callable as ``train(config)``: see its docstring
+    "train_policy": "msrl_consistency.training.run",
     "RunResult": "msrl_consistency.training.run",
     "export_policy": "msrl_consistency.api",
     "export_run": "msrl_consistency.api",
@@ -35,6 +35,5 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy: importing the package must n
     if name in _API:
         import importlib
 
-        module = importlib.import_module(_API[name])
-        return module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
+        return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'msrl_consistency' has no attribute {name!r}")

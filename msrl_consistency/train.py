@@ -8,10 +8,8 @@ Exit codes: 0 success, 1 the ranks diverged or lost one another, 2 bad input (no
 130 interrupted (last checkpoint kept). With ``--workers N``: the worst rank's code (128 + the signal for a rank
 killed by one).
 
-From Python, the module itself is callable: ``msrl_consistency.train(config)`` trains as this command does and
-returns a ``RunResult`` (``training/run.py``, where the typed function lives). Importing a submodule binds its name
-in the package, so ``msrl_consistency.train`` is this module as soon as anything imported it; this module being
-callable gives the name one meaning whatever was imported first.
+From Python, ``msrl_consistency.train_policy(config)`` trains as this command does and returns a ``RunResult``
+(``training/run.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,17 +140,6 @@ def _stored_step(run_dir: Path) -> int | str:
     except UsageError:
         return "?"
 
-
-class _CallableModule(types.ModuleType):
-    """This module's type: calling it trains (``msrl_consistency.train(config)``, see the module docstring)."""
-
-    def __call__(self, config: TrainConfig, *, on_iteration: IterationHook | None = None) -> RunResult:
-        from msrl_consistency.training.run import train
-
-        return train(config, on_iteration=on_iteration)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     run_cli(main)

@@ -57,7 +57,7 @@ def run_trainer(cfg: TrainConfig, run_dir: Path, stop_at: int | None = None, res
     result), ``resume`` continues the run in ``run_dir`` from its checkpoint. The compile cache stays off: MindSpore
     keeps the first cache path of a process, and would put this test process's later graph-kernel builds there.
     """
-    from msrl_consistency import train
+    from msrl_consistency import train_policy as train
 
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir), resume=str(run_dir) if resume else "", compile_cache=False)
     if stop_at is None:

@@ -47,7 +47,7 @@ class Fault:
 
 def main() -> None:
     from inference.errors import run_cli
-    from msrl_consistency import train
+    from msrl_consistency import train_policy as train
 
     spec = os.environ.get(FAULT_ENV)
     fault = Fault.parse(spec) if spec else None

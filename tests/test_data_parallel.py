@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from inference.errors import UsageError
-from msrl_consistency import train
+from msrl_consistency import train_policy as train
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.checkpoint import read_checkpoint
 

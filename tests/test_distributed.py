@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from inference.errors import UsageError
-from msrl_consistency import train
+from msrl_consistency import train_policy as train
 from msrl_consistency.agent.preprocess import RunningMeanStd, batch_moments, merge_moments
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.config import TrainConfig, build_parser, parse_config

@@ -221,7 +221,8 @@ def test_load_acts_like_the_runner_in_a_control_loop(cartpole_bundle, pendulum_b
             sto = [inference.load(root, mode="stochastic", seed=3).act(obs).copy() for _ in range(2)]
             out[name] = {{"runtime": policy.runtime, "batch": bool(np.array_equal(first, want)),
                           "kept": bool(np.array_equal(batch, first)) and again is not batch,
-                          "same_buffer": policy.act_view(obs * 3) is view, "singles": bool(np.array_equal(singles, want)),
+                          "same_buffer": policy.act_view(obs * 3) is view,
+                          "singles": bool(np.array_equal(singles, want)),
                           "seeded": bool(np.array_equal(*sto)), "differs": bool(not np.array_equal(sto[0], want))}}
             policy.close(); runner.close()
         print(json.dumps(out))

@@ -1,4 +1,4 @@
-"""``msrl_consistency.train(config)``: the CLI's training from Python, returning a ``RunResult``."""
+"""``msrl_consistency.train_policy(config)``: the CLI's training from Python, returning a ``RunResult``."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from msrl_consistency.config import TrainConfig
 
 @pytest.mark.slow
 def test_train_writes_the_run_and_returns_where_and_how_it_ended(tmp_path):
-    import msrl_consistency.train as cli  # the CLI module imported first: the name ``train`` is still the function
-    from msrl_consistency import RunResult, train
+    import msrl_consistency.train  # noqa: F401 - the CLI module imported first: train_policy is still the function
+    from msrl_consistency import RunResult
+    from msrl_consistency import train_policy as train
 
-    assert train is cli
     # No compile cache: MindSpore keeps a process's first cache path (see conftest.run_trainer).
     cfg = TrainConfig(env_id="CartPole-v1", seed=3, total_steps=128, run_dir=str(tmp_path / "run"),
                       **{**TINY_RUN, "eval_episodes": 2, "compile_cache": False})  # fmt: skip
@@ -46,9 +46,9 @@ def test_train_writes_the_run_and_returns_where_and_how_it_ended(tmp_path):
 
 
 def test_train_refuses_bad_input_before_writing_anything(tmp_path):
-    from msrl_consistency import train
+    from msrl_consistency import train_policy as train
 
-    with pytest.raises(UsageError, match="needs config.run_dir"):
+    with pytest.raises(UsageError, match="train_policy\\(config\\) needs config.run_dir"):
         train(TrainConfig())
     with pytest.raises(UsageError, match="--num-envs must be positive"):
         train(TrainConfig(num_envs=0, run_dir=str(tmp_path / "bad")))
@@ -57,15 +57,16 @@ def test_train_refuses_bad_input_before_writing_anything(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("first", ["import msrl_consistency.train", "from msrl_consistency import train"])
-def test_the_name_train_is_the_callable_cli_module_whatever_was_imported_first(first):
+@pytest.mark.parametrize("first", ["import msrl_consistency.train", "from msrl_consistency import train_policy"])
+def test_train_policy_is_a_function_and_train_the_command_whatever_was_imported_first(first):
     code = (
         f"{first}\n"
-        "import sys\n"
+        "import sys, types\n"
         "import msrl_consistency, msrl_consistency.train as cli\n"
-        "from msrl_consistency import train, RunResult\n"
-        "assert train is cli is msrl_consistency.train and callable(train) and callable(train.main)\n"
-        "assert 'mindspore' not in sys.modules, 'importing train must stay light'\n"
+        "from msrl_consistency import train_policy, RunResult\n"
+        "assert isinstance(train_policy, types.FunctionType) and train_policy.__name__ == 'train_policy'\n"
+        "assert type(cli) is types.ModuleType and callable(cli.main)\n"
+        "assert 'mindspore' not in sys.modules, 'importing train_policy must stay light'\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

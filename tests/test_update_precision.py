@@ -13,7 +13,8 @@ from mindspore import Tensor
 
 from inference.compare.verifier import VerifyOptions
 from inference.errors import UsageError
-from msrl_consistency import compat, train
+from msrl_consistency import compat
+from msrl_consistency import train_policy as train
 from msrl_consistency.agent import ActorCritic, PolicySpec
 from msrl_consistency.api import export_run, verify_run
 from msrl_consistency.artifacts import run_dir as rd

@@ -1,9 +1,9 @@
 """One training run from a config to its run directory: what ``python -m msrl_consistency.train`` does, and
-``msrl_consistency.train(config)`` from Python.
+``msrl_consistency.train_policy(config)`` from Python.
 
-    from msrl_consistency import train
+    from msrl_consistency import train_policy
     from msrl_consistency.config import TrainConfig
-    result = train(TrainConfig(env_id="CartPole-v1", total_steps=20_000, run_dir="runs/cartpole"))
+    result = train_policy(TrainConfig(env_id="CartPole-v1", total_steps=20_000, run_dir="runs/cartpole"))
     print(result.checkpoint, result.eval_return)
 
 Module-level imports stay light (no MindSpore): the CLI imports this module before it knows it will train.
@@ -54,7 +54,7 @@ class RunResult:
         return sum(self.eval_returns) / len(self.eval_returns) if self.eval_returns else None
 
 
-def train(config: TrainConfig, *, on_iteration: IterationHook | None = None) -> RunResult:
+def train_policy(config: TrainConfig, *, on_iteration: IterationHook | None = None) -> RunResult:
     """Train PPO in this process as the CLI does and write ``config.run_dir`` (or continue ``config.resume``).
 
     ``config`` is the CLI's config (``config.parse_config`` builds one from flags) and is not modified. A resumed run
@@ -68,7 +68,7 @@ def train(config: TrainConfig, *, on_iteration: IterationHook | None = None) -> 
     cfg = dataclasses.replace(config, hidden_sizes=list(config.hidden_sizes))
     if not cfg.resume:
         if not cfg.run_dir:
-            raise UsageError("train(config) needs config.run_dir (or config.resume)")
+            raise UsageError("train_policy(config) needs config.run_dir (or config.resume)")
         cfg.validate()
         _one_process(cfg)
     cfg, run_dir, state = prepare_run(cfg, [])
@@ -78,7 +78,7 @@ def train(config: TrainConfig, *, on_iteration: IterationHook | None = None) -> 
 
 def _one_process(cfg: TrainConfig) -> None:
     if cfg.workers > 1:
-        raise UsageError(f"train(config) runs one process; a run with {cfg.workers} workers runs from the CLI: "
+        raise UsageError(f"train_policy(config) runs one process; a run with {cfg.workers} workers runs from the CLI: "
                          f"python -m msrl_consistency.train --workers {cfg.workers}")  # fmt: skip
 
 
