@@ -32,7 +32,7 @@ from msrl_consistency.artifacts.provenance import git_commit, versions
 from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs import describe_env
 from msrl_consistency.envs.engines import resolve_backend
-from msrl_consistency.training import affinity, run_state
+from msrl_consistency.training import affinity
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training.compile_cache import CompileCache
 from msrl_consistency.training.evaluate import Evaluator
@@ -41,6 +41,7 @@ from msrl_consistency.training.learner import Updater, build_learner, build_spec
 from msrl_consistency.training.ppo import STEP_METRICS
 from msrl_consistency.training.profile import Profile, format_table, write_report
 from msrl_consistency.training.rollout import Rollout, reward_factor
+from msrl_consistency.training.run_state import RunState
 from msrl_consistency.training.seeds import env_seed, seed_streams
 
 METRIC_FIELDS = [
@@ -53,7 +54,7 @@ LOG_FIELDS = {"metrics": METRIC_FIELDS, "episodes": EPISODE_FIELDS, "evals": EVA
 IterationHook = Callable[["Trainer"], None]
 
 
-class Trainer:
+class Trainer(RunState):
     """Owns the envs, the compiled Cells and the logs of one run (or of one rank of it).
 
     ``on_iteration`` is called with the Trainer as each iteration starts (``iteration`` = iterations done): a way
@@ -103,7 +104,7 @@ class Trainer:
             self.rollout.reset()
             keep = None
         else:
-            run_state.restore(self, resume_state)
+            self.restore(resume_state)
             keep = self.global_step
         self.recorder: rd.RunRecorder | rd.NullRecorder = (
             rd.RunRecorder(run_dir, LOG_FIELDS, keep, evals=cfg.eval_every > 0) if self.rank == 0 else rd.NullRecorder()
@@ -266,10 +267,10 @@ class Trainer:
         with self.profile.section("checkpoints"):
             named = self.named_state()  # one copy of the Parameters for the check and the checkpoint
             self.check_consistency(named)
-            ranks = self.comm.gather(run_state.local_state(self))
+            ranks = self.comm.gather(self.local_state())
             if self.rank == 0:
-                state = {**run_state.shared_state(self, named), "ranks": ranks}
-                self.recorder.checkpoint(self.policy, state, run_state.run_info(self, eval_returns))
+                state = {**self.shared_state(named), "ranks": ranks}
+                self.recorder.checkpoint(self.policy, state, self.run_info(eval_returns))
 
     # -- compiled graphs ------------------------------------------------------------------------------------------
     def use_compile_cache(self) -> None:
