@@ -97,7 +97,40 @@ class PolicyContract:
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML layout as a plain dict (what the manifest records); ``from_dict`` reads it back."""
-        return layout.to_dict(self)
+        inp: dict[str, Any]
+        if self.obs_dict:
+            inp = {"obs": {f.name: {"shape": list(f.shape), "dtype": f.dtype} for f in self.observations}}
+        else:
+            inp = {"obs": list(self.obs_shape)}
+            if self.observations[0].dtype != "float32":
+                inp["dtype"] = self.observations[0].dtype
+        if self.noise_shape is not None:
+            inp["noise"] = list(self.noise_shape)
+            inp["noise_kind"] = self.noise_kind
+        outs: dict[str, Any] = {"names": list(self.outputs)}
+        for role in ("value", "log_prob"):
+            if getattr(self, role):
+                outs[role] = getattr(self, role)
+        act: dict[str, Any] = {"kind": self.action.kind}
+        for key in ("values", "logits", "probs", "mean", "std", "log_std", "action"):
+            value = getattr(self.action, key)
+            if value is not None:
+                act[key] = value if isinstance(value, str) else list(value)
+        if self.action.kind == "deterministic" and self.action.discrete:
+            act["discrete"] = True
+        act["squash"] = self.action.squash
+        if self.action.rescale:
+            act["rescale"] = True
+        if self.action.low is not None:
+            act["low"], act["high"] = list(self.action.low), list(self.action.high or ())
+        data: dict[str, Any] = {"input": inp, "outputs": outs, "action": act}
+        if self.states:
+            data["state"] = {s.name: {"shape": list(s.shape), "next": s.next, "init": s.init} for s in self.states}
+        if self.env_id:
+            data = {"env_id": self.env_id, **data}
+        if self.extra:
+            data["notes"] = dict(self.extra)
+        return data
 
     def with_env(self, env_id: str | None) -> PolicyContract:
         return replace(self, env_id=env_id)

@@ -1,9 +1,9 @@
 """The policy contract's parts (observation fields, carried states, the action derivation) and its TOML layout.
 
 ``inference.contract.PolicyContract`` is made of these parts; ``parse`` reads its TOML layout (a contract file,
-or the dict a manifest records) checking every key, ``to_dict`` writes it back. Reading the layout is kept apart
-from what the contract computes (inputs, checks, actions), so either changes without the other. NumPy and stdlib
-only. The reference for every key is ``examples/bring-your-own/contract-reference.toml``.
+or the dict a manifest records) checking every key; ``PolicyContract.to_dict`` writes it back. Reading the layout
+is kept apart from what the contract computes (inputs, checks, actions), so either changes without the other. NumPy
+and stdlib only. The reference for every key is ``examples/bring-your-own/contract-reference.toml``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,9 +19,6 @@ from inference import toml_fields as T
 from inference.files import read_document
 from inference.tensors import TensorMeta
 from inference.toml_fields import ContractError, Numbers
-
-if TYPE_CHECKING:
-    from inference.contract import PolicyContract
 
 ACTION_KINDS = ("argmax", "categorical", "gaussian", "deterministic")
 SQUASHES = ("none", "clip", "tanh")
@@ -155,44 +152,6 @@ def parse(data: Mapping[str, Any]) -> dict[str, Any]:
         states=_states(data.get("state", {})),
         extra=dict(data.get("notes", {})),
     )
-
-
-def to_dict(contract: PolicyContract) -> dict[str, Any]:
-    """The TOML layout as a plain dict (what the manifest records); ``parse`` reads it back."""
-    inp: dict[str, Any]
-    if contract.obs_dict:
-        inp = {"obs": {f.name: {"shape": list(f.shape), "dtype": f.dtype} for f in contract.observations}}
-    else:
-        inp = {"obs": list(contract.obs_shape)}
-        if contract.observations[0].dtype != "float32":
-            inp["dtype"] = contract.observations[0].dtype
-    if contract.noise_shape is not None:
-        inp["noise"] = list(contract.noise_shape)
-        inp["noise_kind"] = contract.noise_kind
-    outs: dict[str, Any] = {"names": list(contract.outputs)}
-    for role in ("value", "log_prob"):
-        if getattr(contract, role):
-            outs[role] = getattr(contract, role)
-    act: dict[str, Any] = {"kind": contract.action.kind}
-    for key in ("values", "logits", "probs", "mean", "std", "log_std", "action"):
-        value = getattr(contract.action, key)
-        if value is not None:
-            act[key] = value if isinstance(value, str) else list(value)
-    if contract.action.kind == "deterministic" and contract.action.discrete:
-        act["discrete"] = True
-    act["squash"] = contract.action.squash
-    if contract.action.rescale:
-        act["rescale"] = True
-    if contract.action.low is not None:
-        act["low"], act["high"] = list(contract.action.low), list(contract.action.high or ())
-    data: dict[str, Any] = {"input": inp, "outputs": outs, "action": act}
-    if contract.states:
-        data["state"] = {s.name: {"shape": list(s.shape), "next": s.next, "init": s.init} for s in contract.states}
-    if contract.env_id:
-        data = {"env_id": contract.env_id, **data}
-    if contract.extra:
-        data["notes"] = dict(contract.extra)
-    return data
 
 
 def _observations(inp: Mapping[str, Any]) -> tuple[tuple[Field, ...], bool]:

@@ -17,8 +17,8 @@ from inference.errors import EXIT_INCONSISTENT, EXIT_OK, EXIT_RUNTIME_UNAVAILABL
 
 if TYPE_CHECKING:
     from inference.compare.localize import Localization
+    from inference.compare.options import VerifyOptions
     from inference.compare.reference import Reference
-    from inference.compare.verifier import VerifyOptions
 
 REPORT_SCHEMA = "msrl-consistency/verify-report"
 REPORT_SCHEMA_VERSION = 2

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,51 +21,15 @@ from inference.compare.checks import Check, VerifyResult
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
 from inference.compare.localize import Localization, Localizer
+from inference.compare.options import LOCALIZE_STAGES, VerifyOptions
 from inference.compare.reference import REFERENCE, Reference, build_reference
 from inference.compare.runtime_check import IN_GRAPH_RANDOMNESS, RuntimeReport, check_runtime
-from inference.compare.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
+from inference.compare.stats import PRESETS, Tolerance, tolerance_for
 from inference.compare.versions import version_checks
 from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
 from inference.runtimes.base import CellProvider, Runtime, RuntimeSource
 from inference.runtimes.registry import RUNTIMES, create
 from inference.spaces import check_env_spaces
-
-LOCALIZE_MODES = ("auto", "always", "never")
-LOCALIZE_STAGES = {"network", "precision", "version"}
-
-
-@dataclass(frozen=True)
-class VerifyOptions:
-    observations: int = 10_000
-    episodes: int = 20
-    seed: int = 0
-    tolerance: str | None = None  # preset; default: the bundle's precision
-    overrides: Mapping[str, Tolerance] = field(default_factory=dict)  # output name -> tolerance
-    runtimes: tuple[str, ...] | None = None  # None: every registered runtime that is available
-    required: tuple[str, ...] = ()
-    device: str = "cpu"
-    device_id: int = 0
-    # "auto": name the first diverging layer of a runtime that fails at the network, precision or version stage (and
-    # of Lite on an fp16 bundle: where the fp16 error grows); "always": of every runtime compared; "never".
-    localize: str = "auto"
-
-    def validate(self, bundle: Bundle) -> str:
-        """Every argument checked before any work; returns the tolerance preset."""
-        if self.observations < 16 or self.episodes < 1:
-            raise UsageError("observations must be >= 16 and episodes >= 1")
-        if self.localize not in LOCALIZE_MODES:
-            raise UsageError(f"localize must be one of {', '.join(LOCALIZE_MODES)}, got {self.localize!r}")
-        preset = self.tolerance or bundle.precision
-        if preset not in TOLERANCE_PRESETS:
-            raise UsageError(f"unknown tolerance preset {preset!r}; choose {', '.join(TOLERANCE_PRESETS)}")
-        for name in (*(self.runtimes or ()), *self.required):
-            if name not in RUNTIMES:
-                raise UsageError(f"unknown runtime {name!r}; choose from {', '.join(RUNTIMES)}")
-        outputs = {o["name"] for g in bundle.graphs for o in bundle.graph(g)["outputs"]}
-        unknown = sorted(set(self.overrides) - outputs)
-        if unknown:
-            raise UsageError(f"--tol names unknown output(s) {', '.join(unknown)}; the outputs are {sorted(outputs)}")
-        return preset
 
 
 def verify(
