@@ -47,6 +47,8 @@ def gather_diagnosis(
     """A failing runtime's diagnosis: the evidence ``diagnose`` weighs, gathered for any contract kind and whether or
     not the graph takes noise."""
     det = bundle.mode_graph("deterministic")
+    if det is not None and bundle.contract(det).takes_noise:
+        det = None  # a noise-input graph acting on zero noise: its action output is judged as the sampler's, below
     graph = det or bundle.graphs[0]
     contract = bundle.contract(graph)
     a = contract.action
