@@ -32,9 +32,8 @@ from inference.compare.localize import (
     LayerPlan,
     Localization,
     PlannedLayer,
-    compare_layers,
-    lite_tensors,
-    onnx_tensors,
+    conclude,
+    localize_runtime,
 )
 from inference.compare.stats import Tolerance, compare_arrays
 from inference.tensors import TensorMeta
@@ -235,17 +234,7 @@ def localize(
     with onnx_of(bundle, graph, cell) as onnx_path:
         plan = plan_layers(layers, onnx_path)
     reference = [layer.output for layer in layers]
-    if runtime == "onnxruntime":
-        names = [layer.tensor for layer in plan.layers if layer.tensor]
-        got = onnx_tensors(str(bundle.file(graph, "onnx")), names, observations)
-        return compare_layers(runtime, plan, reference, got, tolerance)
-    if runtime == "lite":
-        from inference.lite_client import LiteRunner
-
-        with LiteRunner(bundle.file(graph, "ms"), device=device) as runner:
-            values, fused = lite_tensors(plan, runner.infer_taps(*observations))
-        return compare_layers(runtime, plan, reference, values, tolerance, fused)
-    return Localization(runtime, None, None, [], f"{runtime} gives no per-layer outputs", method="none")
+    return localize_runtime(runtime, bundle, graph, plan, reference, observations, tolerance, device)
 
 
 class CellLocalizer:
@@ -297,17 +286,12 @@ def mindir_parameters(cell: nn.Cell, mindir: Path, layers: Sequence[CapturedLaye
         rows.append(row)
         if not worst.passed and first is None:  # type: ignore[union-attr]
             first = row
-    loc = compare_result("ms-mindir", rows, first)
+    loc = conclude("ms-mindir", rows, first, agreed="every layer's parameters equal the Cell's: the difference is in "
+                   "the graph's operations, not its weights")  # fmt: skip
+    if first is not None:
+        loc.message = "; ".join(m for m in ("its parameters differ from the Cell's", loc.message) if m)
     loc.method = "parameters (a loaded MindIR gives no per-layer outputs on CPU)"
     return loc
-
-
-def compare_result(runtime: str, rows: list[LayerComparison], first: LayerComparison | None) -> Localization:
-    if first is None:
-        return Localization(runtime, None, None, rows, "every layer's parameters equal the Cell's: the difference is "
-                            "in the graph's operations, not its weights")  # fmt: skip
-    at = rows.index(first)
-    return Localization(runtime, first.scope, first.kind, rows[: at + 4], "its parameters differ from the Cell's")
 
 
 def _tensor(proto: Any) -> np.ndarray:

@@ -131,12 +131,12 @@ def test_a_fault_in_a_recurrent_policy_is_named_at_its_layer(tmp_path, fault, na
 
 
 def test_a_layer_that_could_not_be_compared_before_the_first_diverging_one_is_said():
-    from inference.compare.localize import IDENTITY_IN_EVAL_NOTE, LayerComparison, _conclude
+    from inference.compare.localize import IDENTITY_IN_EVAL_NOTE, LayerComparison, conclude
 
     rows = [LayerComparison("drop", "Dropout", "unmatched", note=IDENTITY_IN_EVAL_NOTE),
             LayerComparison("gru", "GRUCell", "unmatched", note="no output 'x' here"),
             LayerComparison("head", "Dense", "fail", 0.9, 0.2, 3.0)]  # fmt: skip
-    loc = _conclude("lite", rows, rows[2])
+    loc = conclude("lite", rows, rows[2])
     assert loc.first == "head"
     assert loc.line().endswith("; gru before it could not be compared here, so the divergence may start there")
 

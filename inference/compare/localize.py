@@ -156,14 +156,19 @@ def compare_layers(
         rows.append(row)
         if not cmp.passed and first is None:
             first = row
-    return _conclude(runtime, rows, first)
+    return conclude(runtime, rows, first)
 
 
-def _conclude(runtime: str, rows: list[LayerComparison], first: LayerComparison | None) -> Localization:
+def conclude(
+    runtime: str, rows: list[LayerComparison], first: LayerComparison | None, agreed: str | None = None
+) -> Localization:
+    """The localisation from the per-layer rows: the first diverging layer (the rows up to it and ``AFTER_FIRST``
+    after it), naming the layers before it that could not be compared; or, when none diverges, ``agreed`` (default:
+    how many matched layers agree and where an error within tolerance grows)."""
     if first is None:
         compared = sum(r.status in ("pass", "fail") for r in rows)
-        why = (f"every one of the {compared} matched layers agrees within tolerance{_growth(rows)}") if compared else (
-            "no layer could be matched in this runtime")  # fmt: skip
+        why = agreed or ((f"every one of the {compared} matched layers agrees within tolerance{_growth(rows)}")
+                         if compared else "no layer could be matched in this runtime")  # fmt: skip
         return Localization(runtime, None, None, rows, why)
     at = rows.index(first)
     blind = [r.scope for r in rows[:at] if r.status not in ("pass", "fail") and r.note != IDENTITY_IN_EVAL_NOTE]
@@ -213,22 +218,33 @@ class RecordedLayers:
         picked = np.flatnonzero(keep) if keep.any() else np.arange(len(self.rows))
         feeds = [x[picked] for x in self.inputs]
         reference = [out[picked] for out in self.outputs]
-        if runtime == "lite":
-            from inference.lite_client import LiteRunner
+        return localize_runtime(runtime, self.bundle, graph, self.plan, reference, feeds, tol, self.device)
 
-            with LiteRunner(self.bundle.file(graph, "ms"), device=self.device) as runner:
-                values, fused = lite_tensors(self.plan, runner.infer_taps(*feeds))
-            return compare_layers(runtime, self.plan, reference, values, tol, fused)
-        if runtime == "onnxruntime":
-            try:
-                import onnx  # noqa: F401 - the ONNX graph is edited to expose its intermediate tensors
-            except ImportError:
-                return Localization(runtime, None, None, [], "not localized: needs the onnx package", method="none")
-            names = [layer.tensor for layer in self.plan.layers if layer.tensor]
-            got = onnx_tensors(str(self.bundle.file(graph, "onnx")), names, feeds)
-            return compare_layers(runtime, self.plan, reference, got, tol)
-        return Localization(runtime, None, None, [], f"not localized: {runtime} gives no per-layer outputs here",
-                            method="none")  # fmt: skip
+
+def localize_runtime(
+    runtime: str, bundle: Any, graph: str, plan: LayerPlan, reference: Sequence[np.ndarray],
+    feeds: Sequence[np.ndarray], tol: Tolerance, device: str = "cpu",
+) -> Localization:  # fmt: skip
+    """The one runtime dispatch of both sides (the training side's Cell, a golden file's recorded layers): run
+    ``graph`` on ``feeds`` in ``runtime`` with every planned tensor exposed (Lite: the runner's kernel taps on the
+    ``.ms``; ONNX Runtime: the ``.onnx`` with its intermediate tensors as outputs) and compare them with
+    ``reference``, the plan's layers' outputs."""
+    if runtime == "lite":
+        from inference.lite_client import LiteRunner
+
+        with LiteRunner(bundle.file(graph, "ms"), device=device) as runner:
+            values, fused = lite_tensors(plan, runner.infer_taps(*feeds))
+        return compare_layers(runtime, plan, reference, values, tol, fused)
+    if runtime == "onnxruntime":
+        try:
+            import onnx  # noqa: F401 - the ONNX graph is edited to expose its intermediate tensors
+        except ImportError:
+            return Localization(runtime, None, None, [], "not localized: needs the onnx package", method="none")
+        names = [layer.tensor for layer in plan.layers if layer.tensor]
+        got = onnx_tensors(str(bundle.file(graph, "onnx")), names, feeds)
+        return compare_layers(runtime, plan, reference, got, tol)
+    return Localization(runtime, None, None, [], f"not localized: {runtime} gives no per-layer outputs here",
+                        method="none")  # fmt: skip
 
 
 def to_layout(value: np.ndarray, like: np.ndarray) -> np.ndarray | None:
