@@ -131,6 +131,8 @@ def free_running_check(
         "max_abs_return_delta": float(np.abs(delta).max()) if len(delta) else 0.0,
         "mean_return_delta": float(delta.mean()) if len(delta) else 0.0,
         "reference_returns": trace.returns.tolist(),
+        "returns": own.returns.tolist(),
+        "trajectory": trajectory(trace, own, diff["first_divergent_step"]),
     }
     name = f"episodes.free_running.{mode}"
     if not diff["episodes_diverged"]:
@@ -154,6 +156,43 @@ def free_running_check(
                         "check agrees: the episodes part ways there")  # fmt: skip
         return Check(runtime, name, "warn", summary + ", not a policy mismatch", metrics)
     return Check(runtime, name, "fail", summary, metrics)
+
+
+TRAJECTORY_POINTS = 300  # the report's overlaid episode: at most this many steps, evenly spread
+
+
+def trajectory(ref: E.EpisodeTrace, own: E.EpisodeTrace, firsts: list[int | None]) -> dict:
+    """One episode, the reference's and the runtime's, for the report's overlay: the first to diverge (else
+    episode 0); the observation dimension where the two part most, the first action dimension, and the steps
+    where the actions differ (at most 50). Steps are thinned evenly to ``TRAJECTORY_POINTS``; an observation that
+    is not a flat float vector (a Dict, an image) is left out."""
+    diverged = [(f, k) for k, f in enumerate(firsts) if f is not None]
+    k = min(diverged)[1] if diverged else 0
+    steps = int(min(len(ref.alive), len(own.alive)))
+    if not steps or k >= ref.alive.shape[1]:
+        return {}
+    length = int(max(ref.alive[:steps, k].sum(), own.alive[:steps, k].sum()))
+    at = np.unique(np.linspace(0, length - 1, min(length, TRAJECTORY_POINTS)).astype(int))
+    out: dict = {"episode": k, "steps": length, "first_divergent_step": firsts[k] if k < len(firsts) else None,
+                 "step": at.tolist()}  # fmt: skip
+    act_r = np.asarray(ref.actions[:length, k]).reshape(length, -1)
+    act_g = np.asarray(own.actions[:length, k]).reshape(length, -1)
+    if act_r.dtype.names is None and act_r.shape == act_g.shape and act_r.size:
+        differ = np.flatnonzero((act_r != act_g).any(1))
+        out["action_differs_at"] = differ[:50].tolist()
+        out["action"] = {"reference": act_r[at, 0].astype(float).tolist(),
+                         "runtime": act_g[at, 0].astype(float).tolist()}
+    obs_r, obs_g = np.asarray(ref.obs[:length, k]), np.asarray(own.obs[:length, k])
+    if obs_r.dtype.names is None and obs_r.dtype.kind == "f" and obs_r.ndim == 2 and obs_r.shape == obs_g.shape:
+        with np.errstate(invalid="ignore"):
+            gap = np.nan_to_num(np.abs(obs_r.astype(np.float64) - obs_g), nan=np.inf).max(0)
+            jitter = np.abs(np.diff(obs_r.astype(np.float64), axis=0)).mean(0) if length > 1 else np.ones_like(gap)
+        # The dimension where the two part most against its own step-to-step movement: a smooth coordinate that
+        # drifts apart reads better than a jittery one that differs more.
+        d = int(np.argmax(gap / (np.nan_to_num(jitter) + 1e-9))) if gap.max() > 0 else 0
+        out["observation"] = {"dimension": d, "reference": obs_r[at, d].astype(float).tolist(),
+                              "runtime": obs_g[at, d].astype(float).tolist()}  # fmt: skip
+    return out
 
 
 def _flipped_at_a_tie(
