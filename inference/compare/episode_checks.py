@@ -158,40 +158,39 @@ def free_running_check(
     return Check(runtime, name, "fail", summary, metrics)
 
 
-TRAJECTORY_POINTS = 300  # the report's overlaid episode: at most this many steps, evenly spread
+TRAJECTORY_STEPS = 200  # the report's overlaid episode: this many steps, from a little before the parting
 
 
 def trajectory(ref: E.EpisodeTrace, own: E.EpisodeTrace, firsts: list[int | None]) -> dict:
     """One episode, the reference's and the runtime's, for the report's overlay: the first to diverge (else
-    episode 0); the observation dimension where the two part most, the first action dimension, and the steps
-    where the actions differ (at most 50). Steps are thinned evenly to ``TRAJECTORY_POINTS``; an observation that
-    is not a flat float vector (a Dict, an image) is left out."""
+    episode 0), on ``TRAJECTORY_STEPS`` steps starting a quarter of them before the first divergent step (else
+    from the start); the observation dimension that parts most against its own step-to-step movement, the first
+    action dimension, and the steps where the actions differ (at most 50). An observation that is not a flat
+    float vector (a Dict, an image) is left out."""
     diverged = [(f, k) for k, f in enumerate(firsts) if f is not None]
     k = min(diverged)[1] if diverged else 0
     steps = int(min(len(ref.alive), len(own.alive)))
     if not steps or k >= ref.alive.shape[1]:
         return {}
     length = int(max(ref.alive[:steps, k].sum(), own.alive[:steps, k].sum()))
-    at = np.unique(np.linspace(0, length - 1, min(length, TRAJECTORY_POINTS)).astype(int))
-    out: dict = {"episode": k, "steps": length, "first_divergent_step": firsts[k] if k < len(firsts) else None,
-                 "step": at.tolist()}  # fmt: skip
+    first = firsts[k] if k < len(firsts) else None
+    lo = max(0, min(length - TRAJECTORY_STEPS, (first or 0) - TRAJECTORY_STEPS // 4))
+    at = np.arange(lo, min(length, lo + TRAJECTORY_STEPS))
+    out: dict = {"episode": k, "steps": length, "first_divergent_step": first, "step": at.tolist()}
     act_r = np.asarray(ref.actions[:length, k]).reshape(length, -1)
     act_g = np.asarray(own.actions[:length, k]).reshape(length, -1)
     if act_r.dtype.names is None and act_r.shape == act_g.shape and act_r.size:
-        differ = np.flatnonzero((act_r != act_g).any(1))
-        out["action_differs_at"] = differ[:50].tolist()
+        out["action_differs_at"] = np.flatnonzero((act_r != act_g).any(1))[:50].tolist()
         out["action"] = {"reference": act_r[at, 0].astype(float).tolist(),
-                         "runtime": act_g[at, 0].astype(float).tolist()}
+                         "runtime": act_g[at, 0].astype(float).tolist()}  # fmt: skip
     obs_r, obs_g = np.asarray(ref.obs[:length, k]), np.asarray(own.obs[:length, k])
     if obs_r.dtype.names is None and obs_r.dtype.kind == "f" and obs_r.ndim == 2 and obs_r.shape == obs_g.shape:
+        r, g = obs_r[at].astype(np.float64), obs_g[at].astype(np.float64)
         with np.errstate(invalid="ignore"):
-            gap = np.nan_to_num(np.abs(obs_r.astype(np.float64) - obs_g), nan=np.inf).max(0)
-            jitter = np.abs(np.diff(obs_r.astype(np.float64), axis=0)).mean(0) if length > 1 else np.ones_like(gap)
-        # The dimension where the two part most against its own step-to-step movement: a smooth coordinate that
-        # drifts apart reads better than a jittery one that differs more.
+            gap = np.nan_to_num(np.abs(r - g), nan=np.inf).max(0)
+            jitter = np.abs(np.diff(r, axis=0)).mean(0) if len(at) > 1 else np.ones_like(gap)
         d = int(np.argmax(gap / (np.nan_to_num(jitter) + 1e-9))) if gap.max() > 0 else 0
-        out["observation"] = {"dimension": d, "reference": obs_r[at, d].astype(float).tolist(),
-                              "runtime": obs_g[at, d].astype(float).tolist()}  # fmt: skip
+        out["observation"] = {"dimension": d, "reference": r[:, d].tolist(), "runtime": g[:, d].tolist()}
     return out
 
 

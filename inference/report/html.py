@@ -12,7 +12,6 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from inference.files import write_atomic
 from inference.report import sections
 from inference.report.reading import Run, num, read_json, short, slug
 
@@ -30,7 +29,7 @@ h2{font-size:16px;margin:22px 0 8px;border-bottom:1px solid #dee2e6;padding-bott
 h3{font-size:14px;margin:14px 0 6px}
 .card{background:#fff;border:1px solid #dee2e6;border-radius:6px;padding:10px 14px;margin:10px 0}
 .why{border-left:5px solid #c92a2a}.why.error{border-left-color:#e67700}.why p{margin:3px 0}
-.why .k,.card .k{display:inline-block;width:170px;color:#495057;font-weight:600;white-space:nowrap}
+.row{display:flex;gap:8px}.row .k{flex:0 0 170px;color:#495057;font-weight:600}
 .strip{display:flex;align-items:stretch;gap:0;margin:10px 0}
 .stage{flex:1;padding:6px 10px;border:1px solid #ced4da;background:#fff;position:relative;min-height:52px}
 .stage+.stage{margin-left:18px}.stage+.stage:before{content:"→";position:absolute;left:-15px;top:14px;color:#868e96}
@@ -70,7 +69,7 @@ def write_page(path: Path, data: dict[str, Any], audit_path: Path | None = None)
     """``report.html`` from the report's data (what report.json holds) and, for audits, audit.json."""
     audit = read_json(audit_path, "audit facts") if audit_path is not None and audit_path.is_file() else None
     text = page(Run(data, audit if isinstance(audit, dict) else None))
-    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    path.write_text(text, encoding="utf-8")  # inside write_reports' temporary directory: the set is renamed at once
 
 
 def page(run: Run) -> str:
@@ -118,16 +117,16 @@ def failure_card(run: Run) -> str:
     failing = run.failing_runtimes()
     diag = first.get("diagnosis") or {}
     kind = "fail" if first.get("status") == "fail" else "error"
-    lines = [f'<p><span class="k">First failure</span><b id="first-failure">{escape(str(first.get("runtime")))}'
-             f" · {escape(str(first.get('name')))}</b> at the <b>{escape(run.stage_name(first))}</b> "
-             f"stage (pipeline step {escape(str(run.stage_of(first) or '–'))}): {escape(str(first.get('summary')))}"
-             f"{' — ' + escape(str(diag.get('detail'))) if diag.get('detail') else ''} "
-             f'<a href="#{run_anchor(first)}">evidence</a></p>']  # fmt: skip
+    lines = [row("First failure", f'<b id="first-failure">{escape(str(first.get("runtime")))} · '
+                 f"{escape(str(first.get('name')))}</b> at the <b>{escape(run.stage_name(first))}</b> stage (pipeline "
+                 f"step {escape(str(run.stage_of(first) or '–'))}): {escape(str(first.get('summary')))}"
+                 f"{' — ' + escape(str(diag.get('detail'))) if diag.get('detail') else ''} "
+                 f'<a href="#{run_anchor(first)}">evidence</a>')]  # fmt: skip
     runtimes = []
     for name, checks in failing.items():
         stages = sorted({run.stage_name(c) for c in checks})
         runtimes.append(f"<b>{escape(name)}</b> ({len(checks)} check(s); stage {escape(', '.join(stages))})")
-    lines.append(f'<p><span class="k">Failing runtimes</span>{"; ".join(runtimes)}</p>')
+    lines.append(row("Failing runtimes", "; ".join(runtimes)))
     lines.append(layers_line(run, failing=True))
     lines.append(field)
     return f'<div class="card why {kind}">{"".join(lines)}</div>'
@@ -144,10 +143,15 @@ def audit_line(run: Run) -> str:
     ood = facts.get("ood") or {}
     share = (f"{100 * float(ood.get('share_beyond_sigma') or 0):.2f}% of steps beyond {num(ood.get('sigma'))} "
              "training std" if ood.get("available") else "observation range not measured")  # fmt: skip
-    return (f'<p><span class="k">Field recording</span>{escape(str(facts.get("steps", "?")))} steps recorded by '
-            f"<b>{escape(str(facts.get('recorded_by', '?')))}</b> in {escape(str(facts.get('chunks', '?')))} chunk(s)"
-            f"; worst of {len(windows)} time windows at {num(worst)} of the tolerance; {share} "
-            '<a href="#audit">timeline</a></p>')
+    return row("Field recording", f"{escape(str(facts.get('steps', '?')))} steps recorded by "
+               f"<b>{escape(str(facts.get('recorded_by', '?')))}</b> in {escape(str(facts.get('chunks', '?')))} "
+               f"chunk(s); worst of {len(windows)} time windows at {num(worst)} of the tolerance; {share} "
+               '<a href="#audit">timeline</a>')
+
+
+def row(label: str, content: str) -> str:
+    """A labelled line of the summary card (``content`` is markup)."""
+    return f'<p class="row"><span class="k">{escape(label)}</span><span>{content}</span></p>'
 
 
 def run_anchor(check: dict[str, Any]) -> str:
@@ -164,7 +168,7 @@ def layers_line(run: Run, failing: bool = False) -> str:
             return ""
         why = ("no runtime was localised (layers are compared for failures at the network, precision or version "
                "stage, or with --localize)")  # fmt: skip
-        return f'<p><span class="k">First diverging layer</span><span class="muted">{why}</span></p>'
+        return row("First diverging layer", f'<span class="muted">{why}</span>')
     named = [r for r in rows if r["layer"]]
     if named:
         parts = [f'<b id="first-layer">{escape(str(named[0]["layer"]))}</b> ({escape(str(named[0]["kind"]))})']
@@ -172,12 +176,12 @@ def layers_line(run: Run, failing: bool = False) -> str:
             head = r["row"]
             detail = (f"cosine {head.get('cosine', 0):.6f}, max abs {num(head.get('max_abs'))}, max rel "
                       f"{num(head.get('max_rel'))}" if head.get("cosine") is not None else escape(r["message"]))
-            parts.append(f'<br><span class="k"></span>{escape(r["runtime"])}: {escape(str(r["layer"]))} — {detail}'
+            parts.append(f'<br>{escape(r["runtime"])}: {escape(str(r["layer"]))} — {detail}'
                          f"{'; ' + escape(r['message']) if r['message'] and head.get('cosine') is not None else ''}")
         parts.append(' <a href="#layers">layers</a>')
-        return f'<p><span class="k">First diverging layer</span>{"".join(parts)}</p>'
+        return row("First diverging layer", "".join(parts))
     msgs = "; ".join(f"{escape(r['runtime'])}: {escape(r['message'])}" for r in rows[:3])
-    return f'<p><span class="k">Layers</span><span class="muted">{msgs}</span> <a href="#layers">layers</a></p>'
+    return row("Layers", f'<span class="muted">{msgs}</span> <a href="#layers">layers</a>')
 
 
 def strip(run: Run) -> str:

@@ -194,7 +194,7 @@ def episodes(run: Run, colors: dict[str, str]) -> str:
         series += [Series(n, list(range(len(r))), r, colors.get(n, PALETTE[0]), line=False, marker="o")
                    for n, r in own.items()]  # fmt: skip
         out.append(line_chart(series, title=f"paired episode returns, {mode} (same env seeds and noise)",
-                              x_label="episode", y_label="return", width=600))
+                              x_label="episode", y_label="return"))
     if trajectory is not None:
         out.append(trajectory_chart(*trajectory, colors))
     for mode in ("deterministic", "stochastic"):
@@ -224,8 +224,9 @@ def trajectory_chart(runtime: str, mode: str, diverged: bool, t: dict[str, Any],
     series = [Series("reference", steps, what.get("reference") or [], "#212529"),
               Series(runtime, steps, what.get("runtime") or [], color, dashed=True)]  # fmt: skip
     state = "diverges" if diverged else "matches the reference"
-    return line_chart(series, title=f"episode {t.get('episode')} ({mode}, {t.get('steps')} steps): {label}, "
-                      f"reference vs {runtime} ({state})", x_label="episode step", y_label=label, vlines=vlines)
+    span = f"steps {steps[0]}–{steps[-1]} of {t.get('steps')}"
+    return line_chart(series, title=f"episode {t.get('episode')} ({mode}, {span}): {label}, reference vs {runtime} "
+                      f"({state})", x_label="episode step", y_label=label, vlines=vlines)
 
 
 def audit(run: Run) -> str:

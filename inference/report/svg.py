@@ -99,7 +99,7 @@ def _y_range(values: list[float], log_y: bool, hlines: Sequence[tuple[float, str
 def line_chart(
     series: Sequence[Series], *, title: str, x_label: str = "", y_label: str = "", log_y: bool = False,
     hlines: Sequence[tuple[float, str]] = (), vlines: Sequence[tuple[float, str]] = (),
-    x_names: Sequence[str] | None = None, width: int = 600, height: int = 230,
+    x_names: Sequence[str] | None = None, width: int = 580, height: int = 230,
     y_range: tuple[float, float] | None = None,
 ) -> str:  # fmt: skip
     """Series against a shared x axis; ``hlines`` (thresholds) and ``vlines`` (events) are dashed and labelled.
@@ -157,7 +157,7 @@ def line_chart(
 
 def bar_chart(
     names: Sequence[str], counts: Sequence[float], *, title: str, x_label: str = "", y_label: str = "count",
-    colors: Sequence[str] | None = None, width: int = 600, height: int = 230, log_y: bool = True,
+    colors: Sequence[str] | None = None, width: int = 580, height: int = 230, log_y: bool = True,
 ) -> str:  # fmt: skip
     """One bar per named bin (a histogram); a log count axis by default, so a single outlier bin stays visible."""
     lo, hi = (0.5, max(1.0, max(counts, default=1)) * 2) if log_y else (0.0, max(1.0, max(counts, default=1)) * 1.1)
