@@ -34,8 +34,13 @@ class Change:
     new: str
     effect: str  # regression | improvement | change
 
-    def line(self) -> str:
-        return f"{self.what}: {self.old} → {self.new}"
+    def line(self, width: int = 0) -> str:
+        """``what: old → new``; ``width``: each side cut to that many characters (for the summary line)."""
+
+        def cut(text: str) -> str:
+            return text if not width or len(text) <= width else text[: width - 1] + "…"
+
+        return f"{self.what}: {cut(self.old)} → {cut(self.new)}"
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -55,15 +60,17 @@ def regressed(changes: list[Change]) -> bool:
 
 
 def summary(changes: list[Change]) -> str:
-    """One line: the outcome and the first things that changed."""
+    """One line: the outcome, the first regressions (or changes), and what differs in where the runs came from."""
     bad = [c for c in changes if c.effect == "regression"]
+    context = [c for c in changes if c.kind in ("provenance", "inputs") and not c.what.startswith("file ")]
+    why = f"; the runs differ in {'; '.join(c.line(40) for c in context[:4])}" if context else ""
     if bad:
-        rest = len(changes) - len(bad)
-        head = "; ".join(c.line() for c in bad[:4]) + (f"; +{len(bad) - 4} more" if len(bad) > 4 else "")
-        return f"REGRESSED: {len(bad)} regression(s): {head}" + (f" ({rest} other change(s))" if rest else "")
+        head = "; ".join(c.line(60) for c in bad[:3]) + (f"; +{len(bad) - 3} more" if len(bad) > 3 else "")
+        return f"REGRESSED ({len(bad)} regression(s) in {len(changes)} change(s)): {head}{why}"
     if changes:
-        head = "; ".join(c.line() for c in changes[:4]) + (f"; +{len(changes) - 4} more" if len(changes) > 4 else "")
-        return f"CHANGED, no regression: {head}"
+        shown = [c for c in changes if c not in context]
+        head = "; ".join(c.line(60) for c in shown[:3]) + (f"; +{len(shown) - 3} more" if len(shown) > 3 else "")
+        return f"CHANGED, no regression: {head or 'no metric beyond noise'}{why}"
     return "EQUIVALENT: no difference beyond noise"
 
 
@@ -99,6 +106,7 @@ def _key(c: dict[str, Any]) -> tuple[str, str]:
 def _checks(old: Run, new: Run) -> Iterator[Change]:
     before = {_key(c): c for c in old.checks}
     after = {_key(c): c for c in new.checks}
+    lost = {n for n in old.compared if n not in new.compared}  # said once, as the runtime no longer compared
     for key, c in after.items():
         was = before.get(key)
         sa, sb = (str(was.get("status")) if was else "absent"), str(c.get("status"))
@@ -114,7 +122,7 @@ def _checks(old: Run, new: Run) -> Iterator[Change]:
             effect = "change"
         yield Change("check", " ".join(key), sa, detail, effect)
     for key, c in before.items():
-        if key not in after:
+        if key not in after and key[0] not in lost:
             yield Change("check", " ".join(key), str(c.get("status")), "not run", "change")
 
 
@@ -136,15 +144,20 @@ def _outputs(old: Run, new: Run) -> Iterator[Change]:
             a, b = _float(was.get(metric)), _float(s.get(metric))
             if a is None or b is None or not beyond_noise(a, b, _float(was.get("atol"))):
                 continue
-            times = f" (×{b / a:.3g})" if a > 0 else ""
+            times = f" (×{b / a:.3g})" if a > 0 and b > 0 else ""
             yield Change("metric", f"{where} {metric.replace('_', ' ')}", num(a), num(b) + times,
                          "regression" if b > a else "improvement")  # fmt: skip
         a, b = int(was.get("mismatches") or 0), int(s.get("mismatches") or 0)
         if a != b:
             yield Change("metric", f"{where} elements beyond tolerance", str(a), str(b),
                          "regression" if b > a else "improvement")  # fmt: skip
-        if str(was.get("tolerance")) != str(s.get("tolerance")):
+        same_preset = _preset(old) == _preset(new)
+        if same_preset and str(was.get("tolerance")) != str(s.get("tolerance")):  # else the preset's change says it
             yield Change("metric", f"{where} tolerance", str(was.get("tolerance")), str(s.get("tolerance")), "change")
+
+
+def _preset(run: Run) -> Any:
+    return (run.data.get("options") or {}).get("tolerance")
 
 
 def _policy(old: Run, new: Run) -> Iterator[Change]:
@@ -193,9 +206,11 @@ def _layers(old: Run, new: Run) -> Iterator[Change]:
         before = was.get("first_diverging_layer")
         if first == before:
             continue
-        if first and not before:
-            yield Change("layer", f"{name} began to diverge", "no diverging layer" if was else "not localised",
-                         f"{first} ({loc.get('first_diverging_kind')})", "regression")  # fmt: skip
+        if first and not before:  # a regression where OLD compared the layers too; else OLD was not localised
+            compared = any(r.get("status") in ("pass", "fail") for r in was.get("layers") or [])
+            yield Change("layer", f"{name} began to diverge" if compared else f"{name} localised",
+                         "no diverging layer" if compared else "not localised",
+                         f"{first} ({loc.get('first_diverging_kind')})", "regression" if compared else "change")
         elif before and not first:
             yield Change("layer", f"{name} diverging layer", str(before), loc.get("message") or "none", "improvement")
         else:
