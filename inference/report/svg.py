@@ -219,6 +219,6 @@ def _legend(series: Sequence[Series], width: int) -> str:
 
 
 def _svg(width: int, height: int, title: str, parts: list[str]) -> str:
-    return (f'<figure class="chart"><svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+    return (f'<figure class="chart"><svg viewBox="0 0 {width} {height}" '
             f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}">{"".join(parts)}</svg>'
             f"<figcaption>{escape(title)}</figcaption></figure>")  # fmt: skip
