@@ -74,8 +74,13 @@ def write_page(path: Path, data: dict[str, Any], audit_path: Path | None = None)
 
 def page(run: Run) -> str:
     title = f"{run.verdict}: {run.subject}"
-    body = [header(run), '<main>', failure_card(run), strip(run), gates(run), provenance(run),
-            *sections.evidence(run), "</main>"]  # fmt: skip
+    evidence = sections.evidence(run)
+    if run.is_audit:  # an audit's own evidence (the timeline) before the provenance
+        evidence.insert(0, evidence.pop(evidence.index(sections.audit(run))))
+        body = [header(run), "<main>", failure_card(run), strip(run), gates(run), evidence[0], provenance(run),
+                *evidence[1:], "</main>"]  # fmt: skip
+    else:
+        body = [header(run), "<main>", failure_card(run), strip(run), gates(run), provenance(run), *evidence, "</main>"]
     return document(title, "".join(body))
 
 
@@ -108,7 +113,7 @@ def header(run: Run) -> str:
 def failure_card(run: Run) -> str:
     """What failed, where, and the first diverging layer: the first things a reader of a failing run needs."""
     first = run.first_failure()
-    field = audit_line(run)
+    field = audit_line(run) + warnings_line(run)
     if first is None:
         compared = ", ".join(run.compared) or "none"
         return (f'<div class="card"><p>Every check passed or was allowed. Runtimes compared against '
@@ -130,6 +135,17 @@ def failure_card(run: Run) -> str:
     lines.append(layers_line(run, failing=True))
     lines.append(field)
     return f'<div class="card why {kind}">{"".join(lines)}</div>'
+
+
+def warnings_line(run: Run) -> str:
+    """The warnings (allowed, but worth a look), the first three in full."""
+    warned = [c for c in run.checks if c.get("status") == "warn"]
+    if not warned:
+        return ""
+    items = [f'<a href="#{run_anchor(c)}">{escape(str(c.get("runtime")))} · {escape(str(c.get("name")))}</a>: '
+             f"{escape(str(c.get('summary', '')))}" for c in warned[:3]]  # fmt: skip
+    more = f"<br>+{len(warned) - 3} more in the gates below" if len(warned) > 3 else ""
+    return row(f"Warnings ({len(warned)})", "<br>".join(items) + more)
 
 
 def audit_line(run: Run) -> str:

@@ -134,6 +134,7 @@ class Run:
             mine = [c for c in self.checks if self.stage_of(c) == name]
             ran = sorted({str(c.get("runtime")) for c in mine if c.get("runtime") not in ("bundle",)}
                          | {r for r in members if self.runtimes.get(r, {}).get("status") in ("ran", "reference")})
+            ran += [f"bundle {c.get('name')}" for c in mine if c.get("runtime") == "bundle"]
             status = min((str(c.get("status", "skip")) for c in mine), key=lambda s: SEVERITY.get(s, 9), default="skip")
             failing = [f"{c.get('runtime')} {c.get('name')}" if c.get("runtime") == "bundle" else str(c.get("name"))
                        for c in mine if c.get("status") in ("fail", "error")]

@@ -159,7 +159,9 @@ def log_ratio_chart(title: str, ratio: dict[str, Any], color: str) -> str:
 
 
 def episodes(run: Run, colors: dict[str, str]) -> str:
-    rows, seen, returns, trajectory = [], set(), {}, None
+    rows, seen, returns = [], set(), {}
+    trajectory: tuple[tuple[bool, bool, bool], tuple[str, str, bool, dict[str, Any]]] | None = None
+    failing = run.failing_runtimes()
     for c in run.checks:
         name = str(c.get("name", ""))
         if not name.startswith("episodes."):
@@ -177,8 +179,10 @@ def episodes(run: Run, colors: dict[str, str]) -> str:
         if kind == "free_running" and m.get("reference_returns") is not None:
             returns.setdefault(mode, {"reference": m["reference_returns"]})[runtime] = m.get("returns")
             traj = m.get("trajectory") or {}
-            if traj.get("step") and (trajectory is None or (m.get("episodes_diverged") and not trajectory[2])):
-                trajectory = (runtime, mode, bool(m.get("episodes_diverged")), traj)
+            # the overlay shows a runtime that diverged, else one that failed elsewhere, else the last compared
+            rank = (bool(m.get("episodes_diverged")), runtime in failing, mode == "deterministic")
+            if traj.get("step") and (trajectory is None or rank > trajectory[0]):
+                trajectory = (rank, (runtime, mode, bool(m.get("episodes_diverged")), traj))
     if not rows:
         return ""
     head = ["runtime", "mode", "replay", "status", "measured", "first divergent step", "max |Δ return|", "summary"]
@@ -196,7 +200,7 @@ def episodes(run: Run, colors: dict[str, str]) -> str:
         out.append(line_chart(series, title=f"paired episode returns, {mode} (same env seeds and noise)",
                               x_label="episode", y_label="return"))
     if trajectory is not None:
-        out.append(trajectory_chart(*trajectory, colors))
+        out.append(trajectory_chart(*trajectory[1], colors))
     for mode in ("deterministic", "stochastic"):
         series = [Series(n, d[mode].get("step") or [], d[mode].get("max") or [], colors.get(n, PALETTE[0]))
                   for n, d in (run.data.get("episode_diffs") or {}).items() if isinstance(d, dict) and mode in d]
