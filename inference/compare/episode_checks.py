@@ -132,8 +132,9 @@ def free_running_check(
         "mean_return_delta": float(delta.mean()) if len(delta) else 0.0,
         "reference_returns": trace.returns.tolist(),
         "returns": own.returns.tolist(),
-        "trajectory": trajectory(trace, own, diff["first_divergent_step"]),
     }
+    if mode == "deterministic" or diff["episodes_diverged"]:  # one overlay per runtime, and any that parts ways
+        metrics["trajectory"] = trajectory(trace, own, diff["first_divergent_step"])
     name = f"episodes.free_running.{mode}"
     if not diff["episodes_diverged"]:
         return Check(runtime, name, "pass", f"{len(delta)} episodes match the reference step by step", metrics)
@@ -158,7 +159,7 @@ def free_running_check(
     return Check(runtime, name, "fail", summary, metrics)
 
 
-TRAJECTORY_STEPS = 200  # the report's overlaid episode: this many steps, from a little before the parting
+TRAJECTORY_STEPS = 150  # the report's overlaid episode: this many steps, from a little before the parting
 
 
 def trajectory(ref: E.EpisodeTrace, own: E.EpisodeTrace, firsts: list[int | None]) -> dict:
@@ -181,8 +182,7 @@ def trajectory(ref: E.EpisodeTrace, own: E.EpisodeTrace, firsts: list[int | None
     act_g = np.asarray(own.actions[:length, k]).reshape(length, -1)
     if act_r.dtype.names is None and act_r.shape == act_g.shape and act_r.size:
         out["action_differs_at"] = np.flatnonzero((act_r != act_g).any(1))[:50].tolist()
-        out["action"] = {"reference": act_r[at, 0].astype(float).tolist(),
-                         "runtime": act_g[at, 0].astype(float).tolist()}  # fmt: skip
+        out["action"] = {"reference": _rounded(act_r[at, 0]), "runtime": _rounded(act_g[at, 0])}
     obs_r, obs_g = np.asarray(ref.obs[:length, k]), np.asarray(own.obs[:length, k])
     if obs_r.dtype.names is None and obs_r.dtype.kind == "f" and obs_r.ndim == 2 and obs_r.shape == obs_g.shape:
         r, g = obs_r[at].astype(np.float64), obs_g[at].astype(np.float64)
@@ -190,8 +190,13 @@ def trajectory(ref: E.EpisodeTrace, own: E.EpisodeTrace, firsts: list[int | None
             gap = np.nan_to_num(np.abs(r - g), nan=np.inf).max(0)
             jitter = np.abs(np.diff(r, axis=0)).mean(0) if len(at) > 1 else np.ones_like(gap)
         d = int(np.argmax(gap / (np.nan_to_num(jitter) + 1e-9))) if gap.max() > 0 else 0
-        out["observation"] = {"dimension": d, "reference": r[:, d].tolist(), "runtime": g[:, d].tolist()}
+        out["observation"] = {"dimension": d, "reference": _rounded(r[:, d]), "runtime": _rounded(g[:, d])}
     return out
+
+
+def _rounded(values: np.ndarray) -> list[float]:
+    """Six significant digits: a chart's precision, a third of the digits in report.json."""
+    return [float(f"{v:.6g}") for v in np.asarray(values, np.float64)]
 
 
 def _flipped_at_a_tie(

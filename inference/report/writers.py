@@ -74,12 +74,12 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
     }
 
 
-def block_max(values: np.ndarray, points: int = 250) -> dict[str, list]:
+def block_max(values: np.ndarray, points: int = 150) -> dict[str, list]:
     """A per-step series thinned for the page: the largest value of each block of steps, at the block's first."""
     values = np.asarray(values, np.float64).ravel()
     starts = np.unique(np.linspace(0, len(values), min(len(values), points) + 1).astype(int))[:-1]
     peaks = np.maximum.reduceat(values, starts) if len(values) else values
-    return {"step": starts.tolist(), "max": [float(v) if np.isfinite(v) else None for v in peaks]}
+    return {"step": starts.tolist(), "max": [float(f"{v:.4g}") if np.isfinite(v) else None for v in peaks]}
 
 
 def markdown(result: VerifyResult) -> str:
