@@ -39,8 +39,10 @@ const b = r.getBoundingClientRect(); if (b.width > 0 && b.height > 0 && b.bottom
 
 
 def chromium() -> str | None:
-    """The Chromium binary on PATH, or None."""
-    return next((p for p in map(shutil.which, CANDIDATES) if p), None)
+    """The Chromium binary: ``$MSRL_CHROMIUM`` if set (a path or a name on PATH), else the first on PATH; None if
+    there is none."""
+    chosen = os.environ.get("MSRL_CHROMIUM")
+    return shutil.which(chosen) if chosen else next((p for p in map(shutil.which, CANDIDATES) if p), None)
 
 
 @dataclass

@@ -116,15 +116,22 @@ def test_diff_names_what_an_fp16_bundle_changes(runs, cartpole_ckpt, tmp_path):
     assert "bundle precision: fp32 → fp16" in diff.stdout.splitlines()[0]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("which", ["pass", "fail"])
-def test_page_in_headless_chromium(runs, which):
-    """As a person opens a CI artifact: from a file URL, offline; the first screenful says what a reader needs."""
-    if browser.chromium() is None:
-        why = "Chromium is not installed (apt-get install chromium, or make browser)"
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """The browser, before any run is made: under CI (``MSRL_REQUIRE_RUNNER=1``) a missing one fails the test."""
+    binary = browser.chromium()
+    if binary is None:
+        why = "Chromium is not installed (make browser, or set MSRL_CHROMIUM)"
         if lite_build.required():
             pytest.fail(f"the browser test is required here (CI / MSRL_REQUIRE_RUNNER=1): {why}")
         pytest.skip(why)
+    return binary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["pass", "fail"])
+def test_page_in_headless_chromium(chromium, runs, which):
+    """As a person opens a CI artifact: from a file URL, offline; the first screenful says what a reader needs."""
     view = browser.open_page(runs[which] / "report.html")
     SHOTS.mkdir(parents=True, exist_ok=True)
     (SHOTS / f"report-{which}.png").write_bytes(view.screenshot)
