@@ -276,7 +276,10 @@ def _context(old: Run, new: Run) -> Iterator[tuple[str, str, str]]:
         return facts
 
     a, b = pick(old), pick(new)
-    for key in dict.fromkeys([*a, *b]):
+    # A report written before provenance was recorded knows none of it: compare only what both say.
+    both = bool(old.provenance and new.provenance)
+    keys = [*a, *b] if both else [k for k in a if k in b and "–" not in (a[k], b[k])]
+    for key in dict.fromkeys(keys):
         yield key, a.get(key, "–"), b.get(key, "–")
 
 

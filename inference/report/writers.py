@@ -33,6 +33,7 @@ from inference.bundle import sha256_file
 from inference.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
 from inference.errors import UsageError
 from inference.files import json_default, replace_dir, write_atomic
+from inference.report.html import write_page
 from inference.report.provenance import provenance
 
 
@@ -268,8 +269,6 @@ def write_reports(
         for key, writer in (extra or {}).items():
             if not writer(paths[key]):
                 paths.pop(key)
-        from inference.report.html import write_page
-
         write_page(paths["html"], data, paths.get("audit"))
         replace_dir(tmp, out_dir)
     finally:
