@@ -183,3 +183,15 @@ def test_audit_section_reads_audit_json_and_tolerates_new_fields():
     assert "4096 steps recorded by" in html and "0.40% of steps beyond 4 training std" in html
     bare = page(Run(data, {"steps": 10}))  # an audit.json with fewer fields than today's
     assert 'id="audit"' in bare and "<svg" not in bare.split('id="audit"')[1]
+
+
+def test_a_page_that_cannot_be_drawn_leaves_the_verdict_and_says_why(tmp_path, monkeypatch):
+    from inference.report import html, sections
+
+    def broken(run):
+        raise KeyError("windows")
+
+    monkeypatch.setattr(sections, "evidence", broken)
+    html.write_page(tmp_path / "report.html", {"verdict": "INCONSISTENT (1 failed check(s))", "checks": []})
+    text = (tmp_path / "report.html").read_text()
+    assert "INCONSISTENT (1 failed check(s))" in text and "could not be drawn (KeyError" in text

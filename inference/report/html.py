@@ -68,7 +68,12 @@ return d*a.textContent.localeCompare(c.textContent);});r.forEach(function(x){b.a
 def write_page(path: Path, data: dict[str, Any], audit_path: Path | None = None) -> None:
     """``report.html`` from the report's data (what report.json holds) and, for audits, audit.json."""
     audit = read_json(audit_path, "audit facts") if audit_path is not None and audit_path.is_file() else None
-    text = page(Run(data, audit if isinstance(audit, dict) else None))
+    try:
+        text = page(Run(data, audit if isinstance(audit, dict) else None))
+    except Exception as exc:  # noqa: BLE001 - a page that cannot be drawn never costs the run its verdict or reports
+        text = document("report.html could not be drawn", f"<main><h1>{escape(str(data.get('verdict', '')))}</h1>"
+                        f"<p>This page could not be drawn ({escape(type(exc).__name__)}: {escape(str(exc))}); "
+                        "report.json and report.md next to it hold the whole result.</p></main>")  # fmt: skip
     path.write_text(text, encoding="utf-8")  # inside write_reports' temporary directory: the set is renamed at once
 
 
