@@ -8,7 +8,7 @@ LITE_CONVERT := .lite/bin/msrl-lite-convert
 RUNNER_SRC := $(wildcard inference/runner/*.cc inference/runner/*.h)
 export GLOG_v ?= 3
 
-.PHONY: setup lite deploy-venv demo test gate lint bench clean
+.PHONY: setup lite browser deploy-venv demo test gate lint bench clean
 
 # The training distribution depends on the deploy one (./inference, on no index): both in one command, so pip
 # takes the local checkout for that dependency.
@@ -25,6 +25,17 @@ $(LITE_RUNNER) $(LITE_CONVERT) &: $(RUNNER_SRC) export/lite_converter.cc inferen
 setup: $(STAMP) $(LITE_RUNNER)
 
 lite: $(LITE_RUNNER)
+
+# The browser test (tests/test_report_page.py) opens report.html in headless Chromium: Debian's chromium package and
+# a font. As root (CI) this installs them; elsewhere it says the command (without Chromium the test skips, under CI
+# it fails).
+BROWSER_PACKAGES := chromium fonts-dejavu-core
+browser:
+	@if command -v chromium >/dev/null; then echo "chromium: $$(command -v chromium)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			$(BROWSER_PACKAGES) >/dev/null && echo "chromium: $$(command -v chromium)"; \
+	else echo "the browser test needs Chromium: sudo apt-get install $(BROWSER_PACKAGES)" >&2; exit 1; fi
 
 # The deploy side alone, as on an inference box: a separate venv with `pip install ./inference` (no MindSpore)
 # and the runner built into it against the Lite SDK of .lite/sdk (or MSRL_LITE_SDK=DIR).

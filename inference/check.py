@@ -22,6 +22,7 @@ from inference.compare.checks import VerifyResult
 from inference.compare.stats import PRESETS, Tolerance
 from inference.compare.verifier import VerifyOptions
 from inference.errors import EXIT_CODES, UsageError, run_cli
+from inference.report.provenance import invocation
 
 if TYPE_CHECKING:
     from inference.report.writers import ExtraWriter
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checking {bundle.root} against {args.golden} ...", file=sys.stderr, flush=True)
     progress = (lambda _m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     result = check_golden(bundle, args.golden, options, {"env_id": args.env_id, "env": args.env}, progress)
+    result.command = invocation("inference.check", argv)
     return finish(result, args.out, f"{bundle.root} vs golden {args.golden.name}", started, args.quiet)
 
 

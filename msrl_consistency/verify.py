@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes with inference.runtimes
 from inference.check import DEPLOY_SIDE_RUNTIMES, check_golden, finish, names, parse_tolerance, prepare_out
 from inference.errors import EXIT_CODES, UsageError, run_cli
+from inference.report.provenance import invocation
 from msrl_consistency.artifacts import run_dir as rd
 
 if TYPE_CHECKING:
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
         layers = localizer.record(result.reference.feeds) if args.golden_layers and localizer else None
         save_golden(args.save_golden, result.reference, result.bundle, result.inputs.get("env"), layers)
+    result.command = invocation("msrl_consistency.verify", argv)
     extra = None
     if facts is not None:
         from msrl_consistency.audit import audit_files

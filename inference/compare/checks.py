@@ -48,6 +48,7 @@ class VerifyResult:
     episode_diffs: dict[str, dict[str, np.ndarray]]  # runtime -> mode -> per-step max action difference
     inputs: dict[str, Any] = field(default_factory=dict)  # where observations came from (env, file, golden)
     localizations: dict[str, Localization] = field(default_factory=dict)  # runtime -> its first diverging layer
+    command: list[str] | None = None  # the command line that produced this result (``report.json``'s provenance)
 
     @property
     def failed(self) -> list[Check]:

@@ -131,7 +131,10 @@ def free_running_check(
         "max_abs_return_delta": float(np.abs(delta).max()) if len(delta) else 0.0,
         "mean_return_delta": float(delta.mean()) if len(delta) else 0.0,
         "reference_returns": trace.returns.tolist(),
+        "returns": own.returns.tolist(),
     }
+    if mode == "deterministic" or diff["episodes_diverged"]:  # one overlay per runtime, and any that parts ways
+        metrics["trajectory"] = trajectory(trace, own, diff["first_divergent_step"])
     name = f"episodes.free_running.{mode}"
     if not diff["episodes_diverged"]:
         return Check(runtime, name, "pass", f"{len(delta)} episodes match the reference step by step", metrics)
@@ -154,6 +157,46 @@ def free_running_check(
                         "check agrees: the episodes part ways there")  # fmt: skip
         return Check(runtime, name, "warn", summary + ", not a policy mismatch", metrics)
     return Check(runtime, name, "fail", summary, metrics)
+
+
+TRAJECTORY_STEPS = 150  # the report's overlaid episode: this many steps, from a little before the parting
+
+
+def trajectory(ref: E.EpisodeTrace, own: E.EpisodeTrace, firsts: list[int | None]) -> dict:
+    """One episode, the reference's and the runtime's, for the report's overlay: the first to diverge (else
+    episode 0), on ``TRAJECTORY_STEPS`` steps starting a quarter of them before the first divergent step (else
+    from the start); the observation dimension that parts most against its own step-to-step movement, the first
+    action dimension, and the steps where the actions differ (at most 50). An observation that is not a flat
+    float vector (a Dict, an image) is left out."""
+    diverged = [(f, k) for k, f in enumerate(firsts) if f is not None]
+    k = min(diverged)[1] if diverged else 0
+    steps = int(min(len(ref.alive), len(own.alive)))
+    if not steps or k >= ref.alive.shape[1]:
+        return {}
+    length = int(max(ref.alive[:steps, k].sum(), own.alive[:steps, k].sum()))
+    first = firsts[k] if k < len(firsts) else None
+    lo = max(0, min(length - TRAJECTORY_STEPS, (first or 0) - TRAJECTORY_STEPS // 4))
+    at = np.arange(lo, min(length, lo + TRAJECTORY_STEPS))
+    out: dict = {"episode": k, "steps": length, "first_divergent_step": first, "step": at.tolist()}
+    act_r = np.asarray(ref.actions[:length, k]).reshape(length, -1)
+    act_g = np.asarray(own.actions[:length, k]).reshape(length, -1)
+    if act_r.dtype.names is None and act_r.shape == act_g.shape and act_r.size:
+        out["action_differs_at"] = np.flatnonzero((act_r != act_g).any(1))[:50].tolist()
+        out["action"] = {"reference": _rounded(act_r[at, 0]), "runtime": _rounded(act_g[at, 0])}
+    obs_r, obs_g = np.asarray(ref.obs[:length, k]), np.asarray(own.obs[:length, k])
+    if obs_r.dtype.names is None and obs_r.dtype.kind == "f" and obs_r.ndim == 2 and obs_r.shape == obs_g.shape:
+        r, g = obs_r[at].astype(np.float64), obs_g[at].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            gap = np.nan_to_num(np.abs(r - g), nan=np.inf).max(0)
+            jitter = np.abs(np.diff(r, axis=0)).mean(0) if len(at) > 1 else np.ones_like(gap)
+        d = int(np.argmax(gap / (np.nan_to_num(jitter) + 1e-9))) if gap.max() > 0 else 0
+        out["observation"] = {"dimension": d, "reference": _rounded(r[:, d]), "runtime": _rounded(g[:, d])}
+    return out
+
+
+def _rounded(values: np.ndarray) -> list[float]:
+    """Six significant digits: a chart's precision, a third of the digits in report.json."""
+    return [float(f"{v:.6g}") for v in np.asarray(values, np.float64)]
 
 
 def _flipped_at_a_tie(

@@ -56,6 +56,28 @@ def summarize(values: np.ndarray) -> dict[str, float | None]:
     return {"mean": float(finite.mean()), "max": float(finite.max())}
 
 
+# The log-ratio histogram's bins: |log p_runtime(a) - log p_ref(a)| by half decades from 1e-9 to 10, each sign apart.
+LOG_RATIO_EDGES = tuple(10.0 ** (k / 2) for k in range(-18, 3))
+
+
+def log_ratio_distribution(ref_log_prob: np.ndarray, got_log_prob: np.ndarray) -> dict[str, Any]:
+    """The distribution of ``log p_runtime(a) - log p_ref(a)`` over the sampled actions, for the report's histogram
+    (verl's mismatch plots): quantiles, the exact zeros, and per sign the counts in ``LOG_RATIO_EDGES`` (half
+    decades; values beyond the last edge fall in the last bin, below the first in the first)."""
+    ratio = np.asarray(got_log_prob, np.float64) - np.asarray(ref_log_prob, np.float64)
+    ratio = ratio[np.isfinite(ratio)]
+    if not len(ratio):
+        return {"count": 0}
+    edges = np.asarray(LOG_RATIO_EDGES)
+    nonzero = ratio[ratio != 0]
+    bins = np.clip(np.searchsorted(edges, np.abs(nonzero), "right") - 1, 0, len(edges) - 2)
+    counts = {sign: np.bincount(bins[mask], minlength=len(edges) - 1).tolist()
+              for sign, mask in (("negative", nonzero < 0), ("positive", nonzero > 0))}  # fmt: skip
+    q = np.percentile(ratio, [0, 1, 50, 99, 100])
+    return {"count": int(len(ratio)), "zeros": int((ratio == 0).sum()), "edges": list(LOG_RATIO_EDGES), **counts,
+            "quantiles": dict(zip(("min", "p1", "p50", "p99", "max"), map(float, q), strict=True))}  # fmt: skip
+
+
 def _action_range(contract: PolicyContract) -> np.ndarray | None:
     a = contract.action
     if a.low is None or a.high is None:
@@ -112,7 +134,9 @@ def policy_metrics(
             raw = np.asarray(mean_r, np.float64) + std_r * host_noise  # the reference's pre-squash sample
             lp_r, lp_g = gaussian_log_prob(mean_r, std_r, raw), gaussian_log_prob(mean_g, std_g, raw)
         metrics["abs_delta_log_prob"] = summarize(np.abs(lp_r - lp_g))
+        metrics["log_ratio"] = log_ratio_distribution(lp_r, lp_g)
     if contract.log_prob is not None:
         delta = np.abs(ref[contract.log_prob].astype(np.float64) - got[contract.log_prob].astype(np.float64))
         metrics["abs_delta_log_prob"] = summarize(delta)
+        metrics["log_ratio"] = log_ratio_distribution(ref[contract.log_prob], got[contract.log_prob])
     return metrics

@@ -242,12 +242,14 @@ def _provenance(bundle: Bundle, checkpoint: Path | None, checks: list[Check]) ->
     recorded = (bundle.manifest.get("source") or {}).get("checkpoint_sha256")
     if checkpoint is None or not checkpoint.is_file() or not recorded:
         return None
-    matches = sha256_file(checkpoint) == recorded
+    digest = sha256_file(checkpoint)
+    matches = digest == recorded
     summary = "bundle exported from this checkpoint" if matches else (
         "bundle was exported from a different checkpoint (sha256 differs)"
     )  # fmt: skip
     status = "pass" if matches else "fail"
-    checks.append(Check("bundle", "provenance", status, summary, {"checkpoint": str(checkpoint)}))
+    metrics = {"checkpoint": str(checkpoint), "checkpoint_sha256": digest, "bundle_checkpoint_sha256": recorded}
+    checks.append(Check("bundle", "provenance", status, summary, metrics))
     return matches
 
 

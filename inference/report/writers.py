@@ -1,4 +1,5 @@
-"""Verify reports: report.json (schema-versioned), report.md, junit.xml, action-diff plot.
+"""Verify reports: report.json (schema-versioned), report.html (``inference.report.html``), report.md, junit.xml,
+action-diff plot.
 
 ``report.json`` layout (schema ``msrl-consistency/verify-report`` v2)::
 
@@ -6,7 +7,9 @@
      bundle: {path, env_id, precision, source, manifest_sha256, graphs: {name: contract}},
      reference, reference_episodes_by, inputs: {env, recorded_observations}, options,
      runtimes: {name: {status, versions, reason?, tolerance?}},
-     checks: [{runtime, name, status, summary, metrics, diagnosis}]}
+     checks: [{runtime, name, status, summary, metrics, diagnosis}],
+     localization, provenance: {command, host, versions, seeds, checkpoint, bundle_files, precision},
+     episode_diffs: {runtime: {mode: {step, max}}}}
 
 v2 (policy contracts) added ``bundle.source``, ``bundle.graphs`` and ``inputs``; check names are
 ``observations.<graph>`` for every graph of the bundle.
@@ -30,6 +33,8 @@ from inference.bundle import sha256_file
 from inference.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
 from inference.errors import UsageError
 from inference.files import json_default, replace_dir, write_atomic
+from inference.report.html import write_page
+from inference.report.provenance import provenance
 
 
 def report_dict(result: VerifyResult) -> dict[str, Any]:
@@ -41,6 +46,7 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "passed": result.ok,
         "exit_code": result.exit_code,
+        "verdict": result.verdict_line(),
         "bundle": {
             "path": str(bundle.root),
             "env_id": bundle.env_id,
@@ -63,7 +69,18 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
         "runtimes": result.runtimes,
         "checks": [c.to_dict() for c in result.checks],
         "localization": {name: loc.to_dict() for name, loc in result.localizations.items()},
+        "provenance": provenance(result),
+        "episode_diffs": {name: {mode: block_max(diffs) for mode, diffs in modes.items()}
+                          for name, modes in result.episode_diffs.items() if modes},  # fmt: skip
     }
+
+
+def block_max(values: np.ndarray, points: int = 150) -> dict[str, list]:
+    """A per-step series thinned for the page: the largest value of each block of steps, at the block's first."""
+    values = np.asarray(values, np.float64).ravel()
+    starts = np.unique(np.linspace(0, len(values), min(len(values), points) + 1).astype(int))[:-1]
+    peaks = np.maximum.reduceat(values, starts) if len(values) else values
+    return {"step": starts.tolist(), "max": [float(f"{v:.4g}") if np.isfinite(v) else None for v in peaks]}
 
 
 def markdown(result: VerifyResult) -> str:
@@ -209,7 +226,8 @@ def plot_action_diffs(result: VerifyResult, out: Path) -> bool:
 
 
 REPORT_FILES = {"json": "report.json", "md": "report.md", "junit": "junit.xml", "plot": "action_diff.png",
-                "layers": "layer_errors.png", "audit": "audit.json", "timeline": "audit_timeline.png"}  # fmt: skip
+                "layers": "layer_errors.png", "audit": "audit.json", "timeline": "audit_timeline.png",
+                "html": "report.html"}  # fmt: skip
 # A writer of one more file of the set (an audit's): given the path, returns whether it wrote it.
 ExtraWriter = Callable[[Path], bool]
 
@@ -240,7 +258,8 @@ def write_reports(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         paths = {k: tmp / v for k, v in REPORT_FILES.items() if k not in ("audit", "timeline") or k in (extra or {})}
-        paths["json"].write_text(json.dumps(report_dict(result), indent=2, default=json_default) + "\n")
+        data = json.loads(json.dumps(report_dict(result), default=json_default))  # the page reads what the file says
+        paths["json"].write_text(json.dumps(data, indent=2) + "\n")
         paths["md"].write_text(markdown(result))
         paths["junit"].write_text(junit(result))
         if not plot_action_diffs(result, paths["plot"]):
@@ -250,6 +269,7 @@ def write_reports(
         for key, writer in (extra or {}).items():
             if not writer(paths[key]):
                 paths.pop(key)
+        write_page(paths["html"], data, paths.get("audit"))
         replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

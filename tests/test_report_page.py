@@ -1,0 +1,197 @@
+"""report.html and ``python -m inference.report diff``, on real runs and as a person opens them: headless Chromium
+loads the page from a file URL with the network closed (``browser.py``); the verdict, the failing runtime and stage
+and the first diverging layer must be in the first 1280x800 screenful; no request may leave the page and no console
+error may appear. Screenshots land in ``reports/browser/`` (git-ignored) next to the test results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from html import escape
+from pathlib import Path
+
+import browser
+import lite_build
+import pytest
+
+from inference.report.html import page
+from inference.report.reading import Run, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "reports" / "browser"
+SMALL = ["--episodes", "3"]
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def verify(bundle: Path, ckpt: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return cli("-m", "msrl_consistency.verify", "--bundle", str(bundle), "--ckpt", str(ckpt), "--out", str(out),
+               "--quiet", *SMALL, *extra)  # fmt: skip
+
+
+def nudged_run(ckpt: Path, out: Path) -> Path:
+    """A copy of the run dir whose checkpoint has one weight of the second hidden layer moved by 1e-2."""
+    import mindspore as ms
+
+    shutil.copytree(ckpt.parent, out)
+    params = ms.load_checkpoint(str(ckpt))
+    weight = params["actor.layers.2.weight"].asnumpy()
+    weight.flat[0] += 1e-2
+    params["actor.layers.2.weight"].set_data(ms.Tensor(weight))
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in params.items()], str(out / ckpt.name))
+    return out / ckpt.name
+
+
+@pytest.fixture(scope="module")
+def runs(cartpole_bundle, cartpole_ckpt, tmp_path_factory) -> dict[str, Path]:
+    """Real verifies of one bundle: passing (10k observations, twice) and against a nudged checkpoint (localised)."""
+    root = tmp_path_factory.mktemp("report-runs")
+    out = {"pass": root / "pass", "again": root / "again", "fail": root / "fail"}
+    for name in ("pass", "again"):
+        proc = verify(cartpole_bundle.root, cartpole_ckpt, out[name])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = verify(cartpole_bundle.root, nudged_run(cartpole_ckpt, root / "nudged"), out["fail"], "--localize",
+                  "--observations", "2000")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_report_html_is_one_small_self_contained_file_with_provenance(runs):
+    html = (runs["pass"] / "report.html").read_text()
+    assert len(html.encode()) < 2 * 1024 * 1024  # a 10k-observation verify: no per-row data on the page
+    # Nothing to fetch: no external script, style, font or image, and a policy that forbids any request.
+    for ref in ("http://", "https://", "src=", "<link", "@import", "url("):
+        assert ref not in html, ref
+    assert "default-src 'none'" in html and html.count("<script>") == 1 and "<svg" in html
+    report = json.loads((runs["pass"] / "report.json").read_text())
+    prov = report["provenance"]
+    argv = prov["command"]["argv"]
+    assert argv[1:3] == ["-m", "msrl_consistency.verify"] and str(runs["pass"]) in argv
+    assert prov["checkpoint"]["sha256"] == prov["checkpoint"]["exported_from_sha256"]
+    assert prov["precision"]["onnxruntime"].startswith("fp32") and prov["seeds"]["verify"] == 0
+    assert prov["versions"]["runtimes"]["onnxruntime"]["onnxruntime"]
+    assert escape(prov["command"]["shell"]) in html  # the exact command to reproduce it is on the page
+
+
+@pytest.mark.slow
+def test_diff_names_the_nudged_checkpoint_and_passes_two_equal_runs(runs, tmp_path):
+    proc = cli("-m", "inference.report", "diff", str(runs["pass"]), str(runs["fail"]), "--out",
+               str(tmp_path / "d.html"), "--json", str(tmp_path / "d.json"))  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("REGRESSED") and "checkpoint:" in first, first
+    changes = json.loads((tmp_path / "d.json").read_text())["changes"]
+    regressions = {(c["kind"], c["what"]) for c in changes if c["effect"] == "regression"}
+    assert ("verdict", "verdict") in regressions and ("check", "bundle provenance") in regressions
+    assert any(kind == "metric" and what.startswith("lite ") for kind, what in regressions), regressions
+    assert "REGRESSED" in (tmp_path / "d.html").read_text()
+    same = cli("-m", "inference.report", "diff", str(runs["pass"]), str(runs["again"] / "report.json"), "--out",
+               str(tmp_path / "same.html"))  # fmt: skip
+    assert same.returncode == 0 and same.stdout.startswith("EQUIVALENT"), same.stdout + same.stderr
+    back = cli("-m", "inference.report", "diff", str(runs["fail"]), str(runs["pass"]), "--out",
+               str(tmp_path / "b.html"))  # fmt: skip
+    assert back.returncode == 0 and back.stdout.startswith("CHANGED, no regression"), back.stdout
+
+
+@pytest.mark.slow
+def test_diff_names_what_an_fp16_bundle_changes(runs, cartpole_ckpt, tmp_path):
+    from msrl_consistency.api import export_run
+    from msrl_consistency.artifacts.bundle import ExportOptions
+
+    fp16 = export_run(cartpole_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16"))
+    proc = verify(fp16.root, cartpole_ckpt, tmp_path / "r16", "--observations", "2000")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    diff = cli("-m", "inference.report", "diff", str(runs["pass"]), str(tmp_path / "r16"), "--json",
+               str(tmp_path / "d.json"), "--out", str(tmp_path / "d.html"))  # fmt: skip
+    assert diff.returncode == 1, diff.stdout + diff.stderr  # ONNX Runtime no longer compared; errors x1000
+    changes = json.loads((tmp_path / "d.json").read_text())["changes"]
+    said = {(c["what"], c["old"], c["new"]) for c in changes}
+    assert ("bundle precision", "fp32", "fp16") in said and ("tolerance preset", "fp32", "fp16") in said
+    assert any(c["what"] == "onnxruntime no longer compared" and c["effect"] == "regression" for c in changes)
+    assert "bundle precision: fp32 → fp16" in diff.stdout.splitlines()[0]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """The browser, before any run is made: under CI (``MSRL_REQUIRE_RUNNER=1``) a missing one fails the test."""
+    binary = browser.chromium()
+    if binary is None:
+        why = "Chromium is not installed (make browser, or set MSRL_CHROMIUM)"
+        if lite_build.required():
+            pytest.fail(f"the browser test is required here (CI / MSRL_REQUIRE_RUNNER=1): {why}")
+        pytest.skip(why)
+    return binary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["pass", "fail"])
+def test_page_in_headless_chromium(chromium, runs, which):
+    """As a person opens a CI artifact: from a file URL, offline; the first screenful says what a reader needs."""
+    view = browser.open_page(runs[which] / "report.html")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / f"report-{which}.png").write_bytes(view.screenshot)
+    (SHOTS / f"report-{which}.json").write_text(json.dumps({"load_ms": view.load_ms, "requests": view.requests,
+                                                            "console_errors": view.console_errors}, indent=2))
+    assert view.requests == [view.url], view.requests  # the page itself, nothing else
+    assert view.console_errors == []
+    assert view.screenshot[:8] == b"\x89PNG\r\n\x1a\n"
+    screen = view.first_screen
+    if which == "pass":
+        assert "CONSISTENT" in screen and "INCONSISTENT" not in screen
+        return
+    assert "INCONSISTENT" in screen
+    run = load_run(runs["fail"])
+    first, layer = run.first_failure(), run.diverging()[0]
+    assert f"{first['runtime']} · {first['name']}" in screen and run.stage_name(first) in screen
+    for name in run.failing_runtimes():
+        assert name in screen, name
+    assert layer["layer"] and f"{layer['runtime']}: {layer['layer']}" in screen, screen
+
+
+def test_diff_refuses_what_is_not_a_run(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other.json").write_text('{"schema": "msrl-consistency/baseline"}')
+    (tmp_path / "broken.json").write_text("{")
+    for old, why in (("missing", "no report at"), ("empty", "holds no report.json"),
+                     ("other.json", "is not a verify report"), ("broken.json", "is not valid JSON")):  # fmt: skip
+        proc = cli("-m", "inference.report", "diff", str(tmp_path / old), str(tmp_path / old), cwd=tmp_path)
+        assert proc.returncode == 2 and why in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        assert not (tmp_path / "diff.html").exists()
+
+
+def test_audit_section_reads_audit_json_and_tolerates_new_fields():
+    """The audit's facts come from audit.json as written; fields added later are ignored, missing ones skipped."""
+    data = {"schema": "msrl-consistency/verify-report", "exit_code": 0, "bundle": {"env_id": "CartPole-v1"},
+            "runtimes": {"field:lite": {"status": "ran"}}, "options": {"tolerance": "fp32"},
+            "checks": [{"runtime": "field:lite", "name": "field.drift", "status": "warn", "summary": "grows",
+                        "metrics": {"windows": [{"worst_ratio": 0.5}]}}]}  # fmt: skip
+    facts = {"steps": 4096, "chunks": 2, "recorded_by": "lite", "dropped_steps": 0, "streamed": True,
+             "windows": [{"start_ns": 0, "end_ns": 10**9 * k, "steps": 1024, "max_abs": 1e-6 * k,
+                          "worst_ratio": 0.01 * k, "mismatched_rows": 0, "ood_share": 0.001 * k, "new_field": [1, 2]}
+                         for k in range(1, 5)],
+             "ood": {"available": True, "sigma": 4.0, "share_beyond_sigma": 0.004, "per_dimension": [
+                 {"dimension": 0, "mean_abs_z": 0.5, "max_abs_z": 4.2, "share_beyond_sigma": 0.004}]},
+             "returns": {"episodes": 3, "mean": 10.0, "std": 1.0}}  # fmt: skip
+    html = page(Run(data, facts))
+    assert 'id="audit"' in html and "error against the tolerance per time window" in html
+    assert "4096 steps recorded by" in html and "0.40% of steps beyond 4 training std" in html
+    bare = page(Run(data, {"steps": 10}))  # an audit.json with fewer fields than today's
+    assert 'id="audit"' in bare and "<svg" not in bare.split('id="audit"')[1]
+
+
+def test_a_page_that_cannot_be_drawn_leaves_the_verdict_and_says_why(tmp_path, monkeypatch):
+    from inference.report import html, sections
+
+    def broken(run):
+        raise KeyError("windows")
+
+    monkeypatch.setattr(sections, "evidence", broken)
+    html.write_page(tmp_path / "report.html", {"verdict": "INCONSISTENT (1 failed check(s))", "checks": []})
+    text = (tmp_path / "report.html").read_text()
+    assert "INCONSISTENT (1 failed check(s))" in text and "could not be drawn (KeyError" in text
