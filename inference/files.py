@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -121,21 +120,32 @@ def _bounded_int(text: str) -> int:
 
 
 def _check_tree(data: Any, what: str, error: type[Exception]) -> None:
-    """Depth, integer size and NaN, naming the field (``normalization.mean[2]``) of the first offender."""
-    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    """Depth, integer size and NaN, naming the field (``normalization.mean[2]``) of the first offender. Scalars are
+    looked at in place (a normaliser's long lists stay cheap); only containers go on the stack."""
+    limit = 10**MAX_INT_DIGITS
+    root = (data, "", 0) if isinstance(data, dict | list) else ({"the document": data}, "", -1)
+    stack: list[tuple[Any, str, int]] = [root]
     while stack:
         value, where, depth = stack.pop()
-        if isinstance(value, dict | list):
-            if depth >= MAX_DEPTH:
-                raise error(f"{what} is nested more than {MAX_DEPTH} levels deep (at {where or 'the top'})")
-            items = list(value.items() if isinstance(value, dict) else enumerate(value))
-            for key, item in reversed(items):  # popped in document order
-                sub = f"{where}[{key}]" if isinstance(value, list) else (f"{where}.{key}" if where else str(key))
-                stack.append((item, sub, depth + 1))
-        elif isinstance(value, float) and math.isnan(value):
-            raise error(f"{what}: {where or 'the document'} is NaN; no field of it takes NaN")
-        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**MAX_INT_DIGITS:
-            raise error(f"{what}: {where or 'the document'} is an integer of more than {MAX_INT_DIGITS} digits")
+        if depth >= MAX_DEPTH:
+            raise error(f"{what} is nested more than {MAX_DEPTH} levels deep")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        children = []
+        for key, item in items:
+            if isinstance(item, dict | list):
+                children.append((item, _sub(where, key, value), depth + 1))
+            elif isinstance(item, float):
+                if item != item:  # NaN
+                    raise error(f"{what}: {_sub(where, key, value)} is NaN; no field takes NaN")
+            elif isinstance(item, int) and not isinstance(item, bool) and not -limit < item < limit:
+                raise error(f"{what}: {_sub(where, key, value)} is an integer of more than {MAX_INT_DIGITS} digits")
+        stack.extend(reversed(children))  # popped in document order
+
+
+def _sub(where: str, key: Any, container: Any) -> str:
+    if isinstance(container, list):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else str(key)
 
 
 @contextlib.contextmanager
