@@ -10,6 +10,7 @@ load: their contracts are derived from the recorded ``policy_spec`` (``inference
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from inference.bundle_v1 import v1_contracts
 from inference.contract import ContractError, PolicyContract
 from inference.files import read_document, sha256_file  # noqa: F401 - sha256_file: part of this module's API
 from inference.mindir import read_header
+from inference.toml_fields import MAX_ROW_ELEMENTS
 
 MANIFEST = "manifest.json"
 SCHEMA = "msrl-consistency/bundle"
@@ -193,12 +195,13 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
         for fmt, entry in graph.items():
             if isinstance(entry, dict) and "file" in entry:
                 _inside(root, entry["file"], f"{graph_name}.{fmt}")
-    if manifest["schema_version"] == SCHEMA_VERSION:
-        problems = schema.errors(manifest, schema.load_schema())
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            where = schema.MANIFEST_SCHEMA.name
-            raise BundleError(f"{manifest_path}: field {problems[0]}{more}; the schema is {where}")
+    # v1 manifests predate the schema: the fields they hold get its types and ranges, not its required fields
+    old = manifest["schema_version"] != SCHEMA_VERSION
+    problems = schema.errors({**manifest, "schema_version": SCHEMA_VERSION}, schema.load_schema(), partial=old)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        where = schema.MANIFEST_SCHEMA.name
+        raise BundleError(f"{manifest_path}: field {problems[0]}{more}; the schema is {where}")
     graphs = manifest.get("graphs")
     if not isinstance(graphs, dict) or not graphs:
         raise BundleError(f"{manifest_path}: the manifest lists no graphs")
@@ -209,6 +212,7 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     bundle = Bundle(root, manifest)
     for graph_name in graphs:
         bundle.contract(graph_name)  # every contract parses now, or one line says which does not
+    _check_sizes(bundle, manifest_path)
     for graph_name, graph in graphs.items():
         for fmt, entry in graph["files"].items():
             if "file" not in entry:
@@ -223,6 +227,29 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
                     f"bundle {root}: {entry['file']} does not match the manifest's sha256 (modified or truncated)"
                 )
     return bundle
+
+
+def _check_sizes(bundle: Bundle, manifest_path: Path) -> None:
+    """What the schema cannot say: a graph tensor's row holds at most ``MAX_ROW_ELEMENTS`` values, and the
+    per-dimension statistics and bounds of an array observation have one entry per observation value (they are
+    broadcast against observations: a longer list would size every synthetic observation)."""
+    for graph_name in bundle.graphs:
+        for entry in (*bundle.graph(graph_name)["inputs"], *bundle.graph(graph_name)["outputs"]):
+            row = [d for d in entry["shape"][1:] if d > 0]
+            if math.prod(row) > MAX_ROW_ELEMENTS:
+                raise BundleError(f"{manifest_path}: graph {graph_name!r} tensor {entry['name']!r} has shape "
+                                  f"{entry['shape']}: {math.prod(row):,} values per row, at most "
+                                  f"{MAX_ROW_ELEMENTS:,}")  # fmt: skip
+    contract = bundle.contract(bundle.graphs[0])
+    if contract.obs_dict:
+        return
+    size = math.prod(contract.obs_shape)
+    norm, env = bundle.manifest.get("normalization") or {}, bundle.manifest.get("env") or {}
+    for where, values in (("normalization.mean", norm.get("mean")), ("normalization.var", norm.get("var")),
+                          ("env.obs_low", env.get("obs_low")), ("env.obs_high", env.get("obs_high"))):  # fmt: skip
+        if values is not None and len(values) != size:
+            raise BundleError(f"{manifest_path}: field {where} has {len(values)} entries for an observation of "
+                              f"{size} values {list(contract.obs_shape)}")  # fmt: skip
 
 
 def _graph_files(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

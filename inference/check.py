@@ -74,7 +74,12 @@ def check_golden(
                 raise
             raise UsageError(f"the golden file's episodes ran on {recorded!r}, which this box cannot recreate ({exc}); "
                              "pass --env MODULE:FACTORY or --env-id ID") from None  # fmt: skip
-    return verify(bundle, options, inputs, reference=reference, progress=progress, localizer=localizer)
+    result = verify(bundle, options, inputs, reference=reference, progress=progress, localizer=localizer)
+    if reference.origin_unchecked:  # an old-style golden file without a manifest hash: say so in the report
+        from inference.compare.checks import Check
+
+        result.checks.append(Check("golden", "golden_origin", "warn", reference.origin_unchecked))
+    return result
 
 
 def finish(

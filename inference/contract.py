@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from inference import contract_layout as layout
+from inference import toml_fields as T
 from inference.contract_layout import (  # noqa: F401 - re-exported: the contract's parts
     ACTION_KINDS,
     NOISE,
@@ -204,6 +205,18 @@ class PolicyContract:
     def validate(self) -> None:
         """Internal consistency: names exist, the kind has its keys, bounds are well-formed."""
         a = self.action
+        for f in self.observations:  # parse() checked these already; a contract built in code (v1 bundles) too
+            T.check_shape(f.shape, f"[input] obs {f.name}" if self.obs_dict else "[input] obs")
+        for s in self.states:
+            T.check_shape(s.shape, f"[state.{s.name}] shape")
+        if self.noise_shape is not None:
+            T.check_shape(self.noise_shape, "[input] noise")
+        for key in ("std", "log_std", "low", "high"):
+            numbers = getattr(a, key)
+            if isinstance(numbers, tuple) and not all(T.is_number(v) and abs(v) <= T.FLOAT32_MAX for v in numbers):
+                raise ContractError(f"[action] {key} must be finite numbers within float32's range")
+        if isinstance(a.std, tuple) and min(a.std) <= 0:
+            raise ContractError(f"[action] std must be > 0, got {list(a.std)}")
         if a.kind not in ACTION_KINDS:
             raise ContractError(f"[action] kind must be one of {', '.join(ACTION_KINDS)}, got {a.kind!r}")
         if len(set(self.outputs)) != len(self.outputs):

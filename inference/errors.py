@@ -99,12 +99,13 @@ class Interrupts:
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[Interrupts]:
-        """Inside the block a first signal only sets ``requested``; the caller stops at a safe point."""
-        self._defer = True
+        """Inside the block a first signal only sets ``requested``; the caller stops at a safe point. Blocks nest
+        (leaving an inner one keeps the outer one's deferral)."""
+        outer, self._defer = self._defer, True
         try:
             yield self
         finally:
-            self._defer = False
+            self._defer = outer
 
 
 INTERRUPTS = Interrupts()

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "atomic_path", "json_default", "read_document", "replace_dir", "sha256_file", "write_atomic",
-    "write_bytes_atomic", "write_json_atomic",
+    "MAX_DEPTH", "MAX_DOCUMENT_BYTES", "MAX_INT_DIGITS", "atomic_path", "json_default", "loads_strict",
+    "loads_toml_strict", "read_document", "replace_dir", "sha256_file", "write_atomic", "write_bytes_atomic",
+    "write_json_atomic",
 ]  # fmt: skip
 
 
@@ -28,23 +29,123 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Limits for the documents users and other machines hand us (manifests, contracts, configs, run records, baselines,
+# golden-file and recording metadata). Generous for what we write (a manifest is ~10 kB; a normaliser over 100k
+# observation dimensions stays under 5 MB) and small enough that a hostile file is one line, not a hang, a
+# RecursionError or an int conversion that takes minutes.
+MAX_DOCUMENT_BYTES = 16 << 20
+MAX_DEPTH = 64  # nesting levels of objects/arrays (tables); ours are at most 6 deep
+MAX_INT_DIGITS = 40  # every integer we read (seeds, sizes, shapes) fits in 128 bits
+
+
+class _Refused(ValueError):
+    """A document's content we refuse while parsing it (the message says why; the caller adds where)."""
+
+
 def read_document(path: str | Path, what: str, error: type[Exception]) -> Any:
-    """A JSON (``*.json``) or TOML file's content. A missing file, a directory or a file that does not parse is
-    ``error`` with one line naming ``what`` (e.g. "config file") and the path, never a traceback."""
+    """A JSON (``*.json``) or TOML file's content, parsed strictly (``loads_strict``). A missing file, a directory,
+    one larger than ``MAX_DOCUMENT_BYTES`` or one that does not parse is ``error`` with one line naming ``what``
+    (e.g. "config file") and the path, never a traceback."""
     path = Path(path)
     kind = "JSON" if path.suffix == ".json" else "TOML"
     if path.is_dir():
         raise error(f"{what} {path} is a directory; pass a {kind} file")
     try:
-        text = path.read_text()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_DOCUMENT_BYTES + 1)
     except FileNotFoundError:
         raise error(f"{what} not found: {path}") from None
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise error(f"{what} {path} is larger than {MAX_DOCUMENT_BYTES >> 20} MB; no {what} is that large")
     try:
-        return json.loads(text) if kind == "JSON" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{what} {path} is not valid {kind}: {exc}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {path} is not valid {kind}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if kind == "TOML":
+        return loads_toml_strict(text, f"{what} {path}", error)
+    return loads_strict(text, f"{what} {path}", error)
+
+
+def loads_strict(text: str, what: str, error: type[Exception]) -> Any:
+    """A JSON document from text we did not write ourselves: ``error`` (one line starting with ``what``) for text
+    that is not JSON, larger than ``MAX_DOCUMENT_BYTES``, nested deeper than ``MAX_DEPTH``, with a key twice in one
+    object (JSON parsers keep the last one silently: a second ``"precision"`` would win), an integer of more than
+    ``MAX_INT_DIGITS`` digits, or a ``NaN``. ``Infinity`` is read (Python writes it for unbounded observation
+    dimensions); whether a field may be infinite is its schema's business."""
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise error(f"{what} is larger than {MAX_DOCUMENT_BYTES >> 20} MB")
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int)
+    except _Refused as exc:
+        raise error(f"{what}: {exc}") from None
+    except RecursionError:
+        raise error(f"{what} is nested more than {MAX_DEPTH} levels deep") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} is not valid JSON: {exc}") from None
+    _check_tree(data, what, error)
+    return data
+
+
+def loads_toml_strict(text: str, what: str, error: type[Exception]) -> dict[str, Any]:
+    """A TOML document (TOML itself refuses repeated keys) under the same limits as ``loads_strict``."""
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise error(f"{what} is larger than {MAX_DOCUMENT_BYTES >> 20} MB")
+    try:
+        data = tomllib.loads(text)
+    except RecursionError:
+        raise error(f"{what} is nested more than {MAX_DEPTH} levels deep") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{what} is not valid TOML: {exc}") from None
+    except ValueError:  # Python's int conversion limit (4300 digits), raised through tomllib
+        raise error(f"{what}: an integer has more than {MAX_INT_DIGITS} digits") from None
+    _check_tree(data, what, error)
+    return data
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _Refused(f"key {key!r} appears twice in one object (JSON readers would keep the last one silently)")
+        data[key] = value
+    return data
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Refused(f"an integer has {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _check_tree(data: Any, what: str, error: type[Exception]) -> None:
+    """Depth, integer size and NaN, naming the field (``normalization.mean[2]``) of the first offender. Scalars are
+    looked at in place (a normaliser's long lists stay cheap); only containers go on the stack."""
+    limit = 10**MAX_INT_DIGITS
+    root = (data, "", 0) if isinstance(data, dict | list) else ({"the document": data}, "", -1)
+    stack: list[tuple[Any, str, int]] = [root]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth >= MAX_DEPTH:
+            raise error(f"{what} is nested more than {MAX_DEPTH} levels deep")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        children = []
+        for key, item in items:
+            if isinstance(item, dict | list):
+                children.append((item, _sub(where, key, value), depth + 1))
+            elif isinstance(item, float):
+                if item != item:  # NaN
+                    raise error(f"{what}: {_sub(where, key, value)} is NaN; no field takes NaN")
+            elif isinstance(item, int) and not isinstance(item, bool) and not -limit < item < limit:
+                raise error(f"{what}: {_sub(where, key, value)} is an integer of more than {MAX_INT_DIGITS} digits")
+        stack.extend(reversed(children))  # popped in document order
+
+
+def _sub(where: str, key: Any, container: Any) -> str:
+    if isinstance(container, list):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else str(key)
 
 
 @contextlib.contextmanager

@@ -2,10 +2,14 @@
 
 The deploy box installs NumPy and Gymnasium only, so this is a small validator for the part of JSON Schema
 (draft 2020-12) the shipped schemas use: ``type``, ``const``, ``enum``, ``required``, ``properties``,
-``additionalProperties``, ``items``, ``minItems``, ``minLength``, ``minimum``, ``pattern``, ``minProperties``,
-``dependentRequired``, ``allOf``, ``oneOf``, ``if``/``then`` and local ``$ref``. A keyword outside that set is a
-``SchemaError`` when the schema is loaded, never silently ignored. The test suite checks that this validator and
-the reference implementation (``jsonschema``) agree on the shipped schema.
+``additionalProperties``, ``items``, ``minItems``, ``maxItems``, ``minLength``, ``minimum``, ``maximum``,
+``exclusiveMinimum``, ``pattern``, ``minProperties``, ``dependentRequired``, ``allOf``, ``oneOf``, ``if``/``then``
+and local ``$ref``. A keyword outside that set is a ``SchemaError`` when the schema is loaded, never silently
+ignored. The test suite checks that this validator and the reference implementation (``jsonschema``) agree on the
+shipped schema.
+
+``partial=True`` checks a document written before its schema existed (a schema-version-1 manifest): every field it
+holds against its type and range, without the fields the schema requires or the ones it does not know.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from typing import Any
 MANIFEST_SCHEMA = Path(__file__).with_name("manifest.schema.json")
 _ANNOTATIONS = {"$schema", "$id", "$defs", "title", "description", "default"}
 _KEYWORDS = {
-    "type", "const", "enum", "required", "properties", "additionalProperties", "items", "minItems", "minLength",
-    "minimum", "pattern", "minProperties", "dependentRequired", "allOf", "oneOf", "if", "then", "$ref",
+    "type", "const", "enum", "required", "properties", "additionalProperties", "items", "minItems", "maxItems",
+    "minLength", "minimum", "maximum", "exclusiveMinimum", "pattern", "minProperties", "dependentRequired", "allOf",
+    "oneOf", "if", "then", "$ref",
 }  # fmt: skip
+# Leaving these out is what ``partial`` means: which fields must be there, and which may not.
+_STRUCTURE = ("required", "additionalProperties", "minProperties", "dependentRequired")
 
 
 class SchemaError(ValueError):
@@ -36,9 +43,35 @@ def load_schema(path: Path = MANIFEST_SCHEMA) -> dict[str, Any]:
     return schema
 
 
-def errors(instance: Any, schema: Mapping[str, Any]) -> list[str]:
-    """Every violation as ``"<field path>: <what is wrong>"``, in document order (empty when valid)."""
+def errors(instance: Any, schema: Mapping[str, Any], partial: bool = False) -> list[str]:
+    """Every violation as ``"<field path>: <what is wrong>"``, in document order (empty when valid). ``partial``:
+    only the types and ranges of the fields ``instance`` holds (a document older than the schema)."""
+    if partial:
+        schema = _without_structure(schema)
     return list(_errors(instance, schema, schema, ""))
+
+
+@functools.cache
+def _partial_cached(text: str) -> dict[str, Any]:
+    return _strip(json.loads(text))
+
+
+def _without_structure(schema: Mapping[str, Any]) -> dict[str, Any]:
+    return _partial_cached(json.dumps(schema, sort_keys=True))
+
+
+def _strip(node: Any) -> Any:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key in _STRUCTURE and not (key == "additionalProperties" and isinstance(value, dict)):
+                continue
+            # properties/$defs map names to schemas: their keys are names, not keywords
+            out[key] = {k: _strip(v) for k, v in value.items()} if key in ("properties", "$defs") else _strip(value)
+        return out
+    if isinstance(node, list):
+        return [_strip(v) for v in node]
+    return node
 
 
 def optional_defaults(instance: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, str]:
@@ -112,11 +145,18 @@ def _errors(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path
             yield f"{_field(path)}: must not be empty"
         if "pattern" in schema and not re.search(schema["pattern"], value):
             yield f"{_field(path)}: {value[:80]!r} does not match {schema['pattern']}"
-    if _TYPES["number"](value) and "minimum" in schema and value < schema["minimum"]:
-        yield f"{_field(path)}: must be >= {schema['minimum']}, got {value}"
+    if _TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            yield f"{_field(path)}: must be >= {schema['minimum']}, got {value}"
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            yield f"{_field(path)}: must be > {schema['exclusiveMinimum']}, got {value}"
+        if "maximum" in schema and value > schema["maximum"]:
+            yield f"{_field(path)}: must be <= {schema['maximum']}, got {_number(value)}"
     if isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
             yield f"{_field(path)}: needs at least {schema['minItems']} item(s)"
+        if len(value) > schema.get("maxItems", len(value)):
+            yield f"{_field(path)}: has {len(value)} items, at most {schema['maxItems']}"
         if "items" in schema:
             for k, item in enumerate(value):
                 yield from _errors(item, schema["items"], root, f"{path}[{k}]")
@@ -126,7 +166,10 @@ def _errors(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], path
         yield from _errors(value, sub, root, path)
     if "oneOf" in schema:
         matching = sum(not errors_of(value, sub, root, path) for sub in schema["oneOf"])
-        if matching != 1:
+        forms = [_resolve(root, sub["$ref"]) if "$ref" in sub else sub for sub in schema["oneOf"]]
+        if matching == 0 and all("description" in form for form in forms):
+            yield f"{_field(path)}: {_describe(value)} is not {' or '.join(form['description'] for form in forms)}"
+        elif matching != 1:
             yield f"{_field(path)}: {_describe(value)} matches {matching} of the allowed forms, not exactly one"
     if "if" in schema and not errors_of(value, schema["if"], root, path) and "then" in schema:
         yield from _errors(value, schema["then"], root, path)
@@ -157,6 +200,12 @@ def _object_errors(value: dict, schema: Mapping[str, Any], root: Mapping[str, An
             yield f"{prefix}{key}: unknown field (known: {', '.join(properties)})"
         elif isinstance(extra, dict):
             yield from _errors(item, extra, root, f"{prefix}{key}")
+
+
+def _number(value: float) -> str:
+    """A number as a short text (a 40-digit integer in scientific notation)."""
+    text = str(value)
+    return text if len(text) <= 20 else f"{float(value):.3e}"
 
 
 def _describe(value: Any) -> str:

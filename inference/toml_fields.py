@@ -16,6 +16,13 @@ class ContractError(ValueError):
 Numbers = tuple[float, ...]
 # Input dtypes a contract may declare: what MindIR, ONNX, Lite's .ms and the runner all carry.
 DTYPES = ("float32", "uint8", "int32", "int64")
+# Shapes a contract may declare (one row, without the batch dim); the manifest schema's "dim" says the same. Far
+# above any policy's observation (a 1080p RGB frame is 6.2M values), and small enough that a shape like [10**12] is
+# refused before anything is sized from it.
+MAX_DIM = 1 << 20
+MAX_RANK = 7  # besides the batch dim: a manifest's tensor shapes have at most 8
+MAX_ROW_ELEMENTS = 1 << 24
+FLOAT32_MAX = 3.4028234663852886e38  # numbers a contract declares enter float32 graphs and arrays
 
 
 def get_table(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -34,7 +41,7 @@ def check_known(table: Mapping[str, Any], allowed: Sequence[str], where: str) ->
 def get_str(table: Mapping[str, Any], key: str, default: str | None = None) -> str | None:
     value = table.get(key, default)
     if value is not None and not isinstance(value, str):
-        raise ContractError(f"{key} must be a string, got {value!r}")
+        raise ContractError(f"{key} must be a string, got {_short(value)}")
     return value
 
 
@@ -45,13 +52,13 @@ def get_names(table: Mapping[str, Any], key: str) -> str | tuple[str, ...] | Non
         return value
     if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
         return value[0] if len(value) == 1 else tuple(value)
-    raise ContractError(f"{key} must be an output name or a list of output names (one per head), got {value!r}")
+    raise ContractError(f"{key} must be an output name or a list of output names (one per head), got {_short(value)}")
 
 
 def get_bool(table: Mapping[str, Any], key: str) -> bool:
     value = table.get(key, False)
     if not isinstance(value, bool):
-        raise ContractError(f"{key} must be true or false, got {value!r}")
+        raise ContractError(f"{key} must be true or false, got {_short(value)}")
     return value
 
 
@@ -62,7 +69,9 @@ def get_numbers(table: Mapping[str, Any], key: str) -> Numbers | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list) or not value or not all(is_number(v) for v in value):
-        raise ContractError(f"{key} must be a list of finite numbers, got {value!r}")
+        raise ContractError(f"{key} must be a list of finite numbers, got {_short(value)}")
+    if any(abs(v) > FLOAT32_MAX for v in value):
+        raise ContractError(f"{key} holds a number beyond float32's range (±{FLOAT32_MAX:.4g}): {_short(value)}")
     return tuple(float(v) for v in value)
 
 
@@ -78,12 +87,33 @@ def is_number(v: Any) -> bool:
 def get_shape(value: Any, where: str) -> tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(d, int) and d > 0 for d in value):
-        raise ContractError(f"{where} must be a shape without the batch dim, e.g. [3], got {value!r}")
+    if not isinstance(value, list) or not value or not all(_is_int(d) and d > 0 for d in value):
+        raise ContractError(f"{where} must be a shape without the batch dim, e.g. [3], got {_short(value)}")
+    check_shape(tuple(value), where)
     return tuple(value)
+
+
+def check_shape(shape: tuple[int, ...], where: str) -> None:
+    """A row's shape within ``MAX_RANK`` dims of at most ``MAX_DIM``, ``MAX_ROW_ELEMENTS`` values in all."""
+    if len(shape) > MAX_RANK:
+        raise ContractError(f"{where} has {len(shape)} dimensions besides the batch, at most {MAX_RANK}")
+    if not all(_is_int(d) and 0 < d <= MAX_DIM for d in shape):
+        raise ContractError(f"{where}: every dimension must be 1..{MAX_DIM:,}, got {_short(list(shape))}")
+    if math.prod(shape) > MAX_ROW_ELEMENTS:
+        raise ContractError(f"{where} {list(shape)} holds {math.prod(shape):,} values per row, at most "
+                            f"{MAX_ROW_ELEMENTS:,}")  # fmt: skip
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def get_dtype(value: Any, where: str) -> str:
     if value not in DTYPES:
-        raise ContractError(f"{where} must be one of {', '.join(DTYPES)}, got {value!r}")
+        raise ContractError(f"{where} must be one of {', '.join(DTYPES)}, got {_short(value)}")
     return value

@@ -22,12 +22,22 @@ from typing import Any
 
 import numpy as np
 
+from inference.errors import INTERRUPTS
+
 # Silence WARNING-level glog lines (e.g. nn.Adam's FusedSparseAdam deprecation) before the import.
 os.environ.setdefault("GLOG_v", "3")
 
-import mindspore as ms  # noqa: E402
-from mindspore import nn  # noqa: E402
-from mindspore.graph import api as _graph_api  # noqa: E402  (private: the compiled-call fast path below)
+# MindSpore's import (~1 s) runs module code while its C++ runtime starts. A KeyboardInterrupt raised in the middle
+# leaves the package half-initialised, and at exit MindSpore's C++ exit hook imports parts of it again, fails, and
+# aborts the interpreter ("Fatal Python error: PyThreadState_Get: ... the GIL is released", exit -6). So a Ctrl-C
+# or SIGTERM (the CLIs' handler, ``inference.errors.Interrupts``) arriving during the import is only noted, and
+# raised once the import is complete: exit 130 with the usual line. The CLIs import this module before any other
+# module imports MindSpore.
+with INTERRUPTS.deferred():
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.graph import api as _graph_api  # private: the compiled-call fast path below
+INTERRUPTS.check()
 
 DEVICES = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 _configured: dict[str, object] = {}

@@ -12,6 +12,7 @@ marked in the manifest; nothing is written when no format of a graph passed), 2 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from msrl_consistency.artifacts.bundle import ExportOptions, describe
+    from msrl_consistency import compat  # noqa: F401 - first: MindSpore's import, held safe from Ctrl-C there
+    from msrl_consistency.artifacts.bundle import ExportCheckFailed, ExportOptions, describe
 
     options = ExportOptions(
         precision=args.precision,
@@ -63,14 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         args.ckpt = rd.checkpoint_path(args.ckpt)
     if args.contract is not None and not args.contract.is_file():
         raise UsageError(f"file not found: {args.contract}")
-    from msrl_consistency.artifacts.bundle import ExportCheckFailed
-
     try:
         bundle = _export(args, options)
-    except ExportCheckFailed as exc:
+    except ExportCheckFailed as exc:  # export's verdict: exit 1 with the failure
         if exc.bundle is not None:  # written, with the format that failed marked: show what is there
             print(describe(exc.bundle))
-        raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(describe(bundle))
     return 0
 
@@ -93,6 +94,4 @@ def _export(args: argparse.Namespace, options: ExportOptions) -> Bundle:
 
 
 if __name__ == "__main__":
-    from msrl_consistency.artifacts.bundle import ExportCheckFailed
-
-    run_cli(main, verdicts=(ExportCheckFailed,))
+    run_cli(main)

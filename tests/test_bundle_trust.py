@@ -44,6 +44,25 @@ def broken_manifests(manifest: dict) -> dict[str, dict]:
     out["sha256 not hex"] = json.loads(json.dumps(manifest))
     out["sha256 not hex"]["graphs"]["policy"]["files"]["mindir"]["sha256"] = "xyz"
     out["unknown field"] = {**manifest, "extra": 1}
+    ranges = {  # every number range-checked: the same verdict from both validators
+        "negative var": (("normalization", "var", 0), -1.0),
+        "mean beyond float32": (("normalization", "mean", 0), 1e39),
+        "clip 0": (("normalization", "clip"), 0),
+        "obs dim 2**21": (("policy_spec", "obs_dim"), 2**21),
+        "hidden 10**9": (("policy_spec", "hidden_sizes", 0), 10**9),
+        "seed 2**64": (("seeds", "self_check"), 2**64),
+        "tensor dim 0": (("graphs", "policy", "inputs", 0, "shape", 1), 0),
+        "tensor dim -2": (("graphs", "policy", "inputs", 0, "shape", 1), -2),
+        "tensor dim 10**12": (("graphs", "policy", "inputs", 0, "shape", 1), 10**12),
+        "tensor 9 dims": (("graphs", "policy", "inputs", 0, "shape"), [-1] + [1] * 8),
+        "file bytes 2**63": (("graphs", "policy", "files", "mindir", "bytes"), 2**63),
+    }
+    for name, (path, value) in ranges.items():
+        out[name] = json.loads(json.dumps(manifest))
+        node = out[name]
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
     return out
 
 

@@ -145,7 +145,11 @@ def test_schema_v1_bundles_still_load(cartpole_bundle, tmp_path):
     (old / "manifest.json").write_text(json.dumps(manifest))
     bundle = load_bundle(old)
     assert {g: bundle.contract(g) for g in bundle.graphs} == {g: cartpole_bundle.contract(g) for g in bundle.graphs}
-    manifest["policy_spec"] = None
+    manifest["policy_spec"] = None  # v1 manifests are checked against the schema's types too
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="field policy_spec: expected object, got null"):
+        load_bundle(old)
+    del manifest["policy_spec"]
     (old / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match="no usable policy contract"):
         load_bundle(old)

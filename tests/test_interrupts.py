@@ -72,3 +72,54 @@ def test_a_scheduler_sigterm_is_a_graceful_stop_too(cartpole_bundle, cartpole_ck
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written: no --out, no temp dir
+
+
+INTERRUPTED = "interrupted; temporary files removed, nothing half-written left behind"
+
+
+def _importing_mindspore(pid: int) -> bool:
+    """MindSpore's C++ core is mapped into the process: its import has started (~1 s of it remains)."""
+    try:
+        return "_c_expression" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see MindSpore's import start")
+def test_a_signal_while_mindspore_imports_exits_130_with_one_line(cartpole_bundle, cartpole_ckpt, tmp_path):
+    """A Ctrl-C or SIGTERM during MindSpore's import used to land inside it and abort the interpreter at exit ("Fatal
+    Python error ... the GIL is released", -6); each signal is sent at several points of the import."""
+    commands = {
+        "verify": ("msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
+                   "--observations", "100", "--episodes", "1"),
+        "export": ("msrl_consistency.export", "--ckpt", str(cartpole_ckpt), "--formats", "mindir"),
+    }  # fmt: skip
+    cases = [("verify", signal.SIGINT, d) for d in (0.0, 0.3, 0.6)]
+    cases += [("verify", signal.SIGTERM, d) for d in (0.0, 0.4)] + [("export", signal.SIGINT, 0.2)]
+    for k, (command, sig, delay) in enumerate(cases):
+        out = tmp_path / f"out{k}"
+        proc = start(*commands[command], "--out", str(out / "target"))
+        wait_for(lambda: _importing_mindspore(proc.pid) or proc.poll() is not None, timeout=60)  # noqa: B023
+        time.sleep(delay)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=120)
+        case = f"{command} {sig.name} {delay} s into the import: rc {proc.returncode}\n{stderr[-3000:]}"
+        assert proc.returncode == 130, case
+        assert stderr.strip().splitlines() == [INTERRUPTED], case
+        assert not out.exists(), case
+
+
+def test_deferred_blocks_nest():
+    """Leaving an inner ``deferred()`` (MindSpore's import inside a training iteration) keeps the outer deferral."""
+    from inference.errors import Interrupts
+
+    interrupts = Interrupts()
+    with interrupts.deferred():
+        with interrupts.deferred():
+            pass
+        interrupts._handle(signal.SIGINT, None)  # deferred: noted, not raised
+        assert interrupts.requested
+        interrupts.check()  # still deferred: no raise
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.check()

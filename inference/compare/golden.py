@@ -10,6 +10,11 @@ Layout (v3): ``obs`` (rows of the contract's ``obs_dtype``: a structured array f
 between its two best scores, the magnitudes of those two scores and the row's largest, ``contract.top2_margin``)
 and ``meta`` (JSON: format, version, env, seed, episodes, manifest_sha256). v2 files (``top2`` as margin and
 scale) and v1 files (two fixed graphs) still load.
+
+Every version records the sha256 of the manifest it was recorded from, and a golden file is compared only with
+that bundle: one from another bundle of the same env is refused (exit 2), as it would otherwise fail the check as
+"weights or layers differ". A golden file recorded from a MindIR outside a bundle has no manifest to hash
+(``null``): it still loads, with a warning in the report that its origin cannot be checked.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from inference.compare.feeds import Feeds
 from inference.compare.localize import LayerPlan, RecordedLayers
 from inference.compare.reference import Reference
 from inference.errors import UsageError
+from inference.files import loads_strict
 
 GOLDEN_FORMAT = "msrl-consistency/golden"
 GOLDEN_VERSION = 3
@@ -75,9 +81,12 @@ def read_golden(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-        meta = json.loads(str(arrays.pop("meta")))
+        text = str(arrays.pop("meta"))
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"{path} is not a golden file written by verify --save-golden ({exc})") from None
+    meta = loads_strict(text, f"golden file {path}: its meta", UsageError)
+    if not isinstance(meta, dict):
+        raise UsageError(f"{path} is not a golden file written by verify --save-golden (its meta is not an object)")
     if "version" not in meta:  # v1: fixed graph names and a single env id
         arrays = _upgrade_v1(arrays)
         meta = {**meta, "env": meta.get("env_id"), "version": 1}
@@ -85,7 +94,10 @@ def read_golden(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 
 def load_golden(path: Path, bundle: Bundle) -> Reference:
+    """The reference a golden file recorded, for ``bundle``: UsageError (exit 2) for a golden file recorded from
+    another bundle (its manifest's sha256 is not this bundle's), or one that lacks a graph of the bundle."""
     meta, arrays = read_golden(path)
+    unchecked = golden_origin(meta, path, bundle)
     missing = [g for g in bundle.graphs if not any(k.startswith(f"out/{g}/") for k in arrays)]
     if missing:
         raise UsageError(f"golden file {path.name} has no outputs for graph(s) {missing} of bundle {bundle.root}")
@@ -106,7 +118,23 @@ def load_golden(path: Path, bundle: Bundle) -> Reference:
     return Reference(
         feeds, outputs, traces, episode_noise, int(meta["seed"]), int(meta["episodes"]),
         origin=f"golden:{path.name}", skipped_episodes=meta.get("skipped_episodes"), top2=top2,
+        origin_unchecked=unchecked,
     )  # fmt: skip
+
+
+def golden_origin(meta: dict[str, Any], path: Path, bundle: Bundle) -> str | None:
+    """``UsageError`` naming both hashes when the golden file was recorded from another bundle; why its origin
+    cannot be checked when it records no manifest hash (a MindIR outside a bundle); None when it is this bundle's."""
+    recorded = meta.get("manifest_sha256")
+    manifest = bundle.root / "manifest.json"
+    if recorded is None:
+        return (f"golden file {path.name} records no manifest hash (it was recorded from a model outside a bundle): "
+                f"that it belongs to {bundle.root} is not checked")  # fmt: skip
+    mine = sha256_file(manifest)
+    if recorded != mine:
+        raise UsageError(f"golden file {path} was recorded from another bundle (manifest sha256 "
+                         f"{str(recorded)[:12]}…), not {bundle.root} ({mine[:12]}…)")  # fmt: skip
+    return None
 
 
 def _upgrade_v1(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -130,5 +158,5 @@ def golden_layers(path: Path, bundle: Bundle, device: str = "cpu") -> RecordedLa
     count = lambda prefix: sum(k.startswith(prefix) for k in arrays)  # noqa: E731
     inputs = [arrays[f"layers/input/{k}"] for k in range(count("layers/input/"))]
     outputs = [arrays[f"layers/output/{k}"] for k in range(count("layers/output/"))]
-    plan = LayerPlan.from_dict(json.loads(str(arrays["layers/plan"])))
+    plan = LayerPlan.from_dict(loads_strict(str(arrays["layers/plan"]), f"golden file {path}: its layers", UsageError))
     return RecordedLayers(str(arrays["layers/graph"]), plan, arrays["layers/rows"], inputs, outputs, bundle, device)

@@ -43,6 +43,7 @@ class Reference:
     episodes_by: str = REFERENCE  # the runner that played the reference episodes
     repeat_differs: dict[str, list[str]] = field(default_factory=dict)  # graph -> outputs that changed on a re-run
     input_scaled: dict[float, np.ndarray] = field(default_factory=dict)  # k -> decision output on obs x k
+    origin_unchecked: str | None = None  # a golden file whose bundle cannot be checked: why (a warning in the report)
 
 
 def build_reference(

@@ -7,6 +7,7 @@ File format: ``{"schema": "msrl-consistency/baseline", "metrics": {"<runtime>/<c
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +33,19 @@ def collect_metrics(result: VerifyResult) -> dict[str, float]:
 
 def save_baseline(path: Path, result: VerifyResult, margin_abs: float = 1e-6, margin_rel: float = 0.5) -> None:
     metrics = {
-        k: {"value": v, "margin_abs": margin_abs, "margin_rel": margin_rel} for k, v in collect_metrics(result).items()
+        k: {"value": v, "margin_abs": margin_abs, "margin_rel": margin_rel}
+        for k, v in collect_metrics(result).items()
+        if not math.isnan(v)  # nothing exceeds NaN: such a metric would track nothing (and baselines refuse NaN)
     }
     write_json_atomic(path, {"schema": BASELINE_SCHEMA, "metrics": metrics})
 
 
 def check_baseline(path: Path, result: VerifyResult) -> Check:
     data: dict[str, Any] = read_document(path, "baseline", UsageError)
-    if data.get("schema") != BASELINE_SCHEMA:
-        raise UsageError(f"{path} is not a baseline file (schema {data.get('schema')!r})")
+    if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        raise UsageError(f"{path} is not a baseline file (schema {schema!r})")
+    _check_metrics(path, data.get("metrics"))
     current = collect_metrics(result)
     regressions = []
     for key, spec in data["metrics"].items():
@@ -55,3 +60,18 @@ def check_baseline(path: Path, result: VerifyResult) -> Check:
         if regressions else f"{compared} metrics within their baseline margins"
     )  # fmt: skip
     return Check("baseline", "baseline", "fail" if regressions else "pass", summary, {"regressions": regressions})
+
+
+def _check_metrics(path: Path, metrics: Any) -> None:
+    """Every stored metric is ``{"value": number, "margin_abs": >= 0, "margin_rel": >= 0}``, or one line says which
+    is not."""
+    if not isinstance(metrics, dict):
+        raise UsageError(f"baseline {path}: metrics must be an object of metric name -> {{value, margins}}")
+    number = lambda v: isinstance(v, int | float) and not isinstance(v, bool)  # noqa: E731
+    for key, spec in metrics.items():
+        if not isinstance(spec, dict) or not number(spec.get("value")):
+            raise UsageError(f"baseline {path}: metric {key!r} has no number value")
+        for margin in ("margin_abs", "margin_rel"):
+            value = spec.get(margin, 0.0)
+            if not number(value) or not 0 <= value < math.inf:
+                raise UsageError(f"baseline {path}: metric {key!r}: {margin} must be a finite number >= 0, got {value}")

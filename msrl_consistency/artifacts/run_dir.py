@@ -85,8 +85,9 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"{run_dir} is not a run directory (no {RUN_JSON})")
     data = read_document(path, "run record", UsageError)
-    if data.get("schema") != RUN_SCHEMA:
-        raise UsageError(f"{path}: unsupported run schema {data.get('schema')!r} (expected {RUN_SCHEMA})")
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != RUN_SCHEMA:
+        raise UsageError(f"{path}: unsupported run schema {schema!r} (expected {RUN_SCHEMA})")
     return data
 
 
