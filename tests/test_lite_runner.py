@@ -239,7 +239,7 @@ def test_the_runner_runs_the_graph_on_its_serving_thread(mlp: Mlp, monkeypatch: 
                 r.infer(obs)
             used[inline] = _actor_threads_cpu_ns(r.pid) - before
             said[inline] = r.inline_stats()
-    # 2,000 graphs: well under 1 ms on Lite's thread, against at least a microsecond each (tens of ms, less on a fast CPU)
+    # 2,000 graphs: well under 1 ms on Lite's thread, against at least a microsecond each (tens of ms on a slow CPU)
     assert used["1"] < 1e6 and used["0"] > 2e6, used
     # and the runner says so of its model: every call on its serving thread, or none
     assert said == {"1": {"calls": 2001, "inline_calls": 2001, "requested": True},
