@@ -2,9 +2,10 @@
 
 ONNX Runtime (in-process) is the baseline measured in the same run; ratios are what to compare across
 machines. Two tables: the verify runtimes in this (MindSpore) process, where Lite runs in the runner process; and
-the deploy side, measured in a child process without MindSpore: ONNX Runtime's session, Lite in that process
-(``LiteModel.infer``, ``infer_into`` without an output copy, and ``infer_into`` with the graph left on Lite's actor
-thread, ``MSRL_LITE_INLINE=0``) and Lite through the runner process, called as a control loop calls them.
+the deploy side, measured in child processes without MindSpore: ONNX Runtime's session, Lite in that process
+(``LiteModel.infer``, ``infer_into`` without an output copy) and Lite through the runner process, called as a control
+loop calls them; and ``infer_into`` in a process started with ``MSRL_LITE_INLINE=0``, the graph on Lite's actor
+thread as such a process runs it (that thread pinned to the caller's CPU), against that process's own ONNX Runtime.
 Usage: ``python bench/inference_latency.py [--bundle DIR] [--ckpt RUN/checkpoint.ckpt]``
 (default: trains and exports a small CartPole-v1 policy into reports/bench/).
 """
@@ -85,19 +86,20 @@ import numpy as np
 import onnxruntime as ort
 from inference.lite_client import LiteRunner
 from inference.lite_inprocess import LiteModel
-onnx_path, ms_path, obs_path, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+onnx_path, ms_path, obs_path, calls, handoff = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 obs = np.load(obs_path)
 options = ort.SessionOptions()
 options.intra_op_num_threads = 1
 session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
 name = session.get_inputs()[0].name
-model, runner = LiteModel(ms_path), LiteRunner(ms_path)
-os.environ["MSRL_LITE_INLINE"] = "0"  # this model's graph runs on Lite's own actor thread, as Lite schedules it
-handoff = LiteModel(ms_path)
-calls_of = {"onnxruntime session": lambda x: session.run(None, {name: x}), "lite in this process": model.infer,
-            "lite in this process, infer_into": model.infer_into,
-            "lite in this process, infer_into, on Lite's actor thread": handoff.infer_into,
-            "lite runner process": runner.infer}
+model = LiteModel(ms_path)
+calls_of = {"onnxruntime session": lambda x: session.run(None, {name: x})}
+if handoff == "1":  # a process started with MSRL_LITE_INLINE=0: the graph on Lite's actor thread, as Lite runs it
+    calls_of["lite in this process, infer_into"] = model.infer_into
+else:
+    runner = LiteRunner(ms_path)
+    calls_of.update({"lite in this process": model.infer, "lite in this process, infer_into": model.infer_into,
+                     "lite runner process": runner.infer})
 rows = {}
 for label, infer in calls_of.items():
     for i in range(200):
@@ -112,21 +114,46 @@ for label, infer in calls_of.items():
         infer(obs[:256])
     rows[label] = {"p50_us": float(np.percentile(lat, 50) * 1e6), "p99_us": float(np.percentile(lat, 99) * 1e6),
                    "batch_obs_s": 256 * n / (time.perf_counter() - t)}
-assert model.runs_inline, "the in-process graph did not run on the calling thread"
-print(json.dumps(rows))
+actors = [t for t in os.listdir("/proc/self/task") if open(f"/proc/self/task/{t}/comm").read().startswith("Actor")]
+print(json.dumps({"rows": rows, "pid": os.getpid(), "MSRL_LITE_INLINE": os.environ.get("MSRL_LITE_INLINE"),
+                  "runs_inline": model.runs_inline,
+                  "actor_cpus": [sorted(os.sched_getaffinity(int(t))) for t in actors]}))
 """
+HANDOFF = "MSRL_LITE_INLINE=0 process"
 
 
 def deploy_side(bundle: Bundle, obs: np.ndarray, calls: int, out: Path) -> dict:
-    """The deploy side's calls, measured in a child process without MindSpore (see the module docstring)."""
+    """The deploy side's calls, measured in child processes without MindSpore (see the module docstring): one as
+    this build runs by default, and one started with ``MSRL_LITE_INLINE=0`` (Lite's hand-off, its actor thread pinned
+    to the caller's CPU as in any such process), each with its own ONNX Runtime baseline."""
     import json
+    import os
 
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "latency_obs.npy", obs)
     args = [str(bundle.file("policy", "onnx")), str(bundle.file("policy", "ms")), str(out / "latency_obs.npy")]
-    proc = subprocess.run([sys.executable, "-c", DEPLOY_SIDE, *args, str(calls)], capture_output=True, text=True,
-                          check=True)  # fmt: skip
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = {}
+    for handoff in (False, True):
+        env = {k: v for k, v in os.environ.items() if k != "MSRL_LITE_INLINE"}
+        if handoff:
+            env["MSRL_LITE_INLINE"] = "0"
+        proc = subprocess.run([sys.executable, "-c", DEPLOY_SIDE, *args, str(calls), str(int(handoff))],
+                              capture_output=True, text=True, check=True, env=env)  # fmt: skip
+        result[HANDOFF if handoff else "default"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def deploy_table(deploy: dict) -> list[str]:
+    """The deploy side's rows, each against the ONNX Runtime session of its own process."""
+    lines = ["| process | call | single p50 (µs) | single p99 (µs) | p50 / ORT | p99 / ORT | batch-256 obs/s | "
+             "batch / ORT |", "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for process, child in deploy.items():
+        base = child["rows"]["onnxruntime session"]
+        for name, r in child["rows"].items():
+            lines.append(f"| {process} | {name} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | "
+                         f"{r['p50_us'] / base['p50_us']:.2f}x | {r['p99_us'] / base['p99_us']:.2f}x | "
+                         f"{r['batch_obs_s']:,.0f} | {r['batch_obs_s'] / base['batch_obs_s']:.2f}x |")  # fmt: skip
+    return lines
 
 
 def main() -> None:
@@ -156,16 +183,10 @@ def main() -> None:
         print(f"| {name} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['p50_us'] / base['p50_us']:.1f}x | "
               f"{r['batch_obs_s']:,.0f} | {r['batch_obs_s'] / base['batch_obs_s']:.2f}x |")  # fmt: skip
     deploy = deploy_side(bundle, obs, args.calls, args.out)
-    base = deploy["onnxruntime session"]
-    print("\nThe deploy side (a process without MindSpore), called as a control loop calls it; baseline the ONNX "
-          "Runtime session\n")
-    print("| call | single p50 (µs) | single p99 (µs) | p50 / baseline | p99 / baseline | batch-256 obs/s | "
-          "batch / baseline |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, r in deploy.items():
-        print(f"| {name} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['p50_us'] / base['p50_us']:.2f}x | "
-              f"{r['p99_us'] / base['p99_us']:.2f}x | {r['batch_obs_s']:,.0f} | "
-              f"{r['batch_obs_s'] / base['batch_obs_s']:.2f}x |")  # fmt: skip
+    inline = {process: child["runs_inline"] for process, child in deploy.items()}
+    print("\nThe deploy side (processes without MindSpore), called as a control loop calls it; baseline the ONNX "
+          f"Runtime session of the same process; graph on the calling thread: {inline}\n")
+    print("\n".join(deploy_table(deploy)))
     if "lite" in rows:
         raw = measure_raw_lite(bundle, obs, args.calls)
         target = 50.0

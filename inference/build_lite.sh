@@ -3,7 +3,9 @@
 #   msrl-lite-runner       the inference server the Python client drives (shipped; no fault hooks)
 #   msrl-lite-runner-test  the same server plus the fault-injection hook, for the test suite only
 #   msrl-lite-convert      the ONNX -> .ms converter (only where the SDK ships the converter library)
-#   msrl-lite-runner.json  the SDK's version, where it was read from, and which MindIR versions it loads
+#   libmsrl-lite.so, libmsrl-lite-inline.so  Lite in the calling process (inference/lite_inprocess.py)
+#   msrl-lite-runner.json  the SDK's version, where it was read from, which MindIR versions it loads, and whether
+#                          graphs run on the calling thread by default (INLINE_TESTED below)
 #
 # Usage (from anywhere):
 #   bash inference/build_lite.sh                                  # PyPI mindspore-lite 2.0.0 wheel -> .lite/
@@ -19,6 +21,10 @@
 set -euo pipefail
 
 LITE_WHEEL_VERSION=2.0.0
+# The Lite builds ("VERSION ARCH") on which running Lite's graph on the calling thread (inference/runner/inline_run.h)
+# was tested, bitwise against Lite's own hand-off to its actor thread: inline runs are on by default for these only.
+# Elsewhere they are off unless MSRL_LITE_INLINE=1 (python -m inference.doctor BUNDLE compares the two ways).
+INLINE_TESTED=("2.0.0 x86_64")
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
 ROOT="$(dirname "$HERE")"
 SRC="$HERE/runner"
@@ -177,9 +183,28 @@ elf_arch() {
 }
 SDK_ARCH=$(elf_arch "$(readlink -f "$LIB/$RTLIB")")
 
+# Inline runs by default: only on a tested build (INLINE_TESTED); compiled in, so the runner and libmsrl-lite.so obey
+# the same answer, and recorded with its reason.
+INLINE_DEFAULT=false
+tested="" tested_json=""
+for pair in "${INLINE_TESTED[@]}"; do
+    tested+="${tested:+, }$pair"
+    tested_json+="${tested_json:+, }$(json_str "$pair")"
+done
+INLINE_WHY="Lite $VERSION on $SDK_ARCH is not a build inline runs were tested on ($tested): graphs run on Lite's \
+actor thread unless MSRL_LITE_INLINE=1"
+for pair in "${INLINE_TESTED[@]}"; do
+    if [[ "$pair" == "$VERSION $SDK_ARCH" ]]; then
+        INLINE_DEFAULT=true
+        INLINE_WHY="Lite $VERSION on $SDK_ARCH: inline runs tested bitwise against Lite's hand-off; MSRL_LITE_INLINE=0 \
+turns them off"
+    fi
+done
+INLINE_JSON="{\"default\": $INLINE_DEFAULT, \"why\": $(json_str "$INLINE_WHY"), \"tested\": [$tested_json]}"
+
 if ((DETECT_ONLY)); then
-    printf '{"sdk": %s, "sdk_layout": "%s", "lite_version": %s, "lite_version_source": %s, "runtime_library": "%s", "arch": "%s"}\n' \
-        "$(json_str "$SDK")" "$LAYOUT" "$(json_str "$VERSION")" "$(json_str "$VSRC")" "$RTLIB" "$SDK_ARCH"
+    printf '{"sdk": %s, "sdk_layout": "%s", "lite_version": %s, "lite_version_source": %s, "runtime_library": "%s", "arch": "%s", "inline": %s}\n' \
+        "$(json_str "$SDK")" "$LAYOUT" "$(json_str "$VERSION")" "$(json_str "$VSRC")" "$RTLIB" "$SDK_ARCH" "$INLINE_JSON"
     exit 0
 fi
 
@@ -201,7 +226,7 @@ OUT="$(cd "$OUT" && pwd -P)"
 # ABI; reading it with the new one threw std::bad_alloc).
 if nm -D --defined-only "$LIB/$RTLIB" 2>/dev/null | grep -q __cxx11; then CXX_ABI=1; else CXX_ABI=0; fi
 CXXFLAGS=(-O2 -std=c++17 -Wall -fPIC -D_GLIBCXX_USE_CXX11_ABI=$CXX_ABI -I"$INC_ROOT" -I"$INC_ROOT/include"
-          -DMSRL_LITE_VERSION="\"$VERSION\"")
+          -DMSRL_LITE_VERSION="\"$VERSION\"" -DMSRL_LITE_INLINE_DEFAULT=$([[ $INLINE_DEFAULT == true ]] && echo 1 || echo 0))
 # -rpath-link resolves the runtime's own dependencies at link time; a DT_RPATH (not RUNPATH, which is not
 # inherited by those indirect dependencies) lets the binaries run without LD_LIBRARY_PATH.
 LDFLAGS=(-L"$LIB" -Wl,-rpath-link,"$LIB" -Wl,--disable-new-dtags -Wl,-rpath,"$LIB")
@@ -214,7 +239,7 @@ PUSH_SYMBOL=_ZN9mindspore15ActorThreadPool16PushActorToQueueEPNS_9ActorBaseE
 
 # Rebuild when the sources, the SDK, its version or the compiler changed (content hash, not timestamps).
 key=$( { cat "$SRC"/*.cc "$SRC"/*.h "$0"; [[ -f "$CONVERTER_SRC" ]] && cat "$CONVERTER_SRC";
-         echo "$SDK $VERSION $RTLIB $CXX $TARGET $RUNNER_ONLY $CXX_ABI"; } | sha256sum | cut -c1-16)
+         echo "$SDK $VERSION $SDK_ARCH $RTLIB $CXX $TARGET $RUNNER_ONLY $CXX_ABI $INLINE_DEFAULT"; } | sha256sum | cut -c1-16)
 
 compile() {  # output, libraries..., -- sources (.cc or objects)...
     local out=$1
@@ -315,9 +340,10 @@ cat >"$OUT/msrl-lite-runner.json" <<EOF
   "test_runner": "msrl-lite-runner-test",
   "library": "libmsrl-lite.so",
   "inline_library": "libmsrl-lite-inline.so",
+  "inline": $INLINE_JSON,
   "converter": $CONVERTER,
   "built": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 }
 EOF
 printf '%s\n' "$key" >"$OUT/.build-key"
-say "done: $OUT (Lite $VERSION, MindIR <= ${MAX_MINDIR/null/unknown})"
+say "done: $OUT (Lite $VERSION, MindIR <= ${MAX_MINDIR/null/unknown}, inline runs by default: $INLINE_DEFAULT)"

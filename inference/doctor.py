@@ -11,7 +11,9 @@ different float roundings). With a bundle, each pin of its manifest is checked a
   only guaranteed within one version);
 * ``--device ascend`` without CANN or a device: incompatible;
 * on the CPU, one seeded call of the deterministic graph's ``.ms`` through Lite in this process, as the deploy side
-  runs it: whether the graph ran on the calling thread, or pays Lite's hand-off to its actor thread on every call.
+  runs it: whether the graph ran on the calling thread, or pays Lite's hand-off to its actor thread on every call;
+  and every graph opened both ways (on the calling thread and handed off to Lite's actor thread) on the same seeded
+  rows: whether the answers are bitwise equal (a difference is a warning with the evidence).
 
 Exit codes: 0 compatible (warnings allowed), 1 an incompatible pair, 2 bad input (one ``error:`` line).
 """
@@ -33,10 +35,12 @@ from typing import Any
 
 from inference.bundle import Bundle, BundleError, load_bundle
 from inference.compare.feeds import seeded_feeds
+from inference.errors import run_cli
 from inference.lite_common import LiteRunnerError
-from inference.lite_inprocess import LiteModel, in_process_reason
+from inference.lite_inline_check import compare_inline
+from inference.lite_inprocess import LiteModel, in_process_reason, open_lite
 from inference.mindir import read_header
-from inference.sdk import RunnerInfo, runner_info
+from inference.sdk import RunnerInfo, choose_format, runner_info
 
 OK, WARN, INCOMPATIBLE, INFO = "ok", "warn", "incompatible", "info"
 ASCEND_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/latest")
@@ -51,6 +55,7 @@ class Check:
     here: str
     bundle: str
     detail: str
+    evidence: list[str] | None = None  # what a warning rests on, line by line (JSON only)
 
 
 # ---- this box ------------------------------------------------------------------------------------------------
@@ -164,6 +169,7 @@ def environment(info: RunnerInfo | None) -> dict[str, Any]:
             "sdk": info.record.get("sdk"),
             "max_mind_ir_version": info.max_mind_ir_version,
             "mind_ir_rule": info.mind_ir_rule,
+            "inline": info.record.get("inline"),
         },
         "cann": cann,
         "ascend_driver": driver,
@@ -228,6 +234,11 @@ def _route_checks(bundle: Bundle, graph: str, info: RunnerInfo | None) -> list[C
         ]
     elif not routes:
         routes.append(Check(graph, INCOMPATIBLE, here, "no .mindir or .ms", "nothing Lite can load"))
+    try:  # the one file rule inference.load, play, bench and check's lite runtime follow
+        fmt, why = choose_format(bundle, graph, "auto", info)
+        routes.append(Check(f"{graph} loads", INFO, here, f"{graph}.{fmt}", why))
+    except BundleError:
+        pass  # nothing Lite may load: said above
     return routes
 
 
@@ -298,13 +309,15 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
         )
     checks.append(device_check(env, info, device))
     if device == "cpu" and info is not None:
-        checks.append(in_process_check(bundle))
+        checks.append(in_process_check(bundle, info))
+        checks.append(inline_bits_check(bundle, info))
     return checks
 
 
-def in_process_check(bundle: Bundle) -> Check:
-    """One seeded call of the deterministic graph's ``.ms`` through Lite in this process: does the graph run on the
-    calling thread (``libmsrl-lite-inline.so``), or on Lite's actor thread, two thread wake-ups per call?"""
+def in_process_check(bundle: Bundle, info: RunnerInfo | None = None) -> Check:
+    """One seeded call of the deterministic graph through Lite in this process, on the file ``inference.load`` loads
+    (``Bundle.lite_format``): does the graph run on the calling thread (``libmsrl-lite-inline.so``), or on Lite's
+    actor thread, two thread wake-ups per call?"""
     name = "lite-in-process"
     why = in_process_reason()
     graph = bundle.mode_graph("deterministic")
@@ -313,20 +326,47 @@ def in_process_check(bundle: Bundle) -> Check:
     if graph is None:
         return Check(name, INFO, "-", "no graph", "the bundle has no deterministic graph to run")
     try:
-        path = bundle.file(graph, "ms")
-    except BundleError as exc:  # not exported, or failed at export (the route checks say so too)
-        return Check(name, INFO, "-", f"{graph}.ms", str(exc))
+        path = bundle.file(graph, choose_format(bundle, graph, "auto", info)[0])
+    except BundleError as exc:  # nothing Lite may load (the route checks say so too)
+        return Check(name, INFO, "-", graph, str(exc))
     try:
         with LiteModel(path) as model:
             model.infer(*seeded_feeds(bundle, 1, seed=0).graph_inputs(bundle, graph))
-            inline = model.runs_inline
+            inline, requested = model.runs_inline, model.inline_stats()["requested"]
     except (LiteRunnerError, ValueError) as exc:  # FeedError is a ValueError
-        return Check(name, WARN, "fails", f"{graph}.ms", f"{type(exc).__name__}: {exc}")
+        return Check(name, WARN, "fails", path.name, f"{type(exc).__name__}: {exc}")
     if inline:
-        return Check(name, OK, "on the calling thread", f"{graph}.ms", "one call ran on the caller's thread")
-    return Check(name, WARN, "on Lite's actor thread", f"{graph}.ms",
-                 "every call pays two thread wake-ups: MSRL_LITE_INLINE=0 is set, or this Lite's MindRT does not "
-                 "bind to libmsrl-lite-inline.so")  # fmt: skip
+        return Check(name, OK, "on the calling thread", path.name, "one call ran on the caller's thread")
+    why = ("this Lite's MindRT does not bind to libmsrl-lite-inline.so" if requested else
+           "inline runs are off: MSRL_LITE_INLINE=0, or this Lite build is not one they were tested on "
+           "(MSRL_LITE_INLINE=1 asks for them; lite-inline-vs-handoff shows whether they agree here)")  # fmt: skip
+    return Check(name, WARN, "on Lite's actor thread", path.name, f"every call pays two thread wake-ups: {why}")
+
+
+def inline_bits_check(bundle: Bundle, info: RunnerInfo) -> Check:
+    """Every graph opened both ways (inline and handed off to Lite's actor thread, whatever the default here), fed
+    the same seeded rows: the answers must be bitwise equal, and asking for inline runs must take."""
+    name = "lite-inline-vs-handoff"
+    files = {}
+    for graph in bundle.graphs:
+        try:
+            files[graph] = bundle.file(graph, choose_format(bundle, graph, "auto", info)[0])
+        except BundleError:  # nothing Lite may load: the route checks say why
+            continue
+    if not files:
+        return Check(name, INFO, "-", "no graph", "no graph has a file Lite may load")
+    where = "in this process" if in_process_reason() is None else "in the runner process"
+    loaded = ", ".join(p.name for p in files.values())
+    try:
+        result = compare_inline(bundle, files, lambda path, inline: open_lite(path, inline=inline))
+    except (LiteRunnerError, ValueError) as exc:  # FeedError is a ValueError
+        return Check(name, WARN, "fails", loaded, f"{type(exc).__name__}: {exc}")
+    if result.differences:
+        return Check(name, WARN, f"differ ({where})", loaded, result.summary(), result.differences)
+    if result.not_inline:
+        return Check(name, WARN, f"inline does not take ({where})", loaded,
+                     result.summary() + "; this Lite's MindRT does not bind to libmsrl-lite-inline.so")  # fmt: skip
+    return Check(name, OK, f"bitwise equal ({where})", loaded, result.summary())
 
 
 def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> Check:
@@ -350,6 +390,12 @@ def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> C
 # ---- output ------------------------------------------------------------------------------------------------
 
 
+def _inline_default(record: dict[str, Any] | None) -> str:
+    if not record:
+        return "inline runs: not recorded by the build (off unless MSRL_LITE_INLINE=1)"
+    return f"inline runs {'on' if record.get('default') else 'off'} by default ({record.get('why', '?')})"
+
+
 def render(env: dict[str, Any], checks: list[Check], bundle: Bundle | None) -> str:
     lite = env["lite"] or {}
     rows = [
@@ -361,7 +407,8 @@ def render(env: dict[str, Any], checks: list[Check], bundle: Bundle | None) -> s
         (
             "lite runner",
             f"{lite['runner']}: Lite {lite['lite_version']} (version from {lite.get('lite_version_source') or '?'}), "
-            f"loads MindIR <= v{lite['max_mind_ir_version'] if lite['max_mind_ir_version'] is not None else '?'}"
+            f"loads MindIR <= v{lite['max_mind_ir_version'] if lite['max_mind_ir_version'] is not None else '?'}, "
+            f"{_inline_default(lite.get('inline'))}"
             if lite
             else "not built (bash inference/build_lite.sh)",
         ),
@@ -414,5 +461,10 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if incompatible else 0
 
 
+def cli() -> None:
+    """``python -m inference.doctor`` and ``msrl-doctor``: any unexpected error is one line, exit 2."""
+    run_cli(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

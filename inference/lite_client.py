@@ -8,16 +8,18 @@ runs on a deploy box without any framework installed.
 Protocol (all integers little-endian), over the runner's stdin/stdout:
 
 * Handshake: after loading, the runner writes one JSON line, ``{"ok": true, "lite_version", "model",
-  "device", "max_rows", "inputs": [{"name", "dtype", "shape"}], "outputs": [...]}`` or ``{"ok": false, "kind":
+  "device", "max_rows", "inline", "inputs": [{"name", "dtype", "shape"}], "outputs": [...]}`` (``inline``: whether
+  it runs the graph on its serving thread, inference/runner/inline_run.h) or ``{"ok": false, "kind":
   "load"|"mindir_version"|"device"|"args"|"missing", "error"}`` and exits with 4/5/6/2/3 respectively
   (``mindir_version`` adds ``mind_ir_version`` and ``max_mind_ir_version``, both as Lite read them).
-* Request: ``u32 magic, u32 op`` (1 infer, 2 ping, 3 quit, 4 tap); infer and tap add ``u32 n_inputs`` and per
+* Request: ``u32 magic, u32 op`` (1 infer, 2 ping, 3 quit, 4 tap, 5 stats); infer and tap add ``u32 n_inputs`` and per
   input ``u32 dtype, u32 ndim, i64 dims[ndim], u64 nbytes, bytes``, in the model's input order.
 * Response: ``u32 magic, u32 status`` (0 ok, 1 bad request, 2 inference failure); if ok ``u32 n_outputs``
   and per output ``u32 name_len, name, u32 dtype, u32 ndim, i64 dims[ndim], u64 nbytes, bytes``, else
   ``u32 msg_len, msg``. Ping answers status 0 with no outputs; quit and EOF end the process with code 0. A tap
   answers ``u32 n_kernels`` and per kernel, in execution order, ``u32 name_len, name, u32 type_len, type, u32
-  n_outputs`` and its outputs framed as above (every kernel's outputs: layer localisation).
+  n_outputs`` and its outputs framed as above (every kernel's outputs: layer localisation). Stats answers ``u64
+  calls, u64 inline_calls, u32 inline``: the model's Predicts so far and how many ran on the serving thread.
 * Dtype codes: 0 float32, 1 float16, 2 int32, 3 int64, 4 uint8, 5 bool (one byte).
 * A request whose first dimension exceeds ``max_rows`` (``--max-rows``, default 65536) is refused with status 1
   and its payload skipped unbuffered: one huge batch would otherwise grow Lite's buffers for the runner's life.
@@ -62,7 +64,7 @@ from inference.lite_common import (
 from inference.tensors import FeedError, TensorMeta
 
 MAGIC = 0x4D534C52
-OP_INFER, OP_PING, OP_QUIT, OP_TAP = 1, 2, 3, 4
+OP_INFER, OP_PING, OP_QUIT, OP_TAP, OP_STATS = 1, 2, 3, 4, 5
 STATUS_OK, STATUS_BAD_REQUEST, STATUS_INFER_FAILED = 0, 1, 2
 _DTYPE_CODE = {dt: code for code, dt in enumerate(DTYPES)}
 _DTYPE_BY_NAME = {dt.name: dt for dt in DTYPES}
@@ -71,6 +73,7 @@ _U32 = struct.Struct("<I")
 _U32X2 = struct.Struct("<II")
 _U32X3 = struct.Struct("<III")
 _U64 = struct.Struct("<Q")
+_STATS = struct.Struct("<QQI")
 _PING = _U32X2.pack(MAGIC, OP_PING)
 _KERNEL_FAILED = re.compile(r"run kernel (?:PreProcess |Run )?failed, name: (\S+)")
 _LOG_SOURCE = re.compile(r"\[(?:\S*/)?([\w.]+\.cc):\d+\] (\w+)\] (.*)$")  # [path/prelu_fp32.cc:90] ReSize] msg
@@ -117,6 +120,8 @@ class LiteRunner:
     crashed the runner raises; the next request starts a fresh runner (logged as a warning), so a long-lived
     deploy loop survives one bad request. ``max_restarts`` bounds restarts in a row without a served request.
     ``max_rows`` caps the batch a request may carry (the runner refuses more, see the module docstring).
+    ``inline`` runs the graph on the runner's serving thread (True) or Lite's actor thread (False); None: as
+    ``MSRL_LITE_INLINE`` and the build's default say (inference/runner/inline_run.h).
     """
 
     def __init__(
@@ -131,6 +136,7 @@ class LiteRunner:
         load_timeout: float = 60.0,
         max_rows: int = DEFAULT_MAX_ROWS,
         max_restarts: int = 3,
+        inline: bool | None = None,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
@@ -139,6 +145,7 @@ class LiteRunner:
         self.load_timeout = load_timeout
         self.max_rows = max_rows
         self.max_restarts = max_restarts
+        self.inline = inline
         self._lock = threading.RLock()  # see _one_at_a_time
         self.restarts = 0  # runners started after the first, over this client's life
         self._restarts_in_a_row = 0
@@ -171,6 +178,7 @@ class LiteRunner:
         self._start()
         self.lite_version: str = self._hello["lite_version"]
         self.device: str = self._hello["device"]
+        self.inline_requested: bool = bool(self._hello.get("inline"))
         self.inputs = [self._meta(t) for t in self._hello["inputs"]]
         self.outputs = [self._meta(t) for t in self._hello["outputs"]]
         self._infer_head = _U32X3.pack(MAGIC, OP_INFER, len(self.inputs))
@@ -180,6 +188,8 @@ class LiteRunner:
         """Spawns the runner and reads its handshake; on failure nothing is left running."""
         env = dict(os.environ)
         env.setdefault("GLOG_v", "3")  # Lite logs warnings by default; keep the stderr log small
+        if self.inline is not None:
+            env["MSRL_LITE_INLINE"] = "1" if self.inline else "0"
         # A file, not a pipe: the runner can never block on a full stderr pipe nobody drains.
         self._stderr = tempfile.TemporaryFile(prefix="msrl-lite-runner-")  # noqa: SIM115 - closed in _discard
         self._buf = bytearray()
@@ -310,6 +320,23 @@ class LiteRunner:
         self._status(deadline)
         self._need(4, deadline)
         return time.perf_counter() - start
+
+    @_one_at_a_time
+    def inline_stats(self) -> dict[str, int | bool]:
+        """The runner's Predicts of this model so far, how many ran the graph on its serving thread, and whether it
+        was started to run inline (``requested``). A restarted runner counts from zero."""
+        self._alive()
+        self._send(_U32X2.pack(MAGIC, OP_STATS))
+        deadline = time.monotonic() + self.timeout
+        self._status(deadline)
+        calls, inline_calls, requested = _STATS.unpack_from(self._buf, self._need(_STATS.size, deadline))
+        return {"calls": calls, "inline_calls": inline_calls, "requested": bool(requested)}
+
+    @property
+    def runs_inline(self) -> bool:
+        """Whether this runner's graph runs on its serving thread: every call so far did (as ``LiteModel``'s)."""
+        stats = self.inline_stats()
+        return 0 < stats["calls"] == stats["inline_calls"]
 
     @_one_at_a_time
     def close(self) -> None:

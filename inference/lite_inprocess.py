@@ -2,13 +2,14 @@
 ``build_lite.sh``) through ``ctypes``.
 
 The deploy side's default: a control loop pays Lite's own compute, not a pipe and two process wake-ups per step
-(``LiteRunner``), and on the CPU the graph runs on the calling thread, not on Lite's actor thread
-(``libmsrl-lite-inline.so``, loaded first and RTLD_GLOBAL so that the dynamic linker binds Lite's plugins to it;
-see ``inference/runner/inline_run.h``). The runner process stays for a process that imports MindSpore (Lite 2.0.0
-and MindSpore 2.10 ship clashing ``libmindspore_core.so``) and for untrusted models (its watchdog kills a hung
-graph; in-process a hang is the caller's): ``open_lite`` chooses, ``MSRL_LITE_ISOLATE=1`` (the commands'
-``--isolate``) forces the runner. The same context options, load-failure classification and feed checks as the
-runner, so both give the same bits for the same graph and thread count.
+(``LiteRunner``), and on the CPU of a Lite build this was tested on the graph runs on the calling thread, not on
+Lite's actor thread (``libmsrl-lite-inline.so``, loaded first and RTLD_GLOBAL so that the dynamic linker binds Lite's
+plugins to it; see ``inference/runner/inline_run.h``; ``MSRL_LITE_INLINE=1``/``0`` or ``inline=`` choose).
+``runs_inline`` says, per model, whether its calls did. The runner process stays for a process that imports
+MindSpore (Lite 2.0.0 and MindSpore 2.10 ship clashing ``libmindspore_core.so``) and for untrusted models (its
+watchdog kills a hung graph; in-process a hang is the caller's): ``open_lite`` chooses, ``MSRL_LITE_ISOLATE=1``
+(the commands' ``--isolate``) forces the runner. The same context options, load-failure classification and feed
+checks as the runner, so both give the same bits for the same graph and thread count.
 
 Feeds are validated here before Lite sees them (count, dtype, rank, fixed dimensions, the row cap), once per input
 signature (shapes and dtypes): the call's arguments are then prepared once (``_Call``, one pointer per step), small
@@ -71,7 +72,7 @@ def open_lite(model_path: str | os.PathLike[str], **kwargs: Any) -> LiteModel | 
     """Lite on ``model_path``: in this process where it can run here, else in the runner process (which takes the
     runner's own options, ``timeout`` included)."""
     if in_process_reason() is None:
-        kwargs = {k: v for k, v in kwargs.items() if k in ("device", "device_id", "threads", "max_rows")}
+        kwargs = {k: v for k, v in kwargs.items() if k in ("device", "device_id", "threads", "max_rows", "inline")}
         return LiteModel(model_path, **kwargs)
     return LiteRunner(model_path, **kwargs)
 
@@ -84,10 +85,8 @@ class _Library:
     def __init__(self, path: Path) -> None:
         # Global, and before libmsrl-lite.so pulls in Lite: its symbols must be bound before Lite's plugins load.
         inline = ctypes.CDLL(str(path.with_name(INLINE_LIBRARY_NAME)), mode=ctypes.RTLD_GLOBAL)
-        inline.msrl_lite_inline_runs.restype = ctypes.c_uint64
         inline.msrl_lite_float_mode.restype = ctypes.c_uint32
         inline.msrl_lite_set_float_mode.argtypes = [ctypes.c_uint32]
-        self.inline_runs = inline.msrl_lite_inline_runs
         mode = inline.msrl_lite_float_mode()
         try:
             lib = ctypes.CDLL(str(path))
@@ -97,8 +96,10 @@ class _Library:
         p_i64, p_u64 = c.POINTER(c.c_int64), c.POINTER(c.c_uint64)
         lib.msrl_lite_version.restype = c.c_char_p
         lib.msrl_lite_open.restype = c.c_void_p
-        lib.msrl_lite_open.argtypes = [c.c_char_p, c.c_char_p, c.c_uint32, c.c_int, c.c_char_p, c.c_size_t,
+        lib.msrl_lite_open.argtypes = [c.c_char_p, c.c_char_p, c.c_uint32, c.c_int, c.c_int, c.c_char_p, c.c_size_t,
                                        c.c_char_p, c.c_size_t, p_i64]  # fmt: skip
+        lib.msrl_lite_inline_calls.argtypes = [c.c_void_p, p_u64]
+        lib.msrl_lite_inline_calls.restype = None
         lib.msrl_lite_count.argtypes = [c.c_void_p, c.c_int]
         lib.msrl_lite_describe.argtypes = [c.c_void_p, c.c_int, c.c_int, c.c_char_p, c.c_size_t,
                                            c.POINTER(c.c_int), p_i64]  # fmt: skip
@@ -108,6 +109,7 @@ class _Library:
         self.lib = lib
         self.predict = lib.msrl_lite_predict
         self.version = lib.msrl_lite_version().decode()
+        self.inline_default = bool(lib.msrl_lite_inline_default())
 
     @classmethod
     def get(cls) -> _Library:
@@ -198,11 +200,15 @@ class LiteModel:
         device_id: int = 0,
         threads: int = 1,
         max_rows: int = DEFAULT_MAX_ROWS,
+        inline: bool | None = None,
     ) -> None:
+        """``inline``: run the graph on the calling thread (True) or on Lite's actor thread (False); None as
+        ``MSRL_LITE_INLINE`` says, else this build's default (on for the Lite builds it was tested on)."""
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self._lib = _Library.get()
         self._handle: int | None = None
+        self._final_stats: dict[str, int | bool] = {"calls": 0, "inline_calls": 0, "requested": False}
         # One call at a time: Lite's model, the calls' feed buffers and infer_into's outputs are shared state.
         self._lock = threading.Lock()
         self.model_path = str(model_path)
@@ -212,8 +218,9 @@ class LiteModel:
         self.runner = library_path()
         kind, error = ctypes.create_string_buffer(32), ctypes.create_string_buffer(_ERR)
         versions = (ctypes.c_int64 * 2)(-1, -1)
-        handle = self._lib.lib.msrl_lite_open(self.model_path.encode(), device.encode(), device_id, threads, kind, 32,
-                                              error, _ERR, versions)  # fmt: skip
+        mode = -1 if inline is None else int(bool(inline))
+        handle = self._lib.lib.msrl_lite_open(self.model_path.encode(), device.encode(), device_id, threads, mode,
+                                              kind, 32, error, _ERR, versions)  # fmt: skip
         if not handle:
             known = [v if v >= 0 else None for v in versions]
             raise load_refusal(kind.value.decode(), error.value.decode(errors="replace"), self.model_path, *known)
@@ -229,11 +236,26 @@ class LiteModel:
         """The process Lite runs in: this one."""
         return os.getpid()
 
+    def inline_stats(self) -> dict[str, int | bool]:
+        """This model's calls so far, how many ran the graph on the calling thread, and whether it was opened to
+        run inline (``requested``)."""
+        with self._lock:
+            return self._inline_stats()
+
+    def _inline_stats(self) -> dict[str, int | bool]:
+        if self._handle is None:  # closed: as it was then
+            return self._final_stats
+        counts = (ctypes.c_uint64 * 3)()
+        self._lib.lib.msrl_lite_inline_calls(self._handle, counts)
+        return {"calls": counts[0], "inline_calls": counts[1], "requested": bool(counts[2])}
+
     @property
     def runs_inline(self) -> bool:
-        """Whether Lite has run graphs on the calling thread in this process (False before the first call, with
-        ``MSRL_LITE_INLINE=0``, off the CPU, or where the dynamic linker kept Lite's actor hand-off)."""
-        return self._lib.inline_runs() > 0
+        """Whether this model's graph runs on the calling thread: every call so far did (False before the first
+        call, with inline runs off, off the CPU, or where the dynamic linker kept Lite's actor hand-off). Other models
+        of the process do not count."""
+        stats = self.inline_stats()
+        return 0 < stats["calls"] == stats["inline_calls"]
 
     def _describe(self, output: int) -> list[TensorMeta]:
         metas = []
@@ -304,6 +326,8 @@ class LiteModel:
     def close(self) -> None:
         """Free the model (idempotent; waits for a call under way in another thread)."""
         with self._lock:
+            if self._handle:
+                self._final_stats = self._inline_stats()
             handle, self._handle = self._handle, None
             if handle:
                 self._calls.clear()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -139,3 +141,62 @@ def test_default_build_records_the_pypi_sdk() -> None:
     info = json.loads(runner_path().with_name("msrl-lite-runner.json").read_text())
     assert info["lite_version"] == "2.0.0" and info["lite_version_source"] == "version.py"
     assert info["max_mind_ir_version"] == 1 and info["converter"] == "msrl-lite-convert"
+
+
+def test_inline_runs_are_on_by_default_only_for_tested_builds(tmp_path: Path) -> None:
+    """The build decides from the SDK's version and architecture against its list of tested builds: PyPI's 2.0.0
+    x86_64 runs graphs on the calling thread by default, another release does not (and says how to ask)."""
+    tested = detect(_relocate(tmp_path / "mindspore-lite-2.0.0-linux-x64", "tarball"))["inline"]
+    assert tested["default"] is True and "2.0.0 x86_64" in tested["tested"]
+    assert "MSRL_LITE_INLINE=0" in tested["why"]
+    other = detect(_relocate(tmp_path / "mindspore-lite-2.3.1-linux-x64", "tarball"))["inline"]
+    assert other["default"] is False and other["tested"] == tested["tested"]
+    assert other["why"].startswith("Lite 2.3.1 on x86_64 is not a build inline runs were tested on")
+    assert "MSRL_LITE_INLINE=1" in other["why"]
+
+
+@pytest.mark.slow
+def test_a_build_not_tested_inline_hands_off_unless_asked(tmp_path: Path) -> None:
+    """Built for a Lite release the inline runs were not tested on, the runner and the in-process library both leave
+    the graph on Lite's actor thread; MSRL_LITE_INLINE=1 asks for inline runs, and both obey it."""
+    sdk = _relocate(tmp_path / "mindspore-lite-2.3.1-linux-x64", "tarball")  # the 2.0.0 libraries, named 2.3.1
+    out = tmp_path / "out"
+    proc = build("--sdk", str(sdk), "--out", str(out), "--runner-only")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "msrl-lite-runner.json").read_text())
+    assert record["lite_version"] == "2.3.1" and record["inline"]["default"] is False
+    assert "inline runs by default: false" in proc.stderr
+    model = _tiny_ms(tmp_path)
+    runner = out / "msrl-lite-runner"
+    with LiteRunner(model, runner=runner) as r, LiteRunner(model, runner=runner, inline=True) as asked:
+        for lite in (r, asked):
+            lite.infer(np.zeros((3, 4), np.float32))
+        assert (r.runs_inline, asked.runs_inline) == (False, True)
+    code = (
+        "import json, os, sys; sys.modules['mindspore'] = None\n"
+        "import numpy as np\nfrom inference.lite_inprocess import LiteModel\n"
+        f"m = LiteModel({str(model)!r}); m.infer(np.zeros((3, 4), np.float32))\n"
+        "print(json.dumps([m.runs_inline, m.inline_stats()['requested']]))"
+    )
+    seen = {}
+    for asked_env in ("", "1"):
+        env = {k: v for k, v in os.environ.items() if k != "MSRL_LITE_INLINE"}
+        env.update({"MSRL_LITE_RUNNER": str(runner), "PYTHONPATH": str(REPO)})
+        if asked_env:
+            env["MSRL_LITE_INLINE"] = asked_env
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert run.returncode == 0, run.stderr
+        seen[asked_env] = json.loads(run.stdout.splitlines()[-1])
+    assert seen == {"": [False, False], "1": [True, True]}
+
+
+# Measured numbers belong in bench/results/ (dated, with the CPU and the command), not in the comments of the code.
+MEASUREMENT = re.compile(r"\d(?:[\d.,]*\d)?(?:-\d[\d.]*)? ?(?:µs|us|ms|ns)\b|\b\d+(?:\.\d+)?x (?:faster|slower)\b")
+
+
+def test_the_lite_sources_carry_no_measured_numbers() -> None:
+    sources = [*(REPO / "inference" / "runner").iterdir(), SCRIPT, *(REPO / "inference").glob("lite*.py"),
+               REPO / "inference" / "sdk.py", *(REPO / "inference" / "runtimes").glob("lite*.py")]  # fmt: skip
+    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in sources if p.suffix in (".cc", ".h", ".py", ".sh")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if MEASUREMENT.search(line)]  # fmt: skip
+    assert found == []

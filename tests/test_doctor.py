@@ -10,11 +10,14 @@ import sys
 from pathlib import Path
 
 import lite_build
+import numpy as np
 import pytest
 
+import inference.doctor as doctor_module
 from inference.bundle import sha256_file
-from inference.doctor import INCOMPATIBLE, OK, device_check, parse_cpuinfo, simd_level
+from inference.doctor import INCOMPATIBLE, OK, WARN, device_check, inline_bits_check, parse_cpuinfo, simd_level
 from inference.lite_common import runner_available
+from inference.sdk import runner_info
 
 pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
 
@@ -68,6 +71,47 @@ def test_the_doctor_says_where_lite_runs_the_graph(cartpole_bundle):
     check = _by_name(json.loads(proc.stdout))["lite-in-process"]
     assert proc.returncode == 0 and (check["status"], check["here"]) == ("warn", "on Lite's actor thread")
     assert "two thread wake-ups" in check["detail"]
+
+
+def test_the_doctor_runs_the_bundle_inline_and_handed_off_and_compares_the_bits(cartpole_bundle):
+    """Every graph opened both ways Lite runs it here, whatever the default: a row in the table and the JSON."""
+    for env in (None, {**os.environ, "MSRL_LITE_INLINE": "0"}):  # a hand-off default still compares both ways
+        proc = doctor(str(cartpole_bundle.root), "--json", env=env)
+        check = _by_name(json.loads(proc.stdout))["lite-inline-vs-handoff"]
+        assert proc.returncode == 0 and check["status"] == OK, check
+        assert check["here"] == "bitwise equal (in this process)" and check["bundle"] == "policy.ms, policy_sample.ms"
+        assert check["detail"].startswith("bitwise equal: 9 calls per way (64 seeded rows as a batch and 8 singly)")
+    table = doctor(str(cartpole_bundle.root)).stdout
+    assert "lite-inline-vs-handoff" in table and "inline runs on by default (Lite 2.0.0 on x86_64" in table
+
+
+class _Fake:
+    """A model whose inline answer differs from the hand-off's in one bit of one row (or runs on Lite's thread)."""
+
+    def __init__(self, inline: bool, differ: bool, takes: bool = True) -> None:
+        self.inline, self.differ, self.runs_inline = inline, differ, inline and takes
+
+    def infer(self, obs: np.ndarray, *noise: np.ndarray) -> dict[str, np.ndarray]:
+        logits = np.repeat(obs.sum(1, keepdims=True), 2, 1).astype(np.float32)
+        if self.inline and self.differ and len(obs) > 3:
+            logits[3, 1] = np.nextafter(logits[3, 1], np.float32(np.inf))
+        return {"logits": logits}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_difference_between_inline_and_hand_off_is_a_warning_with_the_evidence(cartpole_bundle, monkeypatch):
+    info = runner_info()
+    monkeypatch.setattr(doctor_module, "open_lite", lambda path, inline: _Fake(inline, differ=True))
+    check = inline_bits_check(cartpole_bundle, info)
+    assert check.status == WARN and check.here.startswith("differ") and "inline and hand-off differ" in check.detail
+    assert check.evidence and check.evidence[0].startswith("policy:logits (batch): 1 of 64 rows differ, max |diff|")
+    assert "row 3: " in check.evidence[0] and "inline vs" in check.evidence[0]
+    monkeypatch.setattr(doctor_module, "open_lite", lambda path, inline: _Fake(inline, differ=False, takes=False))
+    check = inline_bits_check(cartpole_bundle, info)
+    assert check.status == WARN and check.here.startswith("inline does not take")
+    assert "does not bind to libmsrl-lite-inline.so" in check.detail
 
 
 def test_a_failed_ms_is_a_row_of_the_doctors_table_not_an_error(cartpole_bundle, tmp_path):

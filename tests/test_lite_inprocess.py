@@ -1,6 +1,7 @@
 """Lite in the calling process (``libmsrl-lite.so`` through ctypes): the same bits as the runner process with the graph
-on the calling thread, Lite's float mode for the graph and the caller's own for everything else, threads sharing a
-model, bad feeds refused before Lite sees them, and ``inference.load`` for a team's control loop. Lite and MindSpore
+on the calling thread and as Lite's own hand-off, whether a model runs inline known per model, Lite's float mode for
+the graph and the caller's own for everything else, threads sharing a model, bad feeds refused before Lite sees them,
+and ``inference.load`` for a team's control loop. Lite and MindSpore
 cannot share a process, so everything in-process runs in a child Python with MindSpore made unimportable."""
 
 from __future__ import annotations
@@ -39,17 +40,19 @@ result, staged = {}, lite_inprocess._STAGE_BYTES
 for path in PATHS:
     for stage in (staged, 0) if path in PASSED else (staged,):  # feeds copied into the call's buffers / passed as is
         lite_inprocess._STAGE_BYTES = stage
-        model, runner = LiteModel(path), LiteRunner(path)
+        model, runner, handoff = LiteModel(path), LiteRunner(path), LiteModel(path, inline=False)
         rng = np.random.default_rng(0)
         same = []
         for batch in (1, 7, 64, 1, 7):  # shapes again after others: buffers kept per shape, Lite resized back
             feeds = [rng.standard_normal((batch, *m.shape[1:])).astype(m.dtype) * 3 for m in model.inputs]
             if batch == 7:
                 feeds = [np.asfortranarray(f) for f in feeds]  # not C-contiguous
-            a, b = model.infer(*feeds), runner.infer(*feeds)
-            same.append(sorted(a) == sorted(b) and all(a[k].tobytes() == b[k].tobytes() for k in b))
-        result[f"{path} {stage}"] = same + [model.runs_inline]
-        model.close(); runner.close()
+            a, b, c = model.infer(*feeds), runner.infer(*feeds), handoff.infer(*feeds)
+            same.append(sorted(a) == sorted(b) == sorted(c)
+                        and all(a[k].tobytes() == b[k].tobytes() == c[k].tobytes() for k in b))
+        # on the calling thread, the runner's serving thread, and (not) for the model handed off to Lite's thread
+        result[f"{path} {stage}"] = same + [model.runs_inline, runner.runs_inline, not handoff.runs_inline]
+        model.close(); runner.close(); handoff.close()
 print(json.dumps(result))
 """
 
@@ -65,7 +68,8 @@ def test_in_process_lite_gives_the_runners_bits(cartpole_bundle, pendulum_bundle
     passed = [paths[0], paths[-1]]  # a trainer's graph and the CNN also with their feeds passed as they are
     result = deploy_python(f"PATHS = {paths!r}\nPASSED = {passed!r}\n" + AGREE)
     assert {k.rsplit(" ", 1)[0] for k in result} == set(paths) and len(result) == len(paths) + len(passed)
-    assert {k: v for k, v in result.items() if v != [True] * 6} == {}  # the last: Lite ran on the calling thread
+    # the bits equal at every batch, then where each ran: inline (in-process, runner) and handed off
+    assert {k: v for k, v in result.items() if v != [True] * 8} == {}
 
 
 def test_lite_computes_in_its_float_mode_and_leaves_the_callers_alone(tmp_path):
@@ -96,14 +100,45 @@ def test_lite_computes_in_its_float_mode_and_leaves_the_callers_alone(tmp_path):
         after = caller()
         with LiteRunner({path!r}) as runner:  # the runner runs the graph on its serving thread too
             runner_inline = runner.infer(obs)["logits"]
+            where = [runner.runs_inline]
         os.environ["MSRL_LITE_INLINE"] = "0"
         with LiteRunner({path!r}) as runner:  # on Lite's own actor thread
             worker = runner.infer(obs)["logits"]
+            where.append(runner.runs_inline)
+        same = here.tobytes() == runner_inline.tobytes() == worker.tobytes()
         print(json.dumps({{"caller": [before, opened, after], "here": here.tolist(), "inline": model.runs_inline,
-                          "same": here.tobytes() == runner_inline.tobytes() == worker.tobytes()}}))
+                          "runner_inline": where, "same": same}}))
     """)
     assert result["caller"] == [pytest.approx(1e-9, rel=1e-3)] * 3  # never flushed, before or after Lite
     assert result["here"] == [[0.0, 0.0]] * 3 and result["inline"] and result["same"]
+    assert result["runner_inline"] == [True, False]
+
+
+def test_whether_a_model_runs_inline_is_its_own(cartpole_bundle):
+    """One model of a process ran inline; another, opened with inline runs off (MSRL_LITE_INLINE=0 as a user sets it,
+    or inline=False), did not: each says so of itself, and a model says nothing before its first call."""
+    result = deploy_python(f"""
+        import os
+        import numpy as np
+        from inference.lite_inprocess import LiteModel
+        path = {str(cartpole_bundle.file("policy", "ms"))!r}
+        obs = np.zeros((2, 4), np.float32)
+        first = LiteModel(path)
+        before = first.runs_inline
+        first.infer(obs)
+        os.environ["MSRL_LITE_INLINE"] = "0"
+        off = LiteModel(path)
+        del os.environ["MSRL_LITE_INLINE"]
+        asked_off, default = LiteModel(path, inline=False), LiteModel(path)
+        for model in (off, asked_off, default):
+            model.infer(obs); model.infer(obs)
+        stats = off.inline_stats()
+        first.close()
+        print(json.dumps({{"before": before, "first": first.runs_inline, "off": off.runs_inline,
+                          "asked_off": asked_off.runs_inline, "default": default.runs_inline, "off_stats": stats}}))
+    """)
+    assert result.pop("off_stats") == {"calls": 2, "inline_calls": 0, "requested": False}
+    assert result == {"before": False, "first": True, "off": False, "asked_off": False, "default": True}
 
 
 def test_threads_sharing_a_model_each_get_their_own_answers(cartpole_bundle):
@@ -273,3 +308,25 @@ def test_load_carries_a_recurrent_state(tmp_path):
     """)
     assert result.pop("refused").startswith("the carried state holds 3 row(s) and this call has 2 observation(s)")
     assert result == {"replayed": True, "state_moved": True, "history_matters": True, "after_reset": [2]}
+
+
+def test_the_latency_benchmark_times_the_hand_off_in_its_own_process(cartpole_bundle, tmp_path):
+    """bench/inference_latency.py's hand-off row comes from a process started with MSRL_LITE_INLINE=0, as a real one
+    runs: its graph on Lite's actor thread, that thread pinned to one CPU (the caller's); the other rows from a process
+    where the graph ran on the calling thread."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("inference_latency", REPO / "bench" / "inference_latency.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    obs = np.random.default_rng(0).standard_normal((300, 4)).astype(np.float32)
+    deploy = bench.deploy_side(cartpole_bundle, obs, 50, tmp_path)
+    default, handoff = deploy["default"], deploy[bench.HANDOFF]
+    assert default["pid"] != handoff["pid"] and default["MSRL_LITE_INLINE"] is None
+    assert (default["runs_inline"], handoff["MSRL_LITE_INLINE"], handoff["runs_inline"]) == (True, "0", False)
+    assert handoff["actor_cpus"] and all(len(cpus) == 1 for cpus in handoff["actor_cpus"])
+    assert set(handoff["rows"]) == {"onnxruntime session", "lite in this process, infer_into"}
+    table = bench.deploy_table(deploy)
+    assert any(line.startswith(f"| {bench.HANDOFF} | lite in this process, infer_into |") for line in table)

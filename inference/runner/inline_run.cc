@@ -2,13 +2,16 @@
 
 #include <dlfcn.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <utility>
 #include <vector>
+
+#ifndef MSRL_LITE_INLINE_DEFAULT
+#define MSRL_LITE_INLINE_DEFAULT 0  // build_lite.sh passes its decision; a build without one runs Lite's hand-off
+#endif
 
 // The two Lite (MindRT) symbols involved, declared with the signatures Lite exports them with; only their
 // names matter to the linker.
@@ -28,9 +31,8 @@ constexpr const char *kRun = "_ZN9mindspore9ActorBase3RunEv";
 // loop) goes to the queue instead of growing the caller's stack.
 constexpr int kMaxDepth = 64;
 
-thread_local int t_scopes = 0;  // open InlineScopes on this thread
-thread_local int t_depth = 0;   // actors running inline on this thread, nested
-std::atomic<uint64_t> g_inline_runs{0};
+thread_local msrl::InlineScope *t_scope = nullptr;  // the innermost open InlineScope on this thread
+thread_local int t_depth = 0;                         // actors running inline on this thread, nested
 
 using PushFn = void (*)(mindspore::ActorThreadPool *, mindspore::ActorBase *);
 using RunFn = void (*)(mindspore::ActorBase *);
@@ -73,7 +75,8 @@ Fn Resolve(const void *object, const char *symbol) {
 }  // namespace
 
 void mindspore::ActorThreadPool::PushActorToQueue(ActorBase *actor) {
-  const RunFn run = t_scopes > 0 && t_depth < kMaxDepth && actor != nullptr ? Resolve<RunFn>(actor, kRun) : nullptr;
+  msrl::InlineScope *scope = t_scope;
+  const RunFn run = scope != nullptr && t_depth < kMaxDepth && actor != nullptr ? Resolve<RunFn>(actor, kRun) : nullptr;
   if (run == nullptr) {
     const PushFn push = Resolve<PushFn>(this, kPush);
     if (push == nullptr) {  // cannot happen while Lite calls this: the library that built the pool defines it
@@ -87,7 +90,7 @@ void mindspore::ActorThreadPool::PushActorToQueue(ActorBase *actor) {
     Nested() { ++t_depth; }
     ~Nested() { --t_depth; }
   } nested;
-  g_inline_runs.fetch_add(1, std::memory_order_relaxed);
+  scope->Count();
   msrl::FloatMode mode(msrl::FloatMode::kFlushDenormals);  // as Lite's workers compute
   run(actor);
 }
@@ -95,16 +98,22 @@ void mindspore::ActorThreadPool::PushActorToQueue(ActorBase *actor) {
 namespace msrl {
 
 InlineScope::InlineScope(bool on) : on_(on) {
-  if (on_) ++t_scopes;
+  if (!on_) return;
+  outer_ = t_scope;
+  t_scope = this;
 }
 
 InlineScope::~InlineScope() {
-  if (on_) --t_scopes;
+  if (on_) t_scope = outer_;
 }
+
+bool InlineDefault() { return MSRL_LITE_INLINE_DEFAULT != 0; }
 
 bool InlineWanted() {
   const char *v = std::getenv("MSRL_LITE_INLINE");
-  return v == nullptr || std::strcmp(v, "0") != 0;
+  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
+  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  return InlineDefault();
 }
 
 }  // namespace msrl
@@ -124,5 +133,3 @@ extern "C" void msrl_lite_set_float_mode(uint32_t mode) {
   (void)mode;
 #endif
 }
-
-extern "C" uint64_t msrl_lite_inline_runs() { return g_inline_runs.load(std::memory_order_relaxed); }

@@ -2,14 +2,18 @@
 //
 // Lite 2.0's MindrtExecutor hands every Predict to its actor thread pool and waits for the result: a wake-up of
 // the actor thread and one of the caller per step, which on a small policy cost more than the graph itself
-// (a 64x64 MLP, one observation, from Python: p50 43 us with the hand-off, 24 us without, ONNX Runtime 17 us;
-// bench/results/inference_latency.md). Lite has no option to run inline, so this file defines
+// (measured in bench/results/inference_latency.md). Lite has no option to run inline, so this file defines
 // mindspore::ActorThreadPool::PushActorToQueue, which the dynamic linker then binds in place of Lite's own
 // (the executable's symbols, and those of a library loaded RTLD_GLOBAL before Lite's plugins, come first).
 // Inside an InlineScope the pushed actor runs at once on the pushing thread, exactly as Lite's worker would
 // run it: same kernels, same order, and the same flush-to-zero/denormals-are-zero mode Lite's workers set on
 // x86, so outputs are bitwise those of the worker. Outside a scope (Lite's own threads, other pools) and past
 // kMaxDepth nested actors, the call goes to Lite's own definition: the queue, as before.
+//
+// This relies on how one Lite build schedules its actors, so it is on by default only for the Lite versions and
+// architectures it was tested on: build_lite.sh decides that from its list of tested builds and compiles the
+// answer in (MSRL_LITE_INLINE_DEFAULT, recorded as "inline" in msrl-lite-runner.json). MSRL_LITE_INLINE=1 asks for
+// it elsewhere, MSRL_LITE_INLINE=0 turns it off.
 #pragma once
 
 #include <cstdint>
@@ -36,20 +40,29 @@ class FloatMode {
 #endif
 };
 
-// While alive, actors Lite schedules from this thread run on it (see above). Nests; off = a no-op.
+// While alive, actors Lite schedules from this thread run on it (see above). Nests; off = a no-op. ran() says
+// whether an actor ran inline within this scope (not in a scope nested in it): the evidence, per Predict, that
+// the graph ran on the calling thread (false where the dynamic linker kept Lite's own PushActorToQueue).
 class InlineScope {
  public:
   explicit InlineScope(bool on);
   ~InlineScope();
   InlineScope(const InlineScope &) = delete;
   InlineScope &operator=(const InlineScope &) = delete;
+  bool ran() const { return runs_ > 0; }
+  void Count() { ++runs_; }  // called by PushActorToQueue for each actor it runs inline
 
  private:
   bool on_;
+  InlineScope *outer_ = nullptr;
+  uint64_t runs_ = 0;
 };
 
-// MSRL_LITE_INLINE=0 turns inline runs off (Lite's own hand-off to its actor thread); default on.
+// Whether a model runs its graph inline: MSRL_LITE_INLINE=1 yes, =0 no, unset (or anything else) this build's
+// default (InlineDefault()).
 bool InlineWanted();
+// This build's default: on for the Lite builds the inline runs were tested on (build_lite.sh), off elsewhere.
+bool InlineDefault();
 
 }  // namespace msrl
 
@@ -58,8 +71,4 @@ extern "C" {
 // loads them to flush denormals, so lite_inprocess.py reads it before loading libmsrl-lite.so and puts it back.
 uint32_t msrl_lite_float_mode();
 void msrl_lite_set_float_mode(uint32_t mode);
-
-// How many actors ran inline in this process so far: > 0 once a Predict ran on its caller's thread, 0 where the
-// dynamic linker kept Lite's own PushActorToQueue (e.g. the library was not loaded before Lite's plugins).
-uint64_t msrl_lite_inline_runs();
 }

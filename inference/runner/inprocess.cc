@@ -43,6 +43,7 @@ struct Handle {
   msrl::ThreadFollower follower;
   bool follow = false;
   bool inline_actors = false;
+  msrl::InlineCount count;  // this model's calls, and how many ran on the calling thread
 };
 
 void Put(char *buf, size_t len, const std::string &text) {
@@ -92,11 +93,15 @@ const char *msrl_lite_version() {
   return v.c_str();
 }
 
-// Loads a .ms or .mindir. On failure returns null, with the failure's kind ("load", "missing", "args",
-// "mindir_version", "device"), message and, for a MindIR too new for this Lite, the file's and the maximum
-// version in versions[0..1].
-void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, int threads, char *kind,
-                     size_t kind_len, char *error, size_t error_len, int64_t *versions) {
+// Whether this build runs graphs on the calling thread by default (inline_run.h: the Lite builds it was tested on).
+int msrl_lite_inline_default() { return msrl::InlineDefault() ? 1 : 0; }
+
+// Loads a .ms or .mindir. inline_mode: 1 run the graph on the calling thread, 0 on Lite's actor thread, -1 as
+// MSRL_LITE_INLINE and this build's default say (inline_run.h). On failure returns null, with the failure's kind
+// ("load", "missing", "args", "mindir_version", "device"), message and, for a MindIR too new for this Lite, the
+// file's and the maximum version in versions[0..1].
+void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, int threads, int inline_mode,
+                     char *kind, size_t kind_len, char *error, size_t error_len, int64_t *versions) {
   const std::string model_path = path, dev = device;
   const auto fail = [&](const msrl::LoadFailure &f) -> void * {
     Put(kind, kind_len, f.kind);
@@ -159,8 +164,17 @@ void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, i
   // of the process belongs to Lite" does not hold, so only the threads Build started are followed.
   h->follow = dev == "cpu" && threads == 1;
   if (h->follow) h->follower.InitSince(threads_before);
-  h->inline_actors = dev == "cpu" && msrl::InlineWanted();
+  h->inline_actors = dev == "cpu" && (inline_mode < 0 ? msrl::InlineWanted() : inline_mode != 0);
   return h.release();
+}
+
+// This model's Predict calls so far, how many ran on the calling thread, and whether it was opened to run inline:
+// out[0..2].
+void msrl_lite_inline_calls(void *handle, uint64_t *out) {
+  const auto *h = static_cast<const Handle *>(handle);
+  out[0] = h->count.calls;
+  out[1] = h->count.inline_calls;
+  out[2] = h->inline_actors ? 1 : 0;
 }
 
 // Number of inputs (output = 0) or outputs (output = 1).
@@ -250,8 +264,8 @@ int msrl_lite_predict(const msrl_lite_call *call) {
     }
     std::memcpy(dst, call->data[i], call->nbytes[i]);
   }
-  if (h->follow) h->follower.Follow();
-  const mindspore::Status st = msrl::PredictHere(h->model.get(), h->inputs, &h->outputs, h->inline_actors);
+  if (h->follow && h->count.HandsOff(h->inline_actors)) h->follower.Follow();  // Lite's thread works: keep it close
+  const mindspore::Status st = msrl::PredictHere(h->model.get(), h->inputs, &h->outputs, h->inline_actors, &h->count);
   if (st.IsError()) {
     Put(call->error, call->error_len, "predict failed: " + msrl::OneLine(st.ToString()));
     return 2;

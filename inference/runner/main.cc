@@ -145,7 +145,8 @@ int Info(const std::string &lite_version, const std::string &source) {
   const std::string line = "{\"lite_version\": " + JsonStr(lite_version) + ", \"lite_version_source\": " +
                            JsonStr(source) + ", \"max_mind_ir_version\": " +
                            (max_v >= 0 ? std::to_string(max_v) : "null") + ", \"mind_ir_probe\": " + JsonStr(detail) +
-                           ", \"max_rows_default\": " + std::to_string(kDefaultMaxRows) + "}\n";
+                           ", \"max_rows_default\": " + std::to_string(kDefaultMaxRows) +
+                           ", \"inline_default\": " + (msrl::InlineDefault() ? "true" : "false") + "}\n";
   return msrl::WriteAll(msrl::ProtocolFd(), line.data(), line.size()) ? 0 : 1;
 }
 
@@ -183,9 +184,11 @@ int main(int argc, char **argv) {
       }
     }
   }
+  const bool inline_actors = args.device == "cpu" && msrl::InlineWanted();  // see inline_run.h
   const std::string hello = "{\"ok\": true, \"lite_version\": " + JsonStr(lite_version) +
                             ", \"model\": " + JsonStr(args.model) + ", \"device\": " + JsonStr(args.device) +
                             ", \"max_rows\": " + std::to_string(args.max_rows) +
+                            ", \"inline\": " + (inline_actors ? "true" : "false") +
                             ", \"inputs\": " + msrl::TensorsJson(inputs) +
                             ", \"outputs\": " + msrl::TensorsJson(outputs) + "}\n";
   if (!msrl::WriteAll(msrl::ProtocolFd(), hello.data(), hello.size())) return 0;
@@ -194,7 +197,7 @@ int main(int argc, char **argv) {
   const char *follow_env = std::getenv("MSRL_LITE_RUNNER_FOLLOW");
   msrl::ServerOptions options;
   options.follow = args.device == "cpu" && args.threads == 1 && !(follow_env && std::atoi(follow_env) == 0);
-  options.inline_actors = args.device == "cpu" && msrl::InlineWanted();  // see inline_run.h
+  options.inline_actors = inline_actors;
   options.max_rows = args.max_rows;
   options.hook = msrl::MakeRequestHook();
   msrl::Server server(model.get(), STDIN_FILENO, msrl::ProtocolFd(), options);

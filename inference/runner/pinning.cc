@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "inline_run.h"
-
 namespace msrl {
 
 std::vector<pid_t> ThreadIds() {
@@ -33,8 +31,7 @@ void ThreadFollower::InitSince(const std::vector<pid_t> &before) {
 }
 
 void ThreadFollower::Follow() {
-  // Once a graph has run on the serving thread (inline_run.h), Lite's thread stays idle: nothing left to pin.
-  if (tids_.empty() || msrl_lite_inline_runs() > 0) return;
+  if (tids_.empty()) return;
   const int cpu = sched_getcpu();
   if (cpu < 0 || cpu == cpu_) return;
   cpu_set_t mask;

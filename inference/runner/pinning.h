@@ -3,13 +3,12 @@
 // Lite 2.0 hands every Predict to its actor thread ("ActorThread_0"), which sleeps again right after the run,
 // so one step costs two cross-thread wake-ups (caller -> actor -> caller). Left to the scheduler, the actor
 // thread is sometimes woken on the other CPU while a busy process holds it, and the step then waits for that
-// CPU: on the 2-core dev box with a competing job, p99 of a single-step round trip was 0.6-1.7 ms without this
-// and 0.2-0.6 ms with it (p50 unchanged). Pinning Lite's thread to the CPU the serving thread is running on
-// keeps the hand-offs on one CPU (the serving thread is blocked in Predict meanwhile); the pin follows the
-// serving thread when the scheduler moves it. Affinity only changes where threads run, never what they
-// compute. Used with one Lite thread only: more threads are meant to run in parallel. Once the graph runs on
-// the serving thread itself (inline_run.h), Lite's thread stays idle and is no longer followed: this is the
-// path for MSRL_LITE_INLINE=0 and for a Lite where that binding does not take.
+// CPU, which shows in the tail latency (bench/results/inference_latency.md). Pinning Lite's thread to the CPU the
+// serving thread is running on keeps the hand-offs on one CPU (the serving thread is blocked in Predict meanwhile);
+// the pin follows the serving thread when the scheduler moves it. Affinity only changes where threads run, never
+// what they compute. Used with one Lite thread only: more threads are meant to run in parallel. Once a model's
+// graph runs on the serving thread itself (inline_run.h), Lite's thread stays idle and the model's caller stops
+// calling Follow: pinning is the path of MSRL_LITE_INLINE=0 and of a Lite where inline runs are off or do not take.
 #pragma once
 
 #include <sys/types.h>

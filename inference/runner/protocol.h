@@ -11,7 +11,7 @@
 namespace msrl {
 
 constexpr uint32_t kMagic = 0x4D534C52;  // "MSLR" read as a u32; on the wire (little-endian): "RLSM"
-constexpr uint32_t kOpInfer = 1, kOpPing = 2, kOpQuit = 3, kOpTap = 4;
+constexpr uint32_t kOpInfer = 1, kOpPing = 2, kOpQuit = 3, kOpTap = 4, kOpStats = 5;
 constexpr uint32_t kOk = 0, kBadRequest = 1, kInferFailed = 2;
 constexpr uint32_t kMaxInputs = 1024, kMaxRank = 32;
 

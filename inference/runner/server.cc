@@ -38,6 +38,8 @@ int Server::Run() {
       out_.Put(kMagic);
       out_.Put(kOk);
       out_.Put<uint32_t>(0);
+    } else if (hdr[1] == kOpStats) {
+      Stats();
     } else if (hdr[1] == kOpInfer || hdr[1] == kOpTap) {
       if (!Infer(hdr[1] == kOpTap)) return Desync("truncated or malformed infer request");
     } else {
@@ -46,6 +48,16 @@ int Server::Run() {
     if (!out_.Flush(out_fd_)) return 0;  // client went away
     out_.Shrink(kKeepBytes);
   }
+}
+
+// Answers u64 calls, u64 inline_calls, u32 inline wanted: this model's Predicts and how many ran on this thread.
+void Server::Stats() {
+  out_.Clear();
+  out_.Put(kMagic);
+  out_.Put(kOk);
+  out_.Put(count_.calls);
+  out_.Put(count_.inline_calls);
+  out_.Put<uint32_t>(options_.inline_actors ? 1 : 0);
 }
 
 // The byte stream can no longer be trusted: answer once, then exit.
@@ -159,13 +171,13 @@ std::string Server::Predict(uint32_t n, bool tap) {
     if (dst == nullptr || inputs_[i].DataSize() != feeds_[i].nbytes) return "cannot allocate input buffer";
     std::memcpy(dst, feeds_[i].data.data(), feeds_[i].nbytes);
   }
-  follower_.Follow();
+  if (count_.HandsOff(options_.inline_actors)) follower_.Follow();  // Lite's thread runs the graph: keep it close
   out_.Clear();
   out_.Put(kMagic);
   out_.Put(kOk);
   mindspore::Status st;
   if (!tap) {
-    st = PredictHere(model_, inputs_, &outputs_, options_.inline_actors);
+    st = PredictHere(model_, inputs_, &outputs_, options_.inline_actors, &count_);
   } else {
     // Response body: u32 n_kernels, then per kernel its name, type and outputs (each as a model output is sent).
     uint32_t kernels = 0;
@@ -185,7 +197,7 @@ std::string Server::Predict(uint32_t n, bool tap) {
       }
       return true;
     };
-    st = PredictHere(model_, inputs_, &outputs_, options_.inline_actors, after);
+    st = PredictHere(model_, inputs_, &outputs_, options_.inline_actors, &count_, after);
     out_.Put(kernels);
     out_.Append(body);
     return st.IsError() ? "predict failed: " + OneLine(st.ToString()) : "";

@@ -1,4 +1,4 @@
-// The request loop: reads infer/tap/ping/quit frames, validates feeds against the model's inputs, runs Predict
+// The request loop: reads infer/tap/ping/stats/quit frames, validates feeds against the model's inputs, runs Predict
 // and writes the response frame. A tap request runs the same Predict with a callback after every kernel and
 // answers with each kernel's name, type and outputs (layer localisation).
 #pragma once
@@ -9,6 +9,7 @@
 
 #include "include/api/model.h"
 #include "pinning.h"
+#include "predict.h"
 #include "protocol.h"
 #include "request_hook.h"
 
@@ -38,6 +39,7 @@ class Server {
   int Desync(const std::string &msg);
   void Error(uint32_t status, const std::string &msg);
   bool Infer(bool tap);
+  void Stats();
   std::string Validate(uint32_t n) const;
   std::string Predict(uint32_t n, bool tap);
   static void PutTensor(Writer *w, mindspore::MSTensor *t);
@@ -53,6 +55,7 @@ class Server {
   std::vector<Feed> feeds_;
   std::vector<uint8_t> taps_;  // tap requests: every kernel's outputs, framed as the response body
   ThreadFollower follower_;
+  InlineCount count_;  // this model's Predict calls and how many ran on the serving thread (a stats request)
 };
 
 }  // namespace msrl
