@@ -89,9 +89,13 @@ def test_a_device_running_another_policy_fails_at_the_network_stage(cartpole_bun
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
     play_record(root, tmp_path / "rec", "--episodes", "2")
     assert audit(root, cartpole_ckpt, tmp_path / "rec", tmp_path / "r") == 1
-    failed = [c for c in report(tmp_path / "r")["checks"] if c["status"] == "fail"]
-    assert {c["name"] for c in failed} == {"observations.policy"}
-    assert {c["diagnosis"]["stage"] for c in failed} == {"network"}
+    failed = {c["name"]: c for c in report(tmp_path / "r")["checks"] if c["status"] == "fail"}
+    # the drift check says when (every window is beyond tolerance); the actions follow the outputs, if any flipped
+    assert {"observations.policy", "field.drift"} <= set(failed) <= {"observations.policy", "field.drift",
+                                                                      "field.actions"}
+    assert failed["observations.policy"]["diagnosis"]["stage"] == "network"
+    windows = failed["field.drift"]["metrics"]["windows"]
+    assert f"beyond tolerance in {len(windows)} of them" in failed["field.drift"]["summary"]
     assert report(tmp_path / "r")["localization"]["field:lite"]["first_diverging_layer"] == "actor.layers.2"
     # The genuine bundle refuses that recording: it was made with another manifest.
     with pytest.raises(UsageError, match="recorded with another bundle"):
