@@ -464,7 +464,7 @@ def _lock(directory: Path) -> int | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        holder = (os.pread(fd, 32, 0).decode(errors="replace").split() or ["unknown"])[0]
         os.close(fd)
         raise UsageError(f"{directory} is being recorded by another recorder (pid {holder}): one recorder per "
                          "directory; close it or record into another directory") from None  # fmt: skip

@@ -59,7 +59,11 @@ def write_chunk(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str,
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as fh:
-            np.savez(fh, meta=np.array(json.dumps(meta)), **arrays)
+            # np.savez's own zip file, left open by a failed write, would complain again when collected
+            with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+                for name, value in {"meta": np.array(json.dumps(meta)), **arrays}.items():
+                    with z.open(f"{name}.npy", "w", force_zip64=True) as out:
+                        np.lib.format.write_array(out, np.asanyarray(value), allow_pickle=False)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -459,16 +459,16 @@ class Returns:
     unfinished: int = 0
 
     def add(self, recording: int, chunk: Chunk) -> None:
-        keys, inverse = np.unique(np.stack([chunk.env, chunk.episode], 1), axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        width = int(chunk.env.max(initial=0)) + 1  # one int64 key per (episode, env row): np.unique on one column
+        key = chunk.episode * width + chunk.env
+        keys, inverse = np.unique(key, return_inverse=True)
         reward = np.asarray(chunk.reward, np.float64)
         sums = np.bincount(inverse, np.nan_to_num(reward, nan=0.0, posinf=0.0, neginf=0.0), len(keys))
         bad = np.bincount(inverse, ~np.isfinite(reward), len(keys)) > 0
         ended = np.bincount(inverse, chunk.done, len(keys)) > 0
-        last = np.full(len(keys), -1)
-        np.maximum.at(last, inverse, np.arange(len(inverse)))
+        last = len(key) - 1 - np.unique(key[::-1], return_index=True)[1]  # each key's last step
         for k in np.argsort(last, kind="stable"):  # in time order
-            env, episode = int(keys[k, 0]), int(keys[k, 1])
+            episode, env = divmod(int(keys[k]), width)
             row = self.open.get((recording, env))
             if row is None or row[0] != episode:
                 self.unfinished += row is not None
