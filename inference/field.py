@@ -90,6 +90,7 @@ class Recorder:
             raise
         entry = bundle.graph(graph)
         self._inputs = [(np.dtype(t["dtype"]), tuple(int(d) for d in t["shape"][1:])) for t in entry["inputs"]]
+        # (a dynamic dimension besides the batch, -1, never matches a shape: such calls take the slow check)
         self._batched = {t["name"]: bool(t["shape"]) and int(t["shape"][0]) == -1 for t in entry["outputs"]}
         meta = {"format": FORMAT, "version": VERSION, "manifest_sha256": sha, "env_id": bundle.env_id,
                 "graph": graph, "runtime": runtime, "session": uuid.uuid4().hex}  # fmt: skip
@@ -98,10 +99,11 @@ class Recorder:
         self._names = tuple(self._batched)
         self._sink.names, self._sink.batched = self._names, self._batched
         self._layout: list[tuple[np.dtype, tuple[int, ...]]] = []  # the first call's outputs and action
+        self._expect: list[tuple[str, tuple[np.dtype, tuple[int, ...]], bool]] = []  # the outputs' layout, per name
         self._reported = 0  # writer errors raised so far
         self.steps = 0  # recorded so far (written or pending)
         self._episode: np.ndarray | None = None  # per row of the calls: its current episode id
-        self._episode_steps = np.zeros(0, np.int64)
+        self._fresh: np.ndarray | None = None  # rows whose current episode has no step yet (None: every row has)
         self._done: np.ndarray | None = None  # rows whose last observe() ended their episode
         _opened(self._sink, handle_sigterm)
 
@@ -124,7 +126,8 @@ class Recorder:
         host_noise: np.ndarray | None,
     ) -> None:  # fmt: skip
         sink = self._sink
-        self._check_open()
+        if sink.finished or len(sink.errors) > self._reported:
+            self._check_open()
         n = self._check_call(inputs, outputs, action, host_noise)
         cols = sink.cols
         if cols is not None and not cols.sealed and cols.fill and cols.fill + n > self.chunk_steps:
@@ -154,16 +157,25 @@ class Recorder:
             self._observe(reward, done)
 
     def _observe(self, reward: np.ndarray | float, done: np.ndarray | bool | None) -> None:
-        self._check_open()
-        cols = self._sink.cols
+        sink = self._sink
+        if sink.finished or len(sink.errors) > self._reported:
+            self._check_open()
+        cols = sink.cols
         if cols is None or cols.sealed or not cols.n:
             raise UsageError("observe() before any act(): there is no action to attach the reward to")
         last, n = len(cols.n) - 1, cols.n[-1]
-        cols.reward[last] = _per_row("reward", reward, n, np.float64)
-        if done is not None:
-            rows = _per_row("done", done, n, bool)
-            cols.done[last] = rows
-            self._done = rows if rows.any() else None
+        # one row and plain Python numbers (a gymnasium env's answer): no array per call
+        cols.reward[last] = float(reward) if n == 1 and type(reward) in _NUMBERS else _per_row("reward", reward, n,
+                                                                                               np.float64)  # fmt: skip
+        if done is None:
+            return
+        if type(done) in _BOOLS and (n == 1 or not done):
+            cols.done[last] = bool(done) if n == 1 else None
+            self._done = _ENDED if n == 1 and done else None
+            return
+        rows = _per_row("done", done, n, bool)
+        cols.done[last] = rows
+        self._done = rows if rows.any() else None
 
     def new_episode(self) -> None:
         """New episodes for every row that has steps in its current one (``Policy.reset``)."""
@@ -171,7 +183,7 @@ class Recorder:
             self._check_open()
             if self._episode is not None:
                 self._advance(self._done)
-                self._advance(self._episode_steps > 0)
+                self._advance(np.ones(len(self._episode), bool) if self._fresh is None else ~self._fresh)
 
     def close(self) -> None:
         """Write everything recorded, wait for the writer, release the directory; raise ``UsageError`` (one line) if
@@ -210,7 +222,26 @@ class Recorder:
         self, inputs: Sequence[np.ndarray], outputs: Mapping[str, np.ndarray], action: np.ndarray,
         host_noise: np.ndarray | None,
     ) -> int:  # fmt: skip
-        """The call's rows; every array in the layout of the graph and of the calls before (a recording keeps one)."""
+        """The call's rows, when every array has the layout of the graph and of the calls before (a recording keeps
+        one): a few attribute compares per array; anything else goes to ``_explain`` for its one-line error."""
+        try:
+            n = inputs[0].shape[0]
+            ok = len(inputs) == len(self._inputs) and n > 0 and (host_noise is None or host_noise.shape[0] == n)
+            for x, (dtype, shape) in zip(inputs, self._inputs):  # noqa: B905 - the count was just compared
+                ok = ok and x.dtype == dtype and x.shape[0] == n and x.shape[1:] == shape
+            for name, (dtype, shape), batched in self._expect:
+                x = outputs[name]
+                ok = ok and x.dtype == dtype and (x.shape[1:] == shape and x.shape[0] == n if batched else
+                                                  x.shape == shape)  # fmt: skip
+        except (AttributeError, IndexError, KeyError, TypeError):
+            ok = False
+        return n if ok and self._expect else self._explain(inputs, outputs, action, host_noise)
+
+    def _explain(
+        self, inputs: Sequence[np.ndarray], outputs: Mapping[str, np.ndarray], action: np.ndarray,
+        host_noise: np.ndarray | None,
+    ) -> int:  # fmt: skip
+        """``_check_call``'s slow path: the first call (which sets the layout), dynamic dimensions, or an error."""
         if len(inputs) != len(self._inputs) or not len(inputs):
             raise UsageError(f"record(): the graph takes {len(self._inputs)} input(s), got {len(inputs)}")
         n = np.shape(inputs[0])[0] if np.ndim(inputs[0]) else 0
@@ -228,6 +259,7 @@ class Recorder:
         if not self._layout:
             self._layout = [_signature(np.asarray(outputs[k]), n, self._batched[k]) for k in self._names]
             self._layout.append(_signature(np.asarray(action), n, True))
+            self._expect = [(k, want, self._batched[k]) for k, want in zip(self._names, self._layout, strict=False)]
         arrays = [*(outputs[k] for k in self._names), action]
         labels = [*(f"output {k!r}" for k in self._names), "action"]
         for x, label, want, batched in zip(arrays, labels, self._layout, [*self._batched.values(), True], strict=True):
@@ -239,25 +271,31 @@ class Recorder:
             raise UsageError(f"record(): host_noise has shape {list(np.shape(host_noise))} for {n} row(s)")
         return n
 
-    def _episodes(self, n: int) -> np.ndarray:
+    def _episodes(self, n: int) -> np.ndarray | np.int64:
         """The episode id of each row of this call (a row whose episode ended starts a new one here)."""
         if self._episode is None or len(self._episode) != n:  # another batch: every row starts an episode
             self._episode = self._sink.episode_ids(n)
-            self._episode_steps = np.zeros(n, np.int64)
         elif self._done is not None:
             self._advance(self._done)
-        self._done = None
-        self._episode_steps += 1
-        return self._episode.copy()
+        self._done = self._fresh = None
+        return self._episode[0] if n == 1 else self._episode.copy()
 
     def _advance(self, rows: np.ndarray | None) -> None:
+        """New episodes for ``rows`` (a mask over the rows of the calls)."""
         if rows is None or self._episode is None or len(rows) != len(self._episode) or not rows.any():
             return
         at = np.flatnonzero(rows)
         self._episode[at] = self._sink.episode_ids(len(at))
-        self._episode_steps[at] = 0
+        if self._fresh is None:
+            self._fresh = np.zeros(len(self._episode), bool)
+        self._fresh[at] = True
         if rows is self._done:
             self._done = None
+
+
+_NUMBERS = (float, int, np.float64, np.float32, np.int64, np.int32)
+_BOOLS = (bool, np.bool_)
+_ENDED = np.ones(1, bool)  # the one row of a one-row call ended its episode
 
 
 def _signature(x: np.ndarray, n: int, batched: bool) -> tuple[np.dtype, tuple[int, ...]]:
@@ -266,6 +304,8 @@ def _signature(x: np.ndarray, n: int, batched: bool) -> tuple[np.dtype, tuple[in
 
 def _per_row(what: str, value: Any, n: int, dtype: type) -> np.ndarray:
     """``value`` as one entry per row of an ``n``-row call; a scalar only for one row (or a ``False`` done)."""
+    if type(value) is np.ndarray and value.dtype == dtype and value.shape == (n,):  # a vector env's answer
+        return value.copy()
     try:
         x = np.asarray(value)
     except (TypeError, ValueError) as exc:
@@ -275,8 +315,10 @@ def _per_row(what: str, value: Any, n: int, dtype: type) -> np.ndarray:
         raise UsageError(f"observe(): {what} is {x.dtype}, expected numbers")
     if dtype is bool and x.dtype.kind != "b" and not np.isin(x, (0, 1)).all():
         raise UsageError(f"observe(): {what} holds values other than 0 and 1")
-    if x.shape == (n,) or (x.shape == () and (n == 1 or (dtype is bool and not x))):
-        return np.broadcast_to(x, (n,)).astype(dtype)
+    if x.shape == (n,):
+        return np.array(x, dtype)
+    if x.shape == () and (n == 1 or (dtype is bool and not x)):
+        return np.full(n, x, dtype)
     raise UsageError(f"observe(): {what} has shape {list(x.shape)}, the last act() had {n} row(s): give one "
                      f"{what} per row")  # fmt: skip
 
@@ -294,9 +336,9 @@ class _Columns:
         self.action: list[np.ndarray] = []
         self.host_noise: list[np.ndarray | None] = []
         self.time_ns: list[int] = []
-        self.episode: list[np.ndarray] = []
-        self.reward: list[np.ndarray | None] = []
-        self.done: list[np.ndarray | None] = []
+        self.episode: list[Any] = []  # per call: its rows' episode ids (one number for a one-row call)
+        self.reward: list[Any] = []  # the same, None until observed
+        self.done: list[Any] = []
         self.n: list[int] = []
 
     @property
@@ -322,13 +364,21 @@ class _Columns:
             cols["host_noise"] = np.concatenate([np.full((n, *width), np.nan, np.float32) if x is None else x
                                                  for x, n in zip(noise, ns, strict=True)])  # fmt: skip
         cols["time_ns"] = np.repeat(np.array(self.time_ns[:calls], np.int64), ns)
-        cols["episode"] = np.concatenate(self.episode[:calls]).astype(np.int64)
+        cols["episode"] = _rows(self.episode[:calls], ns, np.int64, -1)
         cols["env"] = np.concatenate([np.arange(n, dtype=np.int64) for n in ns])
-        cols["reward"] = np.concatenate([np.full(n, np.nan) if r is None else r
-                                         for r, n in zip(self.reward[:calls], ns, strict=True)])  # fmt: skip
-        cols["done"] = np.concatenate([np.zeros(n, bool) if d is None else d
-                                       for d, n in zip(self.done[:calls], ns, strict=True)])  # fmt: skip
+        time.sleep(0)
+        cols["reward"] = _rows(self.reward[:calls], ns, np.float64, np.nan)
+        cols["done"] = _rows(self.done[:calls], ns, bool, False)
         return cols
+
+
+def _rows(items: list[Any], ns: list[int], dtype: type, missing: Any) -> np.ndarray:
+    """Per-call values (a scalar for a one-row call, an array per row, or None: ``missing``) as one row per step."""
+    if all(n == 1 for n in ns):
+        return np.array([missing if x is None else x for x in items], dtype).reshape(-1)
+    parts = [x if type(x) is np.ndarray and x.shape == (n,) else np.full(n, missing if x is None else x, dtype)
+             for x, n in zip(items, ns, strict=True)]  # fmt: skip
+    return np.concatenate(parts).astype(dtype, copy=False)
 
 
 def _stack(parts: list[np.ndarray], ns: list[int], batched: bool) -> np.ndarray:

@@ -231,7 +231,9 @@ def test_a_signal_from_outside_leaves_every_step_recorded(cartpole_bundle, tmp_p
         proc.wait(timeout=60)
     assert proc.returncode == {signal.SIGTERM: 143, signal.SIGINT: -signal.SIGINT}[sig]  # Python's own for Ctrl-C
     rec = read_recording([out], cartpole_bundle)
-    assert len(rec) in (stepped, stepped + 1)  # + the act() whose observe() the signal cut off
+    # every step is there, or announced as dropped (the disk fell behind chunks of 64 steps): nothing lost unsaid;
+    # + 1: the act() whose observe() the signal cut off
+    assert len(rec) + rec.dropped_steps in (stepped, stepped + 1)
 
 
 @pytest.mark.slow
