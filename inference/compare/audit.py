@@ -35,10 +35,11 @@ from inference.compare.checks import Check, VerifyResult
 from inference.compare.feeds import Feeds, finite_rows
 from inference.compare.inputs import Inputs
 from inference.compare.localize import Localization, Localizer
+from inference.compare.options import LOCALIZE_STAGES, VerifyOptions
 from inference.compare.reference import REFERENCE, Reference
 from inference.compare.runtime_check import check_runtime
 from inference.compare.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
-from inference.compare.verifier import LOCALIZE_STAGES, VerifyOptions, _provenance
+from inference.compare.verifier import _provenance
 from inference.contract import state_dtype
 from inference.errors import INTERRUPTS, UsageError
 from inference.recording import Chunk, RecordingIndex, read_chunk

@@ -41,6 +41,10 @@ DRIFT_NOTICE = 0.1
 EXAMPLES = 5
 
 
+def _where(rows: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(rows.reshape(-1, *[1] * (a.ndim - 1)), a, b).astype(a.dtype, copy=False)
+
+
 def _jsonable(x: Any) -> Any:
     a = np.asarray(x)
     return a.item() if a.ndim == 0 else a.tolist()
@@ -67,7 +71,9 @@ class Actions:
         host = chunk.host_noise if c.samples_on_host else None
         sampled = np.zeros(n, bool) if host is None else np.isfinite(host).reshape(n, -1).all(1)
         self.without_noise |= c.samples_on_host and host is None
-        want, own = self._env_action(ref, host, sampled), self._env_action(chunk.outputs, host, sampled)
+        still = self._deterministic_rows(graph_noise, n)
+        want = self._env_action(ref, host, sampled, still)
+        own = self._env_action(chunk.outputs, host, sampled, still)
         got = np.asarray(chunk.action)
         if a.is_discrete:
             w, g, o = (np.asarray(x).reshape(n, -1).astype(np.int64) for x in (want, got, own))
@@ -97,15 +103,27 @@ class Actions:
                                   "training": _jsonable(want[row]), "device_outputs_give": _jsonable(own[row])})
         return bad
 
-    def _env_action(self, outputs: Mapping[str, np.ndarray], host: np.ndarray | None, sampled: np.ndarray) -> Any:
+    def _deterministic_rows(self, graph_noise: np.ndarray | None, n: int) -> np.ndarray | None:
+        """The steps a noise-input graph acted deterministically: fed ``contract.zero_noise`` (a drawn sample is never
+        exactly that in every dimension)."""
+        if graph_noise is None:
+            return None
+        fill = self.contract.zero_noise(1).reshape(-1)[0]
+        rows = (np.asarray(graph_noise).reshape(n, -1) == fill).all(1)
+        return rows if rows.any() else None
+
+    def _env_action(
+        self, outputs: Mapping[str, np.ndarray], host: np.ndarray | None, sampled: np.ndarray, still: np.ndarray | None,
+    ) -> Any:  # fmt: skip
+        """The env action of each step as the device's ``Policy`` takes it: drawn with the recorded host noise, the
+        deterministic action of a noise-input graph fed zero noise, else the graph's own (``contract.mode_action``)."""
         c = self.contract
-        if host is None or not sampled.any():
-            return c.env_action(outputs)
-        drawn = c.env_action(outputs, host_noise=np.nan_to_num(host))
-        if sampled.all():
-            return drawn
-        plain = c.env_action(outputs)
-        return np.where(sampled.reshape(-1, *[1] * (np.ndim(drawn) - 1)), drawn, plain)
+        action = np.asarray(c.env_action(outputs))
+        if still is not None:
+            action = _where(still, np.asarray(c.deterministic_action(outputs)), action)
+        if host is not None and sampled.any():
+            action = _where(sampled, np.asarray(c.env_action(outputs, host_noise=np.nan_to_num(host))), action)
+        return action
 
     def _near_ties(
         self, ref: Mapping[str, np.ndarray], want: np.ndarray, got: np.ndarray, tolerance: Mapping[str, Tolerance],
