@@ -302,3 +302,28 @@ def test_a_malformed_chunk_is_one_line_naming_the_field(cartpole_bundle, recordi
         read_recording([target.parent], cartpole_bundle)
     text = str(caught.value)
     assert message in text and chunk_name(0) in text and "\n" not in text, text
+
+
+@pytest.mark.slow
+def test_a_noise_input_policy_audits_in_both_modes(tmp_path):
+    """A SAC-style graph that samples from its noise input, recorded through ``inference.load`` acting
+    deterministically (zero noise, the squashed mean) and stochastically (seeded noise): both audit as consistent,
+    every recorded action judged."""
+    import foreign_policies as fp
+
+    import inference
+    from msrl_consistency.api import export_policy
+    from msrl_consistency.artifacts.cells import UserCells
+    from msrl_consistency.audit import audit_recordings
+
+    bundle = export_policy(fp.make_sac(), fp.SAC_CONTRACT, tmp_path / "bundle")
+    rng = np.random.default_rng(0)
+    for mode in ("deterministic", "stochastic"):
+        with inference.load(bundle, runtime="onnxruntime", mode=mode, seed=1, record=tmp_path / mode) as policy:
+            for _ in range(50):
+                policy.act(rng.standard_normal((8, 3)).astype(np.float32))
+                policy.observe(np.zeros(8), np.zeros(8, bool))
+        result, facts = audit_recordings(bundle, [tmp_path / mode], UserCells(fp.make_sac, None), None)
+        actions = next(c for c in result.checks if c.name == "field.actions")
+        assert result.exit_code == 0, result.console_table()
+        assert actions.status == "pass" and facts.actions["steps"] == 400 and facts.actions["differ"] == 0
