@@ -126,7 +126,7 @@ def _wait(predicate, seconds: float = 30.0) -> None:
 def test_a_writer_failure_is_raised_counted_and_announced(cartpole_bundle, tmp_path, monkeypatch):
     """Any failure of the writer (here a ValueError, not an OSError) is raised at the next call and by close(); the
     chunks that could be written are, and the next one names the lost chunk so an audit tells it from a deletion."""
-    import inference.field as field
+    import inference.field_sink as field
 
     real = field.write_chunk
 

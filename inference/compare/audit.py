@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle
-from inference.compare.audit_field import Actions, NonFinite, Ranges, Returns, Window, Windows, decision_errors
+from inference.compare.audit_actions import Actions
+from inference.compare.audit_field import NonFinite, Ranges, Returns, Window, Windows, decision_errors
 from inference.compare.audit_merge import ObservationMerge
 from inference.compare.checks import Check, VerifyResult
 from inference.compare.feeds import Feeds, finite_rows
