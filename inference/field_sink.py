@@ -117,6 +117,7 @@ class Sink:
         self.mutex = threading.RLock()  # the recorder's calls, and the final hand-over
         self.queue: queue.Queue[Columns | None] = queue.Queue(max_pending)
         self.thread = threading.Thread(target=self._write_loop, name="msrl-field-recorder", daemon=True)
+        self.pid = os.getpid()  # a forked child inherits the sink: it never writes or unlocks the parent's recording
         self.thread.start()
 
     def new_columns(self, inputs: int, outputs: int) -> Columns:
@@ -147,8 +148,12 @@ class Sink:
         self.cols = None
 
     def finish(self) -> None:
-        """Hand over what is left, stop and join the writer, release the directory (idempotent)."""
+        """Hand over what is left, stop and join the writer, release the directory (idempotent; nothing in a forked
+        child, whose copy has no writer and shares the parent's lock)."""
         if self.finished:
+            return
+        if os.getpid() != self.pid:
+            self.finished = True
             return
         held = self.mutex.acquire(timeout=10)  # a thread stuck in record() must not keep the process from ending
         try:
@@ -245,11 +250,11 @@ def unlock(fd: int | None) -> None:
 
 
 # -- SIGTERM while recording: end as sys.exit(143) does, so the recording is written --------------------------
-_OPEN: set[int] = set()
+_OPEN: dict[int, int] = {}  # open sinks: id -> the pid that owns them
 
 
 def opened(sink: Sink, handle_sigterm: bool) -> None:
-    _OPEN.add(id(sink))
+    _OPEN[id(sink)] = sink.pid
     if not handle_sigterm or threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -257,14 +262,18 @@ def opened(sink: Sink, handle_sigterm: bool) -> None:
 
 
 def closed(sink: Sink) -> None:
-    _OPEN.discard(id(sink))
-    if not _OPEN and threading.current_thread() is threading.main_thread() and (
+    _OPEN.pop(id(sink), None)
+    if not _recording() and threading.current_thread() is threading.main_thread() and (
             signal.getsignal(signal.SIGTERM) is _on_sigterm):  # fmt: skip
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _recording() -> bool:
+    return os.getpid() in _OPEN.values()
+
+
 def _on_sigterm(signum: int, _frame: object) -> None:
-    if not _OPEN:  # nothing is being recorded any more: SIGTERM's own default action
+    if not _recording():  # nothing is being recorded (here) any more: SIGTERM's own default action
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return

@@ -399,11 +399,12 @@ class Recording:
     def episode_returns(self) -> list[tuple[int, int, float]]:
         """(episode, env row, return) of every episode that ended inside the recording with its rewards known."""
         found = []
-        for episode in np.unique(self.episode[self.done]):
-            rows = np.flatnonzero(self.episode == episode)
+        keys = np.stack([self.episode, self.env], 1)  # (an episode id is per row since version 2; not in version 1)
+        for key in np.unique(keys[self.done], axis=0):
+            rows = np.flatnonzero((keys == key).all(1))
             rewards = self.reward[rows]
             if np.isfinite(rewards).all():
-                found.append((int(episode), int(self.env[rows[0]]), float(rewards.sum())))
+                found.append((int(key[0]), int(key[1]), float(rewards.sum())))
         return found
 
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -318,3 +319,47 @@ def test_play_on_a_full_disk_says_so_in_one_line(cartpole_bundle, tmp_path):
         assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert "could not be written: OSError: [Errno 28] No space left on device" in errors[0]
         assert not list((where / "rec").glob(".*.tmp"))
+
+
+def test_record_takes_rewards_and_dones_too(cartpole_bundle, tmp_path):
+    with Recorder(tmp_path / "rec", cartpole_bundle, "policy") as rec:
+        for t in range(4):
+            obs, action = np.zeros((1, 4), np.float32), np.zeros(1, np.int32)
+            rec.record([obs], {"action": action, "logits": np.zeros((1, 2), np.float32)}, action, 1.0, t == 1)
+    assert returns(tmp_path / "rec", cartpole_bundle) == [2.0]  # the second episode never ended
+
+
+FORKED = """
+    import os, sys
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    from inference.bundle import load_bundle
+    from inference.errors import UsageError
+    from inference.field import Recorder
+    from test_recorder import call
+    bundle = load_bundle({bundle!r})
+    rec = Recorder({out!r}, bundle, "policy")
+    for _ in range(10):
+        call(rec)
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # the child's exit runs the finaliser it inherited
+    os.waitpid(pid, 0)
+    try:
+        Recorder({out!r}, bundle, "policy")
+        print("lock lost")
+    except UsageError:
+        print("still locked")
+    for _ in range(10):
+        call(rec)
+    rec.close()
+"""
+
+
+def test_a_forked_child_neither_writes_nor_unlocks_the_recording(cartpole_bundle, tmp_path):
+    script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(
+        FORKED.format(tests=str(REPO / "tests"), bundle=str(cartpole_bundle.root), out=str(tmp_path / "rec")))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "still locked", proc.stdout + proc.stderr[-2000:]
+    index = index_recording([tmp_path / "rec"], cartpole_bundle)
+    assert len(index.chunks) == 1 and index.steps == 20
