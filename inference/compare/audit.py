@@ -6,9 +6,12 @@ caller's ``reference`` gives the training path's outputs on them, and the device
 it recorded (``RecordedRuntime``). verify's comparison (``runtime_check.check_runtime``: statistics, flips,
 policy-level metrics, NaN propagation, the stage diagnosis) runs on each chunk and its checks are merged into the
 recording's (``audit_merge``: counts summed, extremes kept, rate verdicts taken again on the merged counts, the worst
-chunk's diagnosis). Only small per-step facts of the current chunk are kept beyond it: the steps where the decision
-output differs most (8 rows, for the layer localisation at the end), per-window and per-dimension counters, the
-returns of ended episodes.
+chunk's diagnosis). Comparing per chunk with verify's own code, rather than keeping per-step summaries for one
+comparison at the end, keeps the report verify's without a second implementation of it; the price is that a
+tolerance growing with magnitude pools the ordinary rows of each chunk (16,384 steps by default), not of the whole
+recording, and two statistics are the worst chunk's (``audit_merge``). Only small facts outlive a chunk: the steps
+where the decision output differs most (8 rows, for the layer localisation at the end), per-window and
+per-dimension counters, the returns of ended episodes.
 
 On top of verify: the recorded env actions against the training path's (``field.actions``), the steps with NaN or
 inf observations and what the device did there (``field.nonfinite_observations``), the error per time window
