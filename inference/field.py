@@ -212,7 +212,7 @@ class Recorder:
             for x, (dtype, shape) in zip(inputs, self._inputs):  # noqa: B905 - the count was just compared
                 ok = ok and x.dtype == dtype and x.shape[0] == n and x.shape[1:] == shape
             for name, (dtype, shape), batched in self._expect:
-                x = outputs[name]
+                x = outputs[name] if name else action
                 ok = ok and x.dtype == dtype and (x.shape[1:] == shape and x.shape[0] == n if batched else
                                                   x.shape == shape)  # fmt: skip
         except (AttributeError, IndexError, KeyError, TypeError):
@@ -242,6 +242,7 @@ class Recorder:
             self._layout = [_signature(np.asarray(outputs[k]), n, self._batched[k]) for k in self._names]
             self._layout.append(_signature(np.asarray(action), n, True))
             self._expect = [(k, want, self._batched[k]) for k, want in zip(self._names, self._layout, strict=False)]
+            self._expect.append(("", self._layout[-1], True))  # the action
         arrays = [*(outputs[k] for k in self._names), action]
         labels = [*(f"output {k!r}" for k in self._names), "action"]
         for x, label, want, batched in zip(arrays, labels, self._layout, [*self._batched.values(), True], strict=True):

@@ -363,3 +363,13 @@ def test_a_forked_child_neither_writes_nor_unlocks_the_recording(cartpole_bundle
     assert proc.returncode == 0 and proc.stdout.strip() == "still locked", proc.stdout + proc.stderr[-2000:]
     index = index_recording([tmp_path / "rec"], cartpole_bundle)
     assert len(index.chunks) == 1 and index.steps == 20
+
+
+def test_an_action_of_another_layout_is_refused_at_the_call(cartpole_bundle, tmp_path):
+    with Recorder(tmp_path / "rec", cartpole_bundle, "policy") as rec:
+        call(rec, 2)
+        outputs = {"action": np.zeros(2, np.int32), "logits": np.zeros((2, 2), np.float32)}
+        with pytest.raises(UsageError, match=r"record\(\): action is int64\[2, 1\] for 2 row\(s\)"):
+            rec.record([np.zeros((2, 4), np.float32)], outputs, np.zeros((2, 1), np.int64))
+        call(rec, 2)
+    assert len(read_recording([tmp_path / "rec"], cartpole_bundle)) == 4
