@@ -1,121 +1,189 @@
 """Record what a deployed policy saw and did, on the device (no MindSpore), for an audit against training.
 
-``Recorder`` keeps every act call's graph inputs (observations, noise, carried state), graph outputs, env actions,
-timestamps, rewards and episode boundaries in preallocated arrays, and hands each full chunk to a writer thread:
-the control loop never waits on the disk. A chunk is one ``chunk-NNNNNN.npz`` (plain arrays, no pickles) written
-to a temporary name, flushed to disk and renamed: it is complete or absent, so a process killed mid-write loses at
-most that chunk. If the disk falls behind by more than ``max_pending`` chunks, the newest is dropped rather than
-blocking, and the next chunk records how many steps were lost (``dropped_steps``).
+``Recorder`` keeps every act call's graph inputs (as the caller passed them), graph outputs, env action, the host
+noise of a host-sampled policy, timestamps, rewards and episode boundaries, and hands each full chunk of
+``chunk_steps`` steps to a writer thread: the control loop never waits on the disk. A chunk is written under a
+temporary name, flushed and renamed (``inference.recording``): it is complete or absent.
 
-Chunk layout: ``meta`` (JSON: format, version, manifest_sha256, env_id, graph, runtime, chunk, steps,
-dropped_steps, created), ``input/<k>`` (the graph's k-th input, one row per step), ``output/<name>``, ``action``,
-``time_ns``, ``episode``, ``env`` (the row of the call: env index in a batched loop), ``reward`` (NaN when not
-given), ``done``. ``read_recording`` loads and checks them (``python -m msrl_consistency.verify --audit``).
+Nothing is lost without a word:
+
+* What is recorded reaches the disk on ``close()`` (or the end of a ``with`` block), and also when the process ends
+  without it: at interpreter exit (a normal end, an exception, Ctrl-C) and when the recorder is garbage collected.
+  A process killed with SIGKILL loses at most the chunk in progress. SIGTERM ends Python without any of this, so
+  while a recorder is open and SIGTERM has its default action, the recorder makes SIGTERM end the process as
+  ``sys.exit(143)`` does: ``finally`` blocks run and the recording is written (the exit status is 143, as a shell
+  reports a SIGTERM). A process with its own SIGTERM handler keeps it and calls ``close()`` from it; a recorder
+  opened outside the main thread cannot install a handler (``handle_sigterm=False`` turns it off).
+* Any failure of the writer (a full disk, anything else) is raised at the next ``record()``/``observe()`` call and
+  again, as one line, by ``close()``, after everything that could be written was written; ``write_errors`` and
+  ``dropped_steps`` count them, and the next chunk written names the chunks lost (``meta["lost"]``), so an audit
+  tells a lost chunk from a deleted one. If the disk falls more than ``max_pending`` chunks behind, the newest is
+  dropped rather than blocking the loop, and counted the same way.
+* One recorder per directory: a second one (another process or this one) is refused, naming the other's pid (a
+  lock file, released on close and by the system when the process ends). A recorder on a directory that holds a
+  recording continues it: chunk indices and episode ids follow the last chunk's, so two runs never merge.
+
+Episodes: every row of a call (the env of a vector env) has its own episode id, unique across rows and runs. A row
+whose ``observe(done=...)`` was true starts a new episode at its next step, with or without ``new_episode()``;
+``new_episode()`` (``Policy.reset``) starts new episodes for the rows that have steps in their current one.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import queue
-import re
-import threading
 import time
-import zipfile
+import uuid
+import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from inference.bundle import Bundle, sha256_file
-from inference.errors import UsageError
+from inference.errors import UsageError, first_line
+from inference.field_sink import Sink, lock_directory, opened, unlock
+from inference.recording import FORMAT, VERSION, Recording, continuation, read_recording, recording_chunks, write_chunk
 
-FORMAT = "msrl-consistency/field-recording"
-VERSION = 1
-CHUNK = re.compile(r"^chunk-(\d{6})\.npz$")
+__all__ = ["DEFAULT_CHUNK_STEPS", "Recorder", "Recording", "read_recording", "recording_chunks", "write_chunk"]
+
 DEFAULT_CHUNK_STEPS = 16384  # ~1.6 MB of CartPole steps; a killed process loses at most one chunk
 
 
 class Recorder:
-    """Bounded-size rotating chunks of a deployed policy's steps (see the module docstring)."""
+    """Rotating chunks of a deployed policy's steps, written by a thread (see the module docstring)."""
 
     def __init__(
         self, directory: str | os.PathLike[str], bundle: Bundle, graph: str, runtime: str = "lite",
-        chunk_steps: int = DEFAULT_CHUNK_STEPS, max_pending: int = 8,
+        chunk_steps: int = DEFAULT_CHUNK_STEPS, max_pending: int = 8, *, handle_sigterm: bool = True,
     ) -> None:  # fmt: skip
-        if chunk_steps < 1:
-            raise UsageError(f"chunk_steps must be >= 1, got {chunk_steps}")
+        if isinstance(chunk_steps, bool) or not isinstance(chunk_steps, int) or chunk_steps < 1:
+            raise UsageError(f"chunk_steps must be an integer >= 1, got {chunk_steps!r}")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        existing = [int(m.group(1)) for p in self.directory.iterdir() if (m := CHUNK.match(p.name))]
-        self._next_chunk = max(existing, default=-1) + 1  # a recording continues after what is already there
-        manifest = bundle.root / "manifest.json"
-        self._meta = {"format": FORMAT, "version": VERSION, "manifest_sha256": sha256_file(manifest),
-                      "env_id": bundle.env_id, "graph": graph, "runtime": runtime}  # fmt: skip
         self.chunk_steps = chunk_steps
+        sha = sha256_file(bundle.root / "manifest.json")
+        lock = lock_directory(self.directory)
+        try:
+            next_chunk, next_episode = continuation(self.directory, sha, graph)
+            for stale in self.directory.glob(".chunk-*.npz.tmp"):  # a killed writer's (we hold the lock)
+                stale.unlink(missing_ok=True)
+        except BaseException:
+            unlock(lock)
+            raise
+        entry = bundle.graph(graph)
+        self._inputs = [(np.dtype(t["dtype"]), tuple(int(d) for d in t["shape"][1:])) for t in entry["inputs"]]
+        # (a dynamic dimension besides the batch, -1, never matches a shape: such calls take the slow check)
+        self._batched = {t["name"]: bool(t["shape"]) and int(t["shape"][0]) == -1 for t in entry["outputs"]}
+        meta = {"format": FORMAT, "version": VERSION, "manifest_sha256": sha, "env_id": bundle.env_id,
+                "graph": graph, "runtime": runtime, "session": uuid.uuid4().hex}  # fmt: skip
+        self._sink = Sink(self.directory, meta, next_chunk, next_episode, lock, max_pending)
+        self._finalizer = weakref.finalize(self, Sink.finish_at_exit, self._sink)
+        self._names = tuple(self._batched)
+        self._sink.names, self._sink.batched = self._names, self._batched
+        self._layout: list[tuple[np.dtype, tuple[int, ...]]] = []  # the first call's outputs and action
+        self._expect: list[tuple[str, tuple[np.dtype, tuple[int, ...]], bool]] = []  # the outputs' layout, per name
+        self._reported = 0  # writer errors raised so far
         self.steps = 0  # recorded so far (written or pending)
-        self.dropped_steps = 0
-        self._dropped_unreported = 0
-        self._cols: _Columns | None = None  # the current chunk's calls, column by column
-        self._fill = 0
-        self._episode = 0
-        self._names: tuple[str, ...] | None = None
-        self._queue: queue.Queue[tuple[int, _Columns, tuple[str, ...], dict[str, Any]] | None] = queue.Queue(
-            max_pending)  # fmt: skip
-        self._error: BaseException | None = None
-        self._writer = threading.Thread(target=self._write_loop, name="msrl-field-recorder", daemon=True)
-        self._writer.start()
+        self._episode: np.ndarray | None = None  # per row of the calls: its current episode id
+        self._fresh: np.ndarray | None = None  # rows whose current episode has no step yet (None: every row has)
+        self._done: np.ndarray | None = None  # rows whose last observe() ended their episode
+        opened(self._sink, handle_sigterm)
 
-    # -- the control loop's side: a few copies and a list append per call, never the disk -----------------
+    # -- the control loop's side: a few copies and list appends per call, never the disk ----------------------------
     def record(
         self, inputs: Sequence[np.ndarray], outputs: Mapping[str, np.ndarray], action: np.ndarray,
         reward: np.ndarray | float | None = None, done: np.ndarray | bool | None = None,
+        host_noise: np.ndarray | None = None,
     ) -> None:  # fmt: skip
-        """One act call: its graph inputs (batch rows), outputs and env actions (rewards and episode ends may
-        come later with ``observe``, for the same rows). A call's rows never straddle two chunks."""
-        if self._error is not None:
-            raise UsageError(f"recording to {self.directory} failed: {self._error}")
-        n = len(inputs[0])
-        if self._names is None:
-            self._names = tuple(outputs)
-        elif self._fill + n > self.chunk_steps and self._fill:
-            self._hand_over()
-        if self._cols is None:
-            self._cols = _Columns(len(inputs), len(self._names))
-        c = self._cols  # per-field lists of copies: no per-call container for the garbage collector to scan
+        """One act call: its graph inputs (one row per env), outputs and env actions, and ``host_noise`` when a
+        host-sampled policy drew its action from noise. Rewards and episode ends come with ``observe`` (or here).
+        A call's rows never straddle two chunks."""
+        with self._sink.mutex:  # threads sharing a policy record whole calls, one at a time
+            self._record(inputs, outputs, action, host_noise)
+            if reward is not None or done is not None:
+                self._observe(np.nan if reward is None else reward, done)
+
+    def _record(
+        self, inputs: Sequence[np.ndarray], outputs: Mapping[str, np.ndarray], action: np.ndarray,
+        host_noise: np.ndarray | None,
+    ) -> None:  # fmt: skip
+        sink = self._sink
+        if sink.finished or len(sink.errors) > self._reported:
+            self._check_open()
+        n = self._check_call(inputs, outputs, action, host_noise)
+        cols = sink.cols
+        if cols is not None and not cols.sealed and cols.fill and cols.fill + n > self.chunk_steps:
+            sink.hand_over()
+            cols = None
+        if cols is None or cols.sealed:
+            cols = sink.new_columns(len(inputs), len(self._names))
+        episodes = self._episodes(n)
         for k, x in enumerate(inputs):
-            c.inputs[k].append(np.array(x))
+            cols.inputs[k].append(np.array(x))
         for k, name in enumerate(self._names):
-            c.outputs[k].append(np.array(outputs[name]))
-        c.action.append(np.array(action))
-        c.time_ns.append(time.time_ns())
-        c.episode.append(self._episode)
-        c.n.append(n)
-        c.reward.append(reward)
-        c.done.append(done)
-        self._fill += n
+            cols.outputs[k].append(np.array(outputs[name]))
+        cols.action.append(np.array(action))
+        cols.host_noise.append(None if host_noise is None else np.array(host_noise, np.float32))
+        cols.time_ns.append(time.time_ns())
+        cols.episode.append(episodes)
+        cols.reward.append(None)
+        cols.done.append(None)
+        cols.n.append(n)  # last: the call counts as recorded once this is appended (see Columns.arrays)
+        cols.fill += n
         self.steps += n
 
-    def observe(self, reward: np.ndarray | float, done: np.ndarray | bool = False) -> None:
-        """The env's answer to the last recorded call's actions: its rewards and which episodes ended."""
-        if self._cols is not None and self._cols.n:
-            self._cols.reward[-1], self._cols.done[-1] = reward, done
+    def observe(self, reward: np.ndarray | float, done: np.ndarray | bool | None = None) -> None:
+        """The env's answer to the last recorded call: its reward and whether its episode ended, one per row (a
+        scalar for a one-row call; ``done`` may be a scalar ``False`` for any call)."""
+        with self._sink.mutex:
+            self._observe(reward, done)
+
+    def _observe(self, reward: np.ndarray | float, done: np.ndarray | bool | None) -> None:
+        sink = self._sink
+        if sink.finished or len(sink.errors) > self._reported:
+            self._check_open()
+        cols = sink.cols
+        if cols is None or cols.sealed or not cols.n:
+            raise UsageError("observe() before any act(): there is no action to attach the reward to")
+        last, n = len(cols.n) - 1, cols.n[-1]
+        # one row and plain Python numbers (a gymnasium env's answer): no array per call
+        cols.reward[last] = float(reward) if n == 1 and type(reward) in _NUMBERS else _per_row("reward", reward, n,
+                                                                                               np.float64)  # fmt: skip
+        if done is None:
+            return
+        if type(done) in _BOOLS and (n == 1 or not done):
+            cols.done[last] = bool(done) if n == 1 else None
+            self._done = _ENDED if n == 1 and done else None
+            return
+        rows = _per_row("done", done, n, bool)
+        cols.done[last] = rows
+        self._done = rows if rows.any() else None
 
     def new_episode(self) -> None:
-        """The next calls belong to new episodes (``Policy.reset``)."""
-        self._episode += 1
+        """New episodes for every row that has steps in its current one (``Policy.reset``)."""
+        with self._sink.mutex:
+            self._check_open()
+            if self._episode is not None:
+                self._advance(self._done)
+                self._advance(np.ones(len(self._episode), bool) if self._fresh is None else ~self._fresh)
 
     def close(self) -> None:
-        """Write what is left and wait for the writer (idempotent)."""
-        if self._writer.is_alive():
-            if self._fill:
-                self._hand_over(block=True)
-            self._queue.put(None)
-            self._writer.join()
-        if self._error is not None:
-            raise UsageError(f"recording to {self.directory} failed: {self._error}")
+        """Write everything recorded, wait for the writer, release the directory; raise ``UsageError`` (one line) if
+        any chunk could not be written."""
+        self._sink.finish()
+        self._finalizer.detach()
+        if self._sink.errors:
+            raise UsageError(self._sink.summary())
+
+    @property
+    def dropped_steps(self) -> int:
+        """Steps that were not written: dropped while the disk was behind, or in a chunk whose write failed."""
+        return self._sink.lost_steps
+
+    @property
+    def write_errors(self) -> int:
+        """Chunks whose write failed."""
+        return len(self._sink.errors)
 
     def __enter__(self) -> Recorder:
         return self
@@ -123,188 +191,116 @@ class Recorder:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals ---------------------------------------------------------------------------------------
-    def _hand_over(self, block: bool = False) -> None:
-        cols, steps = self._cols, self._fill
-        meta = {**self._meta, "chunk": self._next_chunk, "steps": steps, "dropped_steps": self._dropped_unreported,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    # -- internals -----------------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        sink = self._sink
+        if sink.finished:
+            raise UsageError(f"the recording to {self.directory} is closed")
+        if len(sink.errors) > self._reported:
+            self._reported = len(sink.errors)
+            raise UsageError(f"recording to {self.directory}: {sink.errors[-1]}")
+
+    def _check_call(
+        self, inputs: Sequence[np.ndarray], outputs: Mapping[str, np.ndarray], action: np.ndarray,
+        host_noise: np.ndarray | None,
+    ) -> int:  # fmt: skip
+        """The call's rows, when every array has the layout of the graph and of the calls before (a recording keeps
+        one): a few attribute compares per array; anything else goes to ``_explain`` for its one-line error."""
         try:
-            self._queue.put((self._next_chunk, cols, self._names or (), meta), block=block)
-            self._next_chunk += 1
-            self._dropped_unreported = 0
-        except queue.Full:  # the disk is behind: drop this chunk rather than block the control loop
-            self.dropped_steps += steps
-            self._dropped_unreported += steps
-        self._cols, self._fill = None, 0
+            n = inputs[0].shape[0]
+            ok = len(inputs) == len(self._inputs) and n > 0 and (host_noise is None or host_noise.shape[0] == n)
+            for x, (dtype, shape) in zip(inputs, self._inputs):  # noqa: B905 - the count was just compared
+                ok = ok and x.dtype == dtype and x.shape[0] == n and x.shape[1:] == shape
+            for name, (dtype, shape), batched in self._expect:
+                x = outputs[name] if name else action
+                ok = ok and x.dtype == dtype and (x.shape[1:] == shape and x.shape[0] == n if batched else
+                                                  x.shape == shape)  # fmt: skip
+        except (AttributeError, IndexError, KeyError, TypeError):
+            ok = False
+        return n if ok and self._expect else self._explain(inputs, outputs, action, host_noise)
 
-    def _write_loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            index, cols, names, meta = item
-            try:
-                write_chunk(self.directory / f"chunk-{index:06d}.npz", cols.arrays(names), meta)
-            except OSError as exc:  # the loop raises it at its next call
-                self._error = exc
+    def _explain(
+        self, inputs: Sequence[np.ndarray], outputs: Mapping[str, np.ndarray], action: np.ndarray,
+        host_noise: np.ndarray | None,
+    ) -> int:  # fmt: skip
+        """``_check_call``'s slow path: the first call (which sets the layout), dynamic dimensions, or an error."""
+        if len(inputs) != len(self._inputs) or not len(inputs):
+            raise UsageError(f"record(): the graph takes {len(self._inputs)} input(s), got {len(inputs)}")
+        n = np.shape(inputs[0])[0] if np.ndim(inputs[0]) else 0
+        for k, (x, (dtype, shape)) in enumerate(zip(inputs, self._inputs, strict=True)):
+            got = np.shape(x)
+            if getattr(x, "dtype", None) != dtype or len(got) != len(shape) + 1 or got[0] != n or any(
+                    w >= 0 and w != g for w, g in zip(shape, got[1:], strict=True)):  # fmt: skip
+                raise UsageError(f"record(): input {k} is {getattr(x, 'dtype', type(x).__name__)}{list(got)}, the "
+                                 f"graph takes {dtype}[{n}, {', '.join(map(str, shape))}]")  # fmt: skip
+        if n < 1:
+            raise UsageError("record(): a call without rows")
+        missing = [k for k in self._names if k not in outputs]
+        if missing:
+            raise UsageError(f"record(): the outputs lack {', '.join(map(repr, missing))}")
+        if not self._layout:
+            self._layout = [_signature(np.asarray(outputs[k]), n, self._batched[k]) for k in self._names]
+            self._layout.append(_signature(np.asarray(action), n, True))
+            self._expect = [(k, want, self._batched[k]) for k, want in zip(self._names, self._layout, strict=False)]
+            self._expect.append(("", self._layout[-1], True))  # the action
+        arrays = [*(outputs[k] for k in self._names), action]
+        labels = [*(f"output {k!r}" for k in self._names), "action"]
+        for x, label, want, batched in zip(arrays, labels, self._layout, [*self._batched.values(), True], strict=True):
+            x = np.asarray(x)
+            if _signature(x, n, batched) != want or (batched and (not x.ndim or x.shape[0] != n)):
+                raise UsageError(f"record(): {label} is {x.dtype}{list(x.shape)} for {n} row(s); the calls before "
+                                 f"gave {want[0]}[rows, {', '.join(map(str, want[1]))}]")  # fmt: skip
+        if host_noise is not None and np.shape(host_noise)[:1] != (n,):
+            raise UsageError(f"record(): host_noise has shape {list(np.shape(host_noise))} for {n} row(s)")
+        return n
 
+    def _episodes(self, n: int) -> np.ndarray | np.int64:
+        """The episode id of each row of this call (a row whose episode ended starts a new one here)."""
+        if self._episode is None or len(self._episode) != n:  # another batch: every row starts an episode
+            self._episode = self._sink.episode_ids(n)
+        elif self._done is not None:
+            self._advance(self._done)
+        self._done = self._fresh = None
+        return self._episode[0] if n == 1 else self._episode.copy()
 
-class _Columns:
-    """One chunk's calls, field by field (copies of what each call was given and what it answered)."""
-
-    def __init__(self, inputs: int, outputs: int) -> None:
-        self.inputs: list[list[np.ndarray]] = [[] for _ in range(inputs)]
-        self.outputs: list[list[np.ndarray]] = [[] for _ in range(outputs)]
-        self.action: list[np.ndarray] = []
-        self.time_ns: list[int] = []
-        self.episode: list[int] = []
-        self.n: list[int] = []
-        self.reward: list[Any] = []
-        self.done: list[Any] = []
-
-    def arrays(self, names: Sequence[str]) -> dict[str, np.ndarray]:
-        """The chunk's arrays, one row per step (in the writer thread, which lets the control loop run between
-        columns: each is one C-level join)."""
-        ns = self.n
-        cols: dict[str, np.ndarray] = {}
-        for k, parts in enumerate(self.inputs):
-            cols[f"input/{k}"] = _stack(parts, ns)
-            time.sleep(0)
-        for name, parts in zip(names, self.outputs, strict=True):
-            cols[f"output/{name}"] = _stack(parts, ns)
-            time.sleep(0)
-        cols["action"] = _stack(self.action, ns)
-        cols["time_ns"] = np.repeat(np.array(self.time_ns, np.int64), ns)
-        cols["episode"] = np.repeat(np.array(self.episode, np.int64), ns)
-        cols["env"] = np.concatenate([np.arange(n) for n in ns]) if max(ns) > 1 else np.zeros(len(ns), np.int64)
-        time.sleep(0)
-        rewards = [np.nan if r is None else r for r in self.reward]
-        dones = [False if d is None else d for d in self.done]
-        if max(ns) == 1:
-            cols["reward"] = np.array(rewards, np.float64).reshape(-1)
-            cols["done"] = np.array(dones, bool).reshape(-1)
-        else:
-            cols["reward"] = _stack([np.asarray(r, np.float64) for r in rewards], ns)
-            cols["done"] = _stack([np.asarray(d, bool) for d in dones], ns)
-        return cols
-
-
-def _stack(parts: list[np.ndarray], ns: list[int]) -> np.ndarray:
-    """Per-call arrays as one row per step: batched arrays are joined as they are; anything else (a per-call
-    scalar, a batch-free output) is repeated for each row of its call."""
-    if all(p.ndim and p.shape[0] == n for p, n in zip(parts, ns, strict=True)):
-        return np.concatenate(parts)
-    return np.concatenate([p if p.ndim and p.shape[0] == n else np.broadcast_to(p, (n, *p.shape))
-                           for p, n in zip(parts, ns, strict=True)])  # fmt: skip
-
-
-def write_chunk(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-    """One chunk, complete or absent: written under a temporary name, flushed to disk, then renamed."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        np.savez(fh, meta=np.array(json.dumps(meta)), **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    def _advance(self, rows: np.ndarray | None) -> None:
+        """New episodes for ``rows`` (a mask over the rows of the calls)."""
+        if rows is None or self._episode is None or len(rows) != len(self._episode) or not rows.any():
+            return
+        at = np.flatnonzero(rows)
+        self._episode[at] = self._sink.episode_ids(len(at))
+        if self._fresh is None:
+            self._fresh = np.zeros(len(self._episode), bool)
+        self._fresh[at] = True
+        if rows is self._done:
+            self._done = None
 
 
-@dataclass
-class Recording:
-    """Every step of one or more recordings of one graph, in time order."""
-
-    graph: str
-    runtime: str
-    inputs: list[np.ndarray]
-    outputs: dict[str, np.ndarray]
-    action: np.ndarray
-    time_ns: np.ndarray
-    episode: np.ndarray
-    env: np.ndarray
-    reward: np.ndarray
-    done: np.ndarray
-    chunks: list[str] = field(default_factory=list)
-    dropped_steps: int = 0
-
-    def __len__(self) -> int:
-        return len(self.time_ns)
-
-    def episode_returns(self) -> list[tuple[int, int, float]]:
-        """(episode, env row, return) of every episode that ended inside the recording with its rewards known."""
-        found = []
-        keys = np.stack([self.episode, self.env], 1)
-        for key in np.unique(keys[self.done], axis=0):
-            rows = np.flatnonzero((keys == key).all(1))
-            rewards = self.reward[rows]
-            if len(rows) and np.isfinite(rewards).all():
-                found.append((int(key[0]), int(key[1]), float(rewards.sum())))
-        return found
+_NUMBERS = (float, int, np.float64, np.float32, np.int64, np.int32)
+_BOOLS = (bool, np.bool_)
+_ENDED = np.ones(1, bool)  # the one row of a one-row call ended its episode
 
 
-def recording_chunks(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """The chunk files of ``paths`` (recording directories or chunk files), in order."""
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(f for f in p.iterdir() if CHUNK.match(f.name))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UsageError(f"recording not found: {p}")
-    if not files:
-        raise UsageError(f"no recorded chunk in {', '.join(map(str, paths))}")
-    return files
+def _signature(x: np.ndarray, n: int, batched: bool) -> tuple[np.dtype, tuple[int, ...]]:
+    return x.dtype, (x.shape[1:] if batched and x.ndim and x.shape[0] == n else x.shape)
 
 
-def read_recording(paths: Sequence[str | os.PathLike[str]], bundle: Bundle) -> Recording:
-    """The steps of ``paths`` checked against ``bundle`` (its manifest's sha256); UsageError (exit 2, one line) for
-    a file that is not a recording chunk, a truncated one, or one recorded with another bundle or graph."""
-    want = sha256_file(bundle.root / "manifest.json")
-    parts: list[dict[str, np.ndarray]] = []
-    graph = runtime = None
-    dropped = 0
-    for path in recording_chunks(paths):
-        meta, arrays = _read_chunk(path)
-        if meta.get("manifest_sha256") != want:
-            theirs = str(meta.get("manifest_sha256"))[:12]
-            raise UsageError(f"{path} was recorded with another bundle (manifest sha256 {theirs}…), not "
-                             f"{bundle.root} ({want[:12]}…)")  # fmt: skip
-        if graph is not None and meta["graph"] != graph:
-            raise UsageError(f"{path} records graph {meta['graph']!r}, the chunks before it {graph!r}")
-        graph, runtime = meta["graph"], meta.get("runtime", "unknown")
-        dropped += int(meta.get("dropped_steps", 0))
-        parts.append(arrays)
-    assert graph is not None and runtime is not None
-    if graph not in bundle.graphs:
-        raise UsageError(f"the recording's graph {graph!r} is not in {bundle.root}")
-    joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    order = np.argsort(joined["time_ns"], kind="stable")
-    joined = {k: v[order] for k, v in joined.items()}
-    n_inputs = sum(k.startswith("input/") for k in joined)
-    return Recording(
-        graph, runtime, [joined[f"input/{k}"] for k in range(n_inputs)],
-        {k.split("/", 1)[1]: v for k, v in joined.items() if k.startswith("output/")}, joined["action"],
-        joined["time_ns"], joined["episode"], joined["env"], joined["reward"], joined["done"],
-        [str(p) for p in recording_chunks(paths)], dropped,
-    )  # fmt: skip
-
-
-REQUIRED = ("meta", "action", "time_ns", "episode", "env", "reward", "done")
-
-
-def _read_chunk(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _per_row(what: str, value: Any, n: int, dtype: type) -> np.ndarray:
+    """``value`` as one entry per row of an ``n``-row call; a scalar only for one row (or a ``False`` done)."""
+    if type(value) is np.ndarray and value.dtype == dtype and value.shape == (n,):  # a vector env's answer
+        return value.copy()
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
-        raise UsageError(f"{path} is not a complete recording chunk ({type(exc).__name__}: {exc})") from None
-    missing = [k for k in REQUIRED if k not in arrays] or ([] if any(k.startswith("input/") for k in arrays) else
-                                                           ["input/0"])  # fmt: skip
-    if missing:
-        raise UsageError(f"{path} is not a recording chunk (no {', '.join(missing)})")
-    try:
-        meta = json.loads(str(arrays.pop("meta")))
-    except json.JSONDecodeError:
-        raise UsageError(f"{path} is not a recording chunk (unreadable meta)") from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise UsageError(f"{path} is not a {FORMAT} v{VERSION} chunk (format {meta.get('format')!r})")
-    steps = len(arrays["time_ns"])
-    if any(len(v) != steps for v in arrays.values()):
-        raise UsageError(f"{path} is inconsistent: its arrays have different numbers of steps")
-    return meta, arrays
+        x = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"observe(): {what} is not an array ({first_line(exc)})") from None
+    kinds = "biuf" if dtype is np.float64 else "biu"
+    if x.dtype.kind not in kinds:
+        raise UsageError(f"observe(): {what} is {x.dtype}, expected numbers")
+    if dtype is bool and x.dtype.kind != "b" and not np.isin(x, (0, 1)).all():
+        raise UsageError(f"observe(): {what} holds values other than 0 and 1")
+    if x.shape == (n,):
+        return np.array(x, dtype)
+    if x.shape == () and (n == 1 or (dtype is bool and not x)):
+        return np.full(n, x, dtype)
+    raise UsageError(f"observe(): {what} has shape {list(x.shape)}, the last act() had {n} row(s): give one "
+                     f"{what} per row")  # fmt: skip

@@ -1,15 +1,15 @@
 """Audit a field recording on the training box: ``verify --bundle B --audit RECORDING...``.
 
-The device recorded what it fed its graph and what the graph answered (``inference.field``); here the training
-path (the Cell from its checkpoint, in PyNative: verify's reference) runs on the very same inputs, and
-``inference.compare.audit`` compares the two as verify compares a runtime, per time window too, with the field's
-observations measured against training's statistics and its returns against training's evaluations.
+The device recorded what it fed its graph and what the graph answered (``inference.field``); here every chunk is
+checked first (``inference.recording.index_recording``: a malformed, missing or duplicated chunk is one line, exit
+2, before any work), then the training path (the Cell from its checkpoint, in PyNative: verify's reference) runs on
+each chunk's inputs as ``inference.compare.audit`` streams the recording, so memory is bounded by a chunk.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,9 @@ import msrl_consistency.runtimes  # noqa: F401 - registers ms-cell, the referenc
 from inference.bundle import Bundle
 from inference.compare.audit import AuditFacts, audit, only_graph, plot_timeline
 from inference.compare.checks import VerifyResult
-from inference.field import read_recording
+from inference.compare.stats import Tolerance
 from inference.files import write_json_atomic
+from inference.recording import Chunk, index_recording
 from inference.runtimes.base import RuntimeSource
 from inference.runtimes.registry import create
 
@@ -30,21 +31,25 @@ TRAINING_EPISODES = 100  # the last episodes of training, when the run has no fi
 
 def audit_recordings(
     bundle: Bundle, recordings: Sequence[Path], cells: Any, checkpoint: Path | None, *, device: str = "cpu",
-    windows: int = 10, tolerance: str | None = None, progress: Callable[[str], None] = lambda _m: None,
+    windows: int = 10, tolerance: str | None = None, overrides: Mapping[str, Tolerance] | None = None,
+    localize: str = "auto", progress: Callable[[str], None] = lambda _m: None,
 ) -> tuple[VerifyResult, AuditFacts]:  # fmt: skip
-    """Read the recordings (checked against ``bundle``), run the reference on their inputs, compare."""
+    """Index the recordings (checked against ``bundle``), then compare them chunk by chunk with the reference."""
     from msrl_consistency.localization import CellLocalizer
 
-    rec = read_recording(recordings, bundle)
-    progress(f"audit: {len(rec)} recorded steps of {rec.graph} ({len(rec.chunks)} chunks, recorded by {rec.runtime})")
-    view = only_graph(bundle, rec.graph)
-    with create("ms-cell", RuntimeSource(view, cells, device), rec.graph) as reference:
-        parts = [reference.infer(*(x[lo : lo + BATCH] for x in rec.inputs)) for lo in range(0, len(rec), BATCH)]
-    outputs = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-    result, facts = audit(bundle, rec, outputs, cells=cells, checkpoint=checkpoint, windows=windows,
-                          training_returns=training_returns(checkpoint), tolerance=tolerance,
-                          localizer=CellLocalizer(view, cells, device))  # fmt: skip
-    return result, facts
+    index = index_recording(recordings, bundle)
+    progress(f"audit: {index.steps} recorded steps of {index.graph} ({len(index.chunks)} chunks, recorded by "
+             f"{', '.join(index.runtimes)})")  # fmt: skip
+    view = only_graph(bundle, index.graph)
+    with create("ms-cell", RuntimeSource(view, cells, device), index.graph) as reference:
+
+        def outputs(chunk: Chunk) -> dict[str, np.ndarray]:
+            parts = [reference.infer(*(x[lo : lo + BATCH] for x in chunk.inputs)) for lo in range(0, len(chunk), BATCH)]
+            return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+        return audit(bundle, index, outputs, cells=cells, checkpoint=checkpoint, windows=windows,
+                     training_returns=training_returns(checkpoint), tolerance=tolerance, overrides=overrides,
+                     localizer=CellLocalizer(view, cells, device), localize=localize, progress=progress)  # fmt: skip
 
 
 def training_returns(checkpoint: Path | None) -> tuple[list[float], str]:
@@ -71,8 +76,9 @@ def training_returns(checkpoint: Path | None) -> tuple[list[float], str]:
 
 
 def audit_files(facts: AuditFacts) -> dict[str, Callable[[Path], bool]]:
-    """The audit's files of the report set: ``audit.json`` (the windows, the observations' range, the returns)
-    and ``audit_timeline.png`` (``inference.report.writers.write_reports(extra=...)``)."""
+    """The audit's files of the report set: ``audit.json`` (the recording, the windows, the actions, the NaN/inf
+    steps, the observations' range, the returns) and ``audit_timeline.png``
+    (``inference.report.writers.write_reports(extra=...)``)."""
 
     def facts_json(path: Path) -> bool:
         write_json_atomic(path, facts.to_dict())

@@ -273,7 +273,8 @@ def _audit(
     from msrl_consistency.audit import audit_recordings
 
     return audit_recordings(bundle, args.audit, cells, checkpoint, device=options.device, windows=args.audit_windows,
-                            tolerance=options.tolerance, progress=progress)  # fmt: skip
+                            tolerance=options.tolerance, overrides=options.overrides, localize=options.localize,
+                            progress=progress)  # fmt: skip
 
 
 def _localizer(bundle: Bundle, cells: object, options: VerifyOptions) -> CellLocalizer:

@@ -89,9 +89,13 @@ def test_a_device_running_another_policy_fails_at_the_network_stage(cartpole_bun
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
     play_record(root, tmp_path / "rec", "--episodes", "2")
     assert audit(root, cartpole_ckpt, tmp_path / "rec", tmp_path / "r") == 1
-    failed = [c for c in report(tmp_path / "r")["checks"] if c["status"] == "fail"]
-    assert {c["name"] for c in failed} == {"observations.policy"}
-    assert {c["diagnosis"]["stage"] for c in failed} == {"network"}
+    failed = {c["name"]: c for c in report(tmp_path / "r")["checks"] if c["status"] == "fail"}
+    # the drift check says when (every window is beyond tolerance); the actions follow the outputs, if any flipped
+    assert {"observations.policy", "field.drift"} <= set(failed) <= {"observations.policy", "field.drift",
+                                                                      "field.actions"}
+    assert failed["observations.policy"]["diagnosis"]["stage"] == "network"
+    windows = failed["field.drift"]["metrics"]["windows"]
+    assert f"beyond tolerance in {len(windows)} of them" in failed["field.drift"]["summary"]
     assert report(tmp_path / "r")["localization"]["field:lite"]["first_diverging_layer"] == "actor.layers.2"
     # The genuine bundle refuses that recording: it was made with another manifest.
     with pytest.raises(UsageError, match="recorded with another bundle"):
@@ -136,15 +140,57 @@ def test_a_shifted_env_is_reported_out_of_distribution(cartpole_bundle, cartpole
     assert worst["max_abs_z"] > 4
 
 
+README_LOOP = """
+    import os, signal
+    import gymnasium as gym
+    import inference
+    policy = inference.load({bundle!r}, record={out!r}, chunk_steps=512)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    for t in range(1, 3001):
+        action = policy.act(obs)
+        obs, reward, terminated, truncated, _ = env.step(int(action))
+        policy.observe(reward, terminated or truncated)
+        if terminated or truncated:
+            obs, _ = env.reset()
+            policy.reset()
+        if t == 1700:
+            {ending}
+    print("the loop ended")
+"""
+ENDINGS = {"normal exit": ("pass", (0,), 3000), "exception": ("raise RuntimeError('the loop failed')", (1,), 1700),
+           "Ctrl-C": ("os.kill(os.getpid(), signal.SIGINT)", (-signal.SIGINT,), 1700),
+           "SIGTERM": ("os.kill(os.getpid(), signal.SIGTERM)", (143,), 1700)}  # fmt: skip
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_the_readme_loop_leaves_a_complete_recording(cartpole_bundle, cartpole_ckpt, tmp_path, ending):
+    """The README's loop in a plain script, without close(): whether it ends, raises, or is stopped by Ctrl-C or
+    SIGTERM, every step it took is recorded, and the recording audits as consistent."""
+    code, exits, steps = ENDINGS[ending]
+    proc = device(README_LOOP.format(bundle=str(cartpole_bundle.root), out=str(tmp_path / "rec"), ending=code))
+    assert proc.returncode in exits, proc.stderr[-2000:]
+    assert ("the loop ended" in proc.stdout) == (ending == "normal exit")
+    rec = read_recording([tmp_path / "rec"], cartpole_bundle)
+    assert len(rec) == steps and len(recording_chunks([tmp_path / "rec"])) == -(-steps // 512)
+    assert all(r <= 500 for *_, r in rec.episode_returns())  # CartPole's maximum: no two episodes merged
+    assert audit(cartpole_bundle.root, cartpole_ckpt, tmp_path / "rec", tmp_path / "r") == 0
+
+
 RECORD_FOREVER = """
     import numpy as np
     import inference
     policy = inference.load({bundle!r}, record={out!r}, chunk_steps=64)
     obs = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
     print("recording", flush=True)
-    while True:
-        policy.act(obs)
-        policy.observe(1.0)
+    steps = 0
+    try:
+        while True:
+            policy.act(obs)
+            policy.observe(1.0)
+            steps += 1
+    finally:
+        print(steps, flush=True)
 """
 
 
@@ -167,6 +213,29 @@ def test_kill_9_while_recording_leaves_only_whole_chunks(cartpole_bundle, tmp_pa
     assert len(rec) == 64 * len(chunks) and np.isfinite(rec.reward).all()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_from_outside_leaves_every_step_recorded(cartpole_bundle, tmp_path, sig):
+    """``kill`` (a service manager's stop) or Ctrl-C while the loop runs: the chunk in progress is written too."""
+    out = tmp_path / "rec"
+    script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(
+        RECORD_FOREVER.format(bundle=str(cartpole_bundle.root), out=str(out)))  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert proc.stdout.readline().strip() == "recording"
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("chunk-*.npz"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        stepped = int(proc.stdout.readline())
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == {signal.SIGTERM: 143, signal.SIGINT: -signal.SIGINT}[sig]  # Python's own for Ctrl-C
+    rec = read_recording([out], cartpole_bundle)
+    # every step is there, or announced as dropped (the disk fell behind chunks of 64 steps): nothing lost unsaid;
+    # + 1: the act() whose observe() the signal cut off
+    assert len(rec) + rec.dropped_steps in (stepped, stepped + 1)
+
+
 @pytest.mark.slow
 def test_bad_recordings_are_one_line_errors(cartpole_bundle, cartpole_ckpt, tmp_path):
     play_record(cartpole_bundle.root, tmp_path / "rec", "--episodes", "1")
@@ -178,8 +247,19 @@ def test_bad_recordings_are_one_line_errors(cartpole_bundle, cartpole_ckpt, tmp_
     np.savez(stranger, x=np.zeros(3))
     text = tmp_path / "notes.txt"
     text.write_text("not a recording")
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    shutil.copy(chunk, renamed / chunk.name)
+    shutil.copy(chunk, renamed / "chunk-000002.npz")
+    floats = tmp_path / "floats"
+    floats.mkdir()
+    with np.load(chunk) as data:
+        arrays = {k: data[k] for k in data.files}
+    np.savez(floats / chunk.name, **{**arrays, "episode": arrays["episode"].astype(np.float64)})
     cases = [(truncated.parent, "not a complete recording chunk"), (stranger, "not a recording chunk"),
-             (text, "not a complete recording chunk"), (tmp_path / "missing", "recording not found")]
+             (text, "not a complete recording chunk"), (tmp_path / "missing", "recording not found"),
+             (renamed, "chunk-000002.npz holds chunk 0 of its recording"),
+             (floats, "field 'episode' is float64, expected int64")]
     for bad, message in cases:
         proc = subprocess.run([sys.executable, "-m", "msrl_consistency.verify", "--bundle", str(cartpole_bundle.root),
                                "--ckpt", str(cartpole_ckpt), "--audit", str(bad), "--out", str(tmp_path / "r")],
