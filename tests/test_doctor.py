@@ -121,7 +121,7 @@ def test_a_failed_ms_is_a_row_of_the_doctors_table_not_an_error(cartpole_bundle,
     proc = doctor(str(_copy(cartpole_bundle.root, tmp_path, fail_ms)), "--json")
     assert proc.returncode in (0, 1), proc.stderr  # a verdict, never a usage error
     check = _by_name(json.loads(proc.stdout))["lite-in-process"]
-    assert check["status"] == "info" and "policy.ms failed at export (lite: outputs differ" in check["detail"]
+    assert check["status"] == "info" and "policy.ms failed at export: lite: outputs differ" in check["detail"]
     checks = json.loads(proc.stdout)["checks"]
     route = [c for c in checks if c["name"] == "policy.ms" and c["bundle"] == "failed at export"]
     assert route and route[0]["detail"] == "lite: outputs differ from the Cell"
