@@ -99,11 +99,9 @@ def play(
     mode = "stochastic" if stochastic else "deterministic"
     with Policy(bundle, mode, runtime, seed, record, fmt=fmt, **options) as policy:
         print(f"acting with {policy.runtime}: {policy.runtime_reason}", file=sys.stderr, flush=True)
-        try:
-            returns = run_episodes(policy, env, episodes, seed, report=print)
-        finally:
-            if policy.recorder is not None:
-                print(f"recorded {policy.recorder.steps} steps to {record}", file=sys.stderr)
+        returns = run_episodes(policy, env, episodes, seed, report=print)
+    if policy.recorder is not None:  # closed: every step is on disk (a failed write raised instead)
+        print(f"recorded {policy.recorder.steps} steps to {record}", file=sys.stderr)
     print(f"mean return {np.mean(returns):.2f} ± {np.std(returns):.2f} over {episodes} episodes "
           f"({mode}, {policy.runtime_reason})")  # fmt: skip
     return returns

@@ -51,7 +51,7 @@ class SimulatedCrash(Exception):
 
 
 def run_trainer(cfg: TrainConfig, run_dir: Path, stop_at: int | None = None, resume: bool = False) -> RunResult | None:
-    """Train in-process through ``msrl_consistency.train(config)``, as ``python -m msrl_consistency.train`` does.
+    """Train in-process through ``msrl_consistency.train_policy(config)``, as ``python -m msrl_consistency.train`` does.
 
     ``stop_at`` "crashes" the run once that many iterations are done (the last checkpoint is the periodic one; no
     result), ``resume`` continues the run in ``run_dir`` from its checkpoint. The compile cache stays off: MindSpore

@@ -46,8 +46,8 @@ class Fault:
 
 
 def main() -> None:
+    import msrl_consistency.train as train
     from inference.errors import run_cli
-    from msrl_consistency import train_policy as train
 
     spec = os.environ.get(FAULT_ENV)
     fault = Fault.parse(spec) if spec else None

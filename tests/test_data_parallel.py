@@ -20,8 +20,8 @@ import numpy as np
 import psutil
 import pytest
 
+import msrl_consistency.train as train
 from inference.errors import UsageError
-from msrl_consistency import train_policy as train
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.checkpoint import read_checkpoint
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import msrl_consistency.train as train
 from inference.errors import UsageError
-from msrl_consistency import train_policy as train
 from msrl_consistency.agent.preprocess import RunningMeanStd, batch_moments, merge_moments
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.config import TrainConfig, build_parser, parse_config

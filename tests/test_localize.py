@@ -155,11 +155,13 @@ def test_the_deploy_side_names_the_layer_from_a_golden_file(cartpole_bundle, car
     from msrl_consistency.verify import main as verify_main
 
     golden = tmp_path / "golden.npz"
-    code = verify_main(["--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--runtimes",
-                        "onnxruntime", "--observations", "400", "--episodes", "1", "--save-golden", str(golden),
-                        "--golden-layers", "--out", str(tmp_path / "r0"), "--quiet"])  # fmt: skip
-    assert code == 0
     faulty = scaled_export(cartpole_ckpt, tmp_path / "faulty", "actor")
+    # The training box records the training path's answers for the very bundle the device holds (a golden file
+    # checks only against its own bundle), here one whose graphs do not compute what the Cell does.
+    code = verify_main(["--bundle", str(faulty.root), "--ckpt", str(cartpole_ckpt), "--runtimes", "onnxruntime",
+                        "--observations", "400", "--episodes", "1", "--save-golden", str(golden), "--golden-layers",
+                        "--out", str(tmp_path / "r0"), "--quiet"])  # fmt: skip
+    assert code == 1 and golden.is_file()
     script = (
         "import sys; sys.modules['mindspore'] = None\n"
         "from inference.check import main\n"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import msrl_consistency.train as train
 from inference.errors import UsageError
-from msrl_consistency import train_policy as train
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.config import available_presets, parse_config
 from msrl_consistency.envs.engines import resolve_backend

@@ -11,10 +11,10 @@ import pytest
 from conftest import run_trainer
 from mindspore import Tensor
 
+import msrl_consistency.train as train
 from inference.compare.verifier import VerifyOptions
 from inference.errors import UsageError
 from msrl_consistency import compat
-from msrl_consistency import train_policy as train
 from msrl_consistency.agent import ActorCritic, PolicySpec
 from msrl_consistency.api import export_run, verify_run
 from msrl_consistency.artifacts import run_dir as rd
