@@ -83,6 +83,9 @@ class _Library:
     _instance: _Library | None = None
 
     def __init__(self, path: Path) -> None:
+        # Lite logs through glog to the caller's stderr; like the runner, keep its WARNING lines (a missing
+        # libnuma...) out of a control loop's output unless the caller chose a level (read once, at load).
+        os.environ.setdefault("GLOG_v", "3")
         # Global, and before libmsrl-lite.so pulls in Lite: its symbols must be bound before Lite's plugins load.
         inline = ctypes.CDLL(str(path.with_name(INLINE_LIBRARY_NAME)), mode=ctypes.RTLD_GLOBAL)
         inline.msrl_lite_float_mode.restype = ctypes.c_uint32
