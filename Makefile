@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LITE_RUNNER := .lite/bin/msrl-lite-runner
 LITE_CONVERT := .lite/bin/msrl-lite-convert
-RUNNER_SRC := $(wildcard inference/runner/*.cc inference/runner/*.h)
+RUNNER_SRC := $(wildcard inference/lite/runner/*.cc inference/lite/runner/*.h)
 export GLOG_v ?= 3
 
 .PHONY: setup lite browser deploy-venv demo test gate lint bench clean
@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml inference/pyproject.toml
 	$(PY) -m pip install -q -e ./inference -e ".[dev]"
 	@touch $(STAMP)
 
-$(LITE_RUNNER) $(LITE_CONVERT) &: $(RUNNER_SRC) export/lite_converter.cc inference/build_lite.sh $(STAMP)
-	bash inference/build_lite.sh
+$(LITE_RUNNER) $(LITE_CONVERT) &: $(RUNNER_SRC) export/lite_converter.cc inference/lite/build_lite.sh $(STAMP)
+	bash inference/lite/build_lite.sh
 	@touch $(LITE_RUNNER) $(LITE_CONVERT)
 
 setup: $(STAMP) $(LITE_RUNNER)

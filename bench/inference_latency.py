@@ -69,7 +69,7 @@ def measure(name: str, source: RuntimeSource, obs: np.ndarray, single_calls: int
 
 def measure_raw_lite(bundle: Bundle, obs: np.ndarray, calls: int) -> dict:
     """The runner's own round trip through ``LiteRunner.infer``, without the runtime wrapper's feed checks."""
-    from inference.lite_client import LiteRunner
+    from inference.lite.client import LiteRunner
 
     with LiteRunner(bundle.file("policy", "ms")) as runner:
         for i in range(50):
@@ -84,8 +84,8 @@ import json, os, sys, time
 sys.modules["mindspore"] = None  # the deploy side: Lite may run in this process
 import numpy as np
 import onnxruntime as ort
-from inference.lite_client import LiteRunner
-from inference.lite_inprocess import LiteModel
+from inference.lite.client import LiteRunner
+from inference.lite.inprocess import LiteModel
 onnx_path, ms_path, obs_path, calls, handoff = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 obs = np.load(obs_path)
 options = ort.SessionOptions()

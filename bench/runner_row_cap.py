@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from inference.bundle import load_bundle
-from inference.lite_client import LiteRunner
-from inference.procfs import status_mb
-from inference.tensors import FeedError
+from inference.bundle.tensors import FeedError
+from inference.lite.client import LiteRunner
+from inference.machine.procfs import status_mb
 
 
 def main() -> None:

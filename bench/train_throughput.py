@@ -39,7 +39,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from inference.doctor import cpu_summary  # noqa: E402
+from inference.machine.facts import cpu_summary  # noqa: E402
 from msrl_consistency.config import load_toml, parse_config, preset_path  # noqa: E402  (no MindSpore import here)
 
 # "Solved" levels for the training curve: the moving average of the last WINDOW episodes must stay at or above.

@@ -28,7 +28,7 @@
 #include "include/api/status.h"
 #include "include/api/types.h"
 #include "include/registry/converter_context.h"
-#include "lite_log.h"  // inference/runner: the output capture the runner uses too
+#include "lite_log.h"  // inference/lite/runner: the output capture the runner uses too
 
 namespace mindspore {
 class Converter {

@@ -29,16 +29,16 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import LITE_FORMATS, Bundle, BundleError, load_bundle
+from inference.bundle.contract import ContractError
+from inference.bundle.tensors import FeedError
 from inference.compare.feeds import seeded_feeds
-from inference.contract import ContractError
 from inference.errors import EXIT_RUNTIME_UNAVAILABLE, EXIT_USAGE, MsrlError, run_cli
-from inference.lite_common import DEFAULT_MAX_ROWS, LiteRunnerError
+from inference.lite.common import DEFAULT_MAX_ROWS, LiteRunnerError
+from inference.lite.runner_info import runner_info
+from inference.machine.procfs import status_mb
 from inference.play import DEPLOY_EXIT_CODES, episode_env, run_episodes
 from inference.policy import Policy
-from inference.procfs import status_mb
-from inference.sdk import runner_info
-from inference.serving import RUNTIMES
-from inference.tensors import FeedError
+from inference.runtimes.serving import RUNTIMES
 
 SCHEMA = "msrl-consistency/bench"
 DEFAULT_BATCHES = "1,8,64,256,1024"
@@ -212,7 +212,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from inference.doctor import environment
+    from inference.machine.facts import environment
 
     for name, value, low in (("--loops", args.loops, 1), ("--warmup", args.warmup, 0), ("--soak", args.soak, 0),
                              ("--episodes", args.episodes, 0), ("--threads", args.threads, 1),
@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "threads": args.threads,
         "warmup": args.warmup,
         "loops": args.loops,
-        "environment": {k: v for k, v in environment(info).items()
+        "environment": {k: v for k, v in environment(None if info is None else info.summary()).items()
                         if k in ("python", "numpy", "machine", "cpu_model", "simd")},  # fmt: skip
     }
     with policy:

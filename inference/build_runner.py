@@ -1,6 +1,6 @@
 """``python -m inference.build_runner [--sdk DIR] [--out DIR] [--runner-only]``: build the Lite runner.
 
-Runs ``build_lite.sh`` (shipped inside this package) so an installed deploy package can build its runner
+Runs ``lite/build_lite.sh`` (shipped inside this package) so an installed deploy package can build its runner
 against the device's Lite SDK with one command. Outside a source checkout the runner goes to this
 environment's ``bin`` (where ``LiteRunner`` looks for it) and a fetched PyPI SDK to ``<prefix>/share/msrl-lite``.
 """
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         if "--out" not in args and not env.get("MSRL_LITE_OUT"):
             args += ["--out", str(Path(sys.prefix) / "bin")]
         env.setdefault("MSRL_LITE_HOME", str(Path(sys.prefix) / "share" / "msrl-lite"))
-    return subprocess.call(["bash", str(HERE / "build_lite.sh"), *args], env=env)
+    return subprocess.call(["bash", str(HERE / "lite" / "build_lite.sh"), *args], env=env)
 
 
 if __name__ == "__main__":

@@ -21,31 +21,25 @@ Exit codes: 0 compatible (warnings allowed), 1 an incompatible pair, 2 bad input
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib.metadata as md
 import json
-import os
-import platform
 import re
-import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from inference.bundle import Bundle, BundleError, load_bundle
+from inference.bundle.mindir import read_header
 from inference.compare.feeds import seeded_feeds
+from inference.compare.inline import compare_inline
 from inference.errors import run_cli
-from inference.lite_common import LiteRunnerError
-from inference.lite_inline_check import compare_inline
-from inference.lite_inprocess import LiteModel, in_process_reason, open_lite
-from inference.mindir import read_header
-from inference.sdk import RunnerInfo, choose_format, runner_info
+from inference.lite.common import LiteRunnerError
+from inference.lite.inprocess import LiteModel, in_process_reason, open_lite
+from inference.lite.runner_info import RunnerInfo, choose_format, runner_info
+from inference.machine.facts import environment
 
 OK, WARN, INCOMPATIBLE, INFO = "ok", "warn", "incompatible", "info"
-ASCEND_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/latest")
 _LITE_VERSION = re.compile(rb"MindSpore Lite (\d+\.\d+\.\d+[0-9A-Za-z.+-]*)")
-_ARM_IMPLEMENTERS = {"0x41": "Arm", "0x48": "HiSilicon", "0x51": "Qualcomm", "0x61": "Apple", "0xc0": "Ampere"}
 
 
 @dataclass(frozen=True)
@@ -56,126 +50,6 @@ class Check:
     bundle: str
     detail: str
     evidence: list[str] | None = None  # what a warning rests on, line by line (JSON only)
-
-
-# ---- this box ------------------------------------------------------------------------------------------------
-
-
-def package_version(name: str) -> str | None:
-    """An installed distribution's version without importing it (MindSpore's import costs seconds and GBs)."""
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
-
-
-def parse_cpuinfo(text: str) -> tuple[str, set[str]]:
-    """CPU model and feature flags from /proc/cpuinfo text (x86 ``model name``/``flags``, Arm ``Features``)."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in fields:
-            fields[key.strip()] = value.strip()
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    model = fields.get("model name") or fields.get("Hardware") or ""
-    if not model and "CPU implementer" in fields:
-        vendor = _ARM_IMPLEMENTERS.get(fields["CPU implementer"].lower(), fields["CPU implementer"])
-        model = f"{vendor} CPU part {fields.get('CPU part', '?')}"
-    return model or "unknown", flags
-
-
-def simd_level(flags: set[str], machine: str) -> str:
-    """The widest SIMD extension the kernels can use: it decides float rounding (FMA, reduction order)."""
-    if machine in ("x86_64", "AMD64", "i686"):
-        if "avx512f" in flags:
-            return "AVX-512"
-        if "avx2" in flags:
-            return "AVX2" + ("+FMA" if "fma" in flags else "")
-        if "avx" in flags:
-            return "AVX"
-        return "SSE4.2" if "sse4_2" in flags else "SSE2"
-    if machine.startswith(("aarch64", "arm")):
-        if "sve" in flags:
-            return "NEON+SVE"
-        return "NEON" if {"asimd", "neon"} & flags else "none"
-    return "unknown"
-
-
-def host_cpu() -> tuple[str, str]:
-    """This host's CPU model and SIMD level, from /proc/cpuinfo (``unknown`` without it)."""
-    try:
-        model, flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text(errors="replace"))
-    except OSError:
-        model, flags = "unknown", set()
-    return model, simd_level(flags, platform.machine())
-
-
-def cpu_summary() -> str:
-    """One line naming this host's CPU, e.g. ``Intel(R) Xeon(R) Processor, AVX-512, 2 CPUs``: the benchmarks record
-    it with each result, since float paths (PyTorch's, not ours) and speed ratios differ from one CPU to another."""
-    model, simd = host_cpu()
-    return f"{model}, {simd}, {os.cpu_count()} CPUs"
-
-
-def _key_values(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    try:
-        for line in path.read_text(errors="replace").splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                out[key.strip().lower()] = value.strip()
-    except OSError:
-        pass
-    return out
-
-
-def cann_info() -> dict[str, str] | None:
-    """The Ascend CANN toolkit found via ``$ASCEND_HOME_PATH``/``$ASCEND_TOOLKIT_HOME`` or the default paths."""
-    roots = [os.environ.get("ASCEND_HOME_PATH"), os.environ.get("ASCEND_TOOLKIT_HOME"), *ASCEND_ROOTS]
-    for root in filter(None, roots):
-        base = Path(root)
-        candidates = sorted(base.glob("*/ascend_toolkit_install.info")) + [base / "version.cfg"]
-        for info in candidates:
-            kv = _key_values(info)
-            version = kv.get("version") or kv.get("toolkit_running_version") or kv.get("runtime_running_version")
-            if version:
-                return {"version": version.strip("[]").split(":")[0], "path": str(info)}
-    return None
-
-
-def ascend_devices() -> list[str]:
-    return sorted(p for p in glob.glob("/dev/davinci*") if re.fullmatch(r"/dev/davinci\d+", p))
-
-
-def environment(info: RunnerInfo | None) -> dict[str, Any]:
-    model, simd = host_cpu()
-    machine = platform.machine()
-    cann = cann_info()
-    driver = _key_values(Path("/usr/local/Ascend/driver/version.info")).get("version")
-    return {
-        "python": platform.python_version(),
-        "numpy": package_version("numpy"),
-        "gymnasium": package_version("gymnasium"),
-        "mindspore": package_version("mindspore"),
-        "machine": machine,
-        "cpu_model": model,
-        "simd": simd,
-        "lite": None
-        if info is None
-        else {
-            "runner": str(info.runner),
-            "lite_version": info.lite_version,
-            "lite_version_source": info.record.get("lite_version_source"),
-            "sdk": info.record.get("sdk"),
-            "max_mind_ir_version": info.max_mind_ir_version,
-            "mind_ir_rule": info.mind_ir_rule,
-            "inline": info.record.get("inline"),
-        },
-        "cann": cann,
-        "ascend_driver": driver,
-        "ascend_devices": ascend_devices(),
-        "npu_smi": shutil.which("npu-smi"),
-    }
 
 
 # ---- the bundle's pins ---------------------------------------------------------------------------------------
@@ -258,7 +132,8 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
     train = (m.get("source", {}) or {}).get("train_versions", {}) or {}
     checks: list[Check] = []
     if info is None:
-        checks.append(Check("lite-runner", INCOMPATIBLE, "not built", "-", "build it: bash inference/build_lite.sh"))
+        checks.append(Check("lite-runner", INCOMPATIBLE, "not built", "-",
+                            "build it: bash inference/lite/build_lite.sh"))
     for graph in m.get("graphs") or {}:
         checks.extend(_route_checks(bundle, graph, info))
     checks.append(
@@ -410,7 +285,7 @@ def render(env: dict[str, Any], checks: list[Check], bundle: Bundle | None) -> s
             f"loads MindIR <= v{lite['max_mind_ir_version'] if lite['max_mind_ir_version'] is not None else '?'}, "
             f"{_inline_default(lite.get('inline'))}"
             if lite
-            else "not built (bash inference/build_lite.sh)",
+            else "not built (bash inference/lite/build_lite.sh)",
         ),
         ("cann", f"{env['cann']['version']} ({env['cann']['path']})" if env["cann"] else "not found"),
         ("ascend", f"{len(env['ascend_devices'])} device(s), driver {env['ascend_driver'] or '?'}"),
@@ -440,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BundleError(f"bundle {args.bundle} does not exist")
         bundle = load_bundle(args.bundle) if args.bundle else None
         info = runner_info(args.runner)
-        env = environment(info)
+        env = environment(None if info is None else info.summary())
         checks = bundle_checks(bundle, env, info, args.device) if bundle else []
         if not bundle and args.device != "cpu":
             checks.append(device_check(env, info, args.device))

@@ -20,17 +20,17 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import LITE_FORMATS, Bundle, BundleError, load_bundle
+from inference.bundle.contract import ContractError
+from inference.bundle.spaces import check_env_spaces
+from inference.bundle.tensors import FeedError
 from inference.compare.acting import to_env
 from inference.compare.episodes import EnvSource
 from inference.compare.feeds import finite_rows
 from inference.compare.inputs import env_factory_source, env_source
-from inference.contract import ContractError
 from inference.errors import EXIT_RUNTIME_UNAVAILABLE, EXIT_USAGE, MsrlError, run_cli
-from inference.lite_common import LiteRunnerError
+from inference.lite.common import LiteRunnerError
 from inference.policy import Policy
-from inference.serving import RUNTIMES
-from inference.spaces import check_env_spaces
-from inference.tensors import FeedError
+from inference.runtimes.serving import RUNTIMES
 
 DEPLOY_EXIT_CODES = ("exit codes: 0 ok, 2 bad bundle or arguments, 3 no runtime can run the policy here (or it failed "
                      "while acting), 130 interrupted")  # fmt: skip

@@ -16,11 +16,11 @@ argmax). A policy that carries state keeps it between calls, one row per observa
 ``init`` (``reset()`` starts new episodes; a call with another number of rows needs it first; ``state=`` overrides
 the state for one call).
 
-What ``act`` accepts is checked, never cast (``inference.act_inputs``): the contract's dtypes, one observation or a
+What ``act`` accepts is checked, never cast (``bundle/act_inputs.py``): the contract's dtypes, one observation or a
 batch, a ``Dict`` observation as a dict (Gymnasium's vector layout for a batch). What it returns is the caller's to
 keep; ``act_view`` is the allocation-free variant for a single-threaded loop. One call runs at a time, so threads
 may share a policy. ``runtime="best"`` tries Lite in this process, then ONNX Runtime, then the Lite runner process
-(``inference.serving``); ``policy.runtime`` and ``policy.runtime_reason`` say which serves and why.
+(``inference.runtimes.serving``); ``policy.runtime`` and ``policy.runtime_reason`` say which serves and why.
 
 ``record=DIR`` keeps every step for an audit against training (``inference.field``; ``observe(reward, done)`` adds
 the env's answers, one per row).
@@ -36,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from inference.act_inputs import float32_input, observation_inputs
 from inference.bundle import MODES, Bundle, load_bundle
+from inference.bundle.act_inputs import float32_input, observation_inputs
+from inference.bundle.tensors import FeedError
 from inference.errors import UsageError
 from inference.field import DEFAULT_CHUNK_STEPS, Recorder
-from inference.serving import RUNTIMES, OnnxModel, open_graph  # noqa: F401 - OnnxModel: part of this API
-from inference.tensors import FeedError
+from inference.runtimes.serving import RUNTIMES, OnnxModel, open_graph  # noqa: F401 - OnnxModel: part of this API
 
 
 class Policy:
@@ -163,7 +163,7 @@ class Policy:
         return self._state
 
     def _state_dtype(self) -> np.dtype:
-        from inference.contract import state_dtype
+        from inference.bundle.contract import state_dtype
 
         return state_dtype(self.contract.states)
 

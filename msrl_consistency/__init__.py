@@ -25,7 +25,7 @@ _API = {
     "export_run": "msrl_consistency.api",
     "verify_policy": "msrl_consistency.api",
     "verify_run": "msrl_consistency.api",
-    "PolicyContract": "inference.contract",
+    "PolicyContract": "inference.bundle.contract",
     "assert_policy_consistent": "msrl_consistency.testing",
     "localize": "msrl_consistency.localization",
 }

@@ -22,13 +22,13 @@ from mindspore import nn
 import msrl_consistency.envs  # noqa: F401 - registers our own env ids with gymnasium (verify looks them up)
 import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes with inference.runtimes
 from inference.bundle import SCHEMA, SCHEMA_VERSION, Bundle, BundleError, load_bundle, sha256_file
+from inference.bundle.contract import ContractError, PolicyContract
+from inference.bundle.mindir import mindir_version
 from inference.compare.checks import VerifyResult
 from inference.compare.inputs import Inputs, check_same_contract, resolve_inputs
 from inference.compare.reference import Reference
 from inference.compare.verifier import VerifyOptions, verify
-from inference.contract import ContractError, PolicyContract
 from inference.errors import UsageError, first_line
-from inference.mindir import mindir_version
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, PolicySpec
 from msrl_consistency.artifacts import graphs as G

@@ -1,8 +1,8 @@
 """Audit a field recording on the training box: ``verify --bundle B --audit RECORDING...``.
 
 The device recorded what it fed its graph and what the graph answered (``inference.field``); here every chunk is
-checked first (``inference.recording.index_recording``: a malformed, missing or duplicated chunk is one line, exit
-2, before any work), then the training path (the Cell from its checkpoint, in PyNative: verify's reference) runs on
+checked first (``inference.bundle.recording.index_recording``: a malformed, missing or duplicated chunk is one line,
+exit 2, before any work), then the training path (the Cell from its checkpoint, in PyNative: verify's reference) runs on
 each chunk's inputs as ``inference.compare.audit`` streams the recording, so memory is bounded by a chunk.
 """
 
@@ -17,11 +17,11 @@ import numpy as np
 
 import msrl_consistency.runtimes  # noqa: F401 - registers ms-cell, the reference an audit reruns
 from inference.bundle import Bundle
+from inference.bundle.files import write_json_atomic
+from inference.bundle.recording import Chunk, index_recording
 from inference.compare.audit import AuditFacts, audit, only_graph, plot_timeline
 from inference.compare.checks import VerifyResult
 from inference.compare.stats import Tolerance
-from inference.files import write_json_atomic
-from inference.recording import Chunk, index_recording
 from inference.runtimes.base import RuntimeSource
 from inference.runtimes.registry import create
 

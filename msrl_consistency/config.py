@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inference.bundle.files import read_document
 from inference.errors import UsageError
-from inference.files import read_document
 
 PRESET_DIR = Path(__file__).with_name("presets")
 MAX_UPDATES_PER_CALL = 8  # minibatch updates unrolled in one train-step graph: more compile time and memory

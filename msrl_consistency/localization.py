@@ -26,6 +26,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from inference.bundle import Bundle
+from inference.bundle.tensors import TensorMeta
 from inference.compare.localize import (
     IDENTITY_IN_EVAL_NOTE,
     LayerComparison,
@@ -36,7 +37,6 @@ from inference.compare.localize import (
     localize_runtime,
 )
 from inference.compare.stats import Tolerance, compare_arrays
-from inference.tensors import TensorMeta
 from msrl_consistency import compat
 
 # Cell type → the ONNX op types that compute it (layers without Parameters are matched by these, in order).

@@ -232,8 +232,8 @@ def _user_model(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[B
 def _bundle(args: argparse.Namespace) -> Bundle:
     """The bundle named by --bundle or --mindir (which must sit in one), checked against --contract if given."""
     from inference.bundle import BundleError, load_bundle
+    from inference.bundle.contract import PolicyContract
     from inference.compare.inputs import check_same_contract
-    from inference.contract import PolicyContract
 
     try:
         bundle = load_bundle(args.bundle or args.mindir)

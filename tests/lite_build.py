@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from inference.lite_common import runner_available, runner_path
+from inference.lite.common import runner_available, runner_path
 
 BUILT, WHY_NOT = runner_available()
 INFO_FILE = runner_path().with_name("msrl-lite-runner.json")

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from test_field import audit, device, report
 
+from inference.bundle.recording import chunk_name, index_recording, read_recording, write_chunk
 from inference.errors import UsageError
 from inference.field import Recorder
-from inference.recording import chunk_name, index_recording, read_recording, write_chunk
 
 pytestmark = pytest.mark.skipif(not lite_build.BUILT and not lite_build.required(), reason=lite_build.WHY_NOT)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from inference.bench import soak
-from inference.lite_common import runner_available
+from inference.lite.common import runner_available
 
 pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
 
@@ -146,7 +146,7 @@ def _shape_bundle(shape: str, out):
     import foreign_policies as fp
     from byo_examples import EXAMPLES, example_module
 
-    from inference.contract import PolicyContract
+    from inference.bundle.contract import PolicyContract
     from msrl_consistency.api import export_policy
 
     if shape == "gru":  # CartPole-v1, the contract's env id

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.lite_client import LiteRunner
-from inference.lite_common import runner_path
+from inference.lite.client import LiteRunner
+from inference.lite.common import runner_path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "inference" / "build_lite.sh"
@@ -174,7 +174,7 @@ def test_a_build_not_tested_inline_hands_off_unless_asked(tmp_path: Path) -> Non
         assert (r.runs_inline, asked.runs_inline) == (False, True)
     code = (
         "import json, os, sys; sys.modules['mindspore'] = None\n"
-        "import numpy as np\nfrom inference.lite_inprocess import LiteModel\n"
+        "import numpy as np\nfrom inference.lite.inprocess import LiteModel\n"
         f"m = LiteModel({str(model)!r}); m.infer(np.zeros((3, 4), np.float32))\n"
         "print(json.dumps([m.runs_inline, m.inline_stats()['requested']]))"
     )

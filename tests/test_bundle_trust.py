@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from inference.bundle import BundleError, load_bundle
-from inference.schema import MANIFEST_SCHEMA, errors, load_schema, optional_defaults
+from inference.bundle.schema import MANIFEST_SCHEMA, errors, load_schema, optional_defaults
 
 SMALL = ["--observations", "200", "--episodes", "1"]
 

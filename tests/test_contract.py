@@ -11,8 +11,8 @@ import pytest
 from mindspore import Tensor
 
 from inference.bundle import BundleError, load_bundle
-from inference.contract import ContractError, PolicyContract, gumbel_argmax
-from inference.tensors import TensorMeta
+from inference.bundle.contract import ContractError, PolicyContract, gumbel_argmax
+from inference.bundle.tensors import TensorMeta
 from msrl_consistency.agent import PolicySpec
 from msrl_consistency.artifacts.graphs import trainer_contracts
 

@@ -112,17 +112,22 @@ def unit(module: str, root: Path) -> str:
     return module
 
 
-def unit_cycles(root: Path, by_module: bool = False) -> list[list[str]]:
-    """Import cycles between the units of ``root`` (sub-packages, top-level modules; or every module), at run time:
-    every import at any depth counts except those under ``if TYPE_CHECKING:``. Each cycle as one strongly connected
-    component."""
+def unit_graph(root: Path, by_module: bool = False) -> dict[str, set[str]]:
+    """Which units of ``root`` (sub-packages and top-level modules; or every module) import which, counting every
+    import at any depth, those under ``if TYPE_CHECKING:`` too: an annotation is a dependency a reader follows."""
     part = (lambda m: m) if by_module else (lambda m: unit(m, root))
     graph: dict[str, set[str]] = {}
     for path in _sources(root):
         for imp in imports_of(path, root):
             src, dst = part(imp.module), part(imp.target)
-            if not imp.type_only and imp.target.split(".")[0] == root.name and src != dst and dst != root.name:
+            if imp.target.split(".")[0] == root.name and src != dst and dst != root.name:
                 graph.setdefault(src, set()).add(dst)
+    return graph
+
+
+def unit_cycles(root: Path, by_module: bool = False) -> list[list[str]]:
+    """Import cycles between the units of ``root`` (``unit_graph``), each as one strongly connected component."""
+    graph = unit_graph(root, by_module)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -172,6 +177,27 @@ def test_no_deploy_module_names_the_training_package_in_a_string():
 def test_the_deploy_sub_packages_import_each_other_one_way():
     assert unit_cycles(DEPLOY) == []  # e.g. report depends on compare, never the reverse
     assert unit_cycles(DEPLOY, by_module=True) == []
+
+
+# The deploy package's rooms, top to bottom (``inference/__init__``'s drawing): a unit imports units of its own row
+# (without a cycle) or below it, never above.
+LAYERS = [
+    {"inference.check", "inference.play", "inference.bench", "inference.doctor", "inference.build_runner"},
+    {"inference.policy", "inference.field", "inference.report"},
+    {"inference.compare"},
+    {"inference.runtimes"},
+    {"inference.lite", "inference.bundle", "inference.machine"},
+    {"inference.errors"},
+]
+
+
+def test_every_deploy_unit_has_a_row_and_no_import_runs_back_up():
+    graph = unit_graph(DEPLOY)
+    row = {u: k for k, units in enumerate(LAYERS) for u in units}
+    units = {unit(module_name(p, DEPLOY), DEPLOY) for p in _sources(DEPLOY)} - {"inference"}
+    assert units <= set(row), f"units without a row in LAYERS: {sorted(units - set(row))}"
+    upward = sorted(f"{src} -> {dst}" for src, dsts in graph.items() for dst in dsts if row[dst] < row[src])
+    assert not upward, upward
 
 
 def test_the_training_sub_packages_import_each_other_one_way():
@@ -226,8 +252,8 @@ def test_every_deploy_module_imports_without_mindspore():
     proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    expected = {"bench", "build_runner", "bundle", "doctor", "lite_client", "lite_common", "mindir", "play", "sdk",
-                "compare.verifier", "report.writers", "runtimes.registry"}  # fmt: skip
+    expected = {"bench", "build_runner", "bundle", "doctor", "lite.client", "lite.common", "bundle.mindir", "play",
+                "lite.runner_info", "compare.verifier", "report.writers", "runtimes.registry"}  # fmt: skip
     assert expected <= {m.removeprefix("inference.") for m in result["modules"]}
     # Gymnasium too is imported only when episodes are played, so doctor and bench start without it.
     assert result["loaded"] == []

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from inference.bundle import load_bundle
+from inference.bundle.tensors import FeedError
 from inference.errors import UsageError
-from inference.lite_common import runner_available
+from inference.lite.common import runner_available
 from inference.policy import Policy
-from inference.tensors import FeedError
 
 REPO = Path(__file__).resolve().parents[1]
 needs_runner = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])

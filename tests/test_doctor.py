@@ -15,9 +15,10 @@ import pytest
 
 import inference.doctor as doctor_module
 from inference.bundle import sha256_file
-from inference.doctor import INCOMPATIBLE, OK, WARN, device_check, inline_bits_check, parse_cpuinfo, simd_level
-from inference.lite_common import runner_available
-from inference.sdk import runner_info
+from inference.doctor import INCOMPATIBLE, OK, WARN, device_check, inline_bits_check
+from inference.lite.common import runner_available
+from inference.lite.runner_info import runner_info
+from inference.machine.facts import parse_cpuinfo, simd_level
 
 pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
 

@@ -25,8 +25,8 @@ def test_manifest_pins_files_versions_and_preprocessing(which, request):
     assert m["source"]["checkpoint_sha256"] == sha256_file(ckpt)
     import mindspore
 
-    from inference.mindir import mindir_version
-    from inference.sdk import runner_info
+    from inference.bundle.mindir import mindir_version
+    from inference.lite.runner_info import runner_info
 
     assert m["exporter"]["mindspore"] == mindspore.__version__
     assert m["exporter"]["mind_ir_version"] == mindir_version(bundle.file("policy", "mindir"))

@@ -15,8 +15,8 @@ from pathlib import Path
 import lite_build
 import pytest
 
-from inference.lite_client import LiteRunner
-from inference.lite_inprocess import in_process_reason, library_path, open_lite
+from inference.lite.client import LiteRunner
+from inference.lite.inprocess import in_process_reason, library_path, open_lite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,9 +33,9 @@ def deploy_python(code: str) -> dict:
 
 AGREE = """
 import numpy as np
-import inference.lite_inprocess as lite_inprocess
-from inference.lite_client import LiteRunner
-from inference.lite_inprocess import LiteModel
+import inference.lite.inprocess as lite_inprocess
+from inference.lite.client import LiteRunner
+from inference.lite.inprocess import LiteModel
 result, staged = {}, lite_inprocess._STAGE_BYTES
 for path in PATHS:
     for stage in (staged, 0) if path in PASSED else (staged,):  # feeds copied into the call's buffers / passed as is
@@ -89,8 +89,8 @@ def test_lite_computes_in_its_float_mode_and_leaves_the_callers_alone(tmp_path):
     result = deploy_python(f"""
         import os
         import numpy as np
-        from inference.lite_client import LiteRunner
-        from inference.lite_inprocess import LiteModel
+        from inference.lite.client import LiteRunner
+        from inference.lite.inprocess import LiteModel
         obs = np.full((3, 4), 1e-39, np.float32)  # denormal
         caller = lambda: float(obs[0, 0] * np.float32(1e30))  # this thread's own arithmetic
         before = caller()
@@ -120,7 +120,7 @@ def test_whether_a_model_runs_inline_is_its_own(cartpole_bundle):
     result = deploy_python(f"""
         import os
         import numpy as np
-        from inference.lite_inprocess import LiteModel
+        from inference.lite.inprocess import LiteModel
         path = {str(cartpole_bundle.file("policy", "ms"))!r}
         obs = np.zeros((2, 4), np.float32)
         first = LiteModel(path)
@@ -147,8 +147,8 @@ def test_threads_sharing_a_model_each_get_their_own_answers(cartpole_bundle):
     result = deploy_python(f"""
         import threading
         import numpy as np
-        from inference.lite_client import LiteRunner
-        from inference.lite_inprocess import LiteModel
+        from inference.lite.client import LiteRunner
+        from inference.lite.inprocess import LiteModel
         path = {str(cartpole_bundle.file("policy", "ms"))!r}
         obs = [np.random.default_rng(k).standard_normal((3, 4)).astype(np.float32) for k in range(4)]
         wrong = {{}}
@@ -177,8 +177,8 @@ def test_threads_sharing_a_model_each_get_their_own_answers(cartpole_bundle):
 def test_bad_feeds_are_refused_before_lite_sees_them(cartpole_bundle):
     result = deploy_python(f"""
         import numpy as np
-        from inference.lite_inprocess import LiteModel
-        from inference.tensors import FeedError
+        from inference.lite.inprocess import LiteModel
+        from inference.bundle.tensors import FeedError
         model = LiteModel({str(cartpole_bundle.file("policy", "ms"))!r}, max_rows=100)
         obs = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
         errors = {{}}
@@ -212,7 +212,7 @@ def test_load_failures_are_the_runners_exceptions(cartpole_bundle, tmp_path):
     bad = tmp_path / "bad.ms"
     bad.write_bytes(b"not a model")
     result = deploy_python(f"""
-        from inference.lite_inprocess import LiteModel
+        from inference.lite.inprocess import LiteModel
         out = {{}}
         for name, path in {{"missing": "/nonexistent/p.ms", "corrupt": {str(bad)!r},
                            "mindir": {str(cartpole_bundle.file("policy", "mindir"))!r}}}.items():
@@ -241,7 +241,7 @@ def test_load_acts_like_the_runner_in_a_control_loop(cartpole_bundle, pendulum_b
     result = deploy_python(f"""
         import numpy as np
         import inference
-        from inference.lite_client import LiteRunner
+        from inference.lite.client import LiteRunner
         out = {{}}
         for name, root in (("cartpole", {str(cartpole_bundle.root)!r}), ("pendulum", {str(pendulum_bundle.root)!r})):
             policy = inference.load(root)

@@ -22,8 +22,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from inference.lite_client import LiteRunner
-from inference.lite_common import (
+from inference.bundle.tensors import FeedError, TensorMeta
+from inference.lite.client import LiteRunner
+from inference.lite.common import (
     DeviceUnavailable,
     LiteRunnerError,
     MindIRVersionError,
@@ -34,7 +35,6 @@ from inference.lite_common import (
     runner_available,
     runner_path,
 )
-from inference.tensors import FeedError, TensorMeta
 
 CONVERTER = runner_path().with_name("msrl-lite-convert")
 TEST_RUNNER = runner_path().with_name("msrl-lite-runner-test")  # the runner plus its fault-injection hook
@@ -263,7 +263,7 @@ def test_runner_side_bad_request_keeps_runner_alive(mlp: Mlp) -> None:
 
 
 def test_raw_protocol(mlp: Mlp) -> None:
-    """Drives the binary directly, so the wire format documented in lite_client is pinned down."""
+    """Drives the binary directly, so the wire format documented in inference.lite.client is pinned down."""
     proc = subprocess.Popen(
         [str(runner_path()), "--model", str(mlp.ms)],
         stdin=subprocess.PIPE,
@@ -357,7 +357,7 @@ def test_runner_restarts_after_a_timeout(mlp: Mlp, monkeypatch: pytest.MonkeyPat
         with pytest.raises(RunnerTimeout):
             r.infer(np.zeros((3, 4), np.float32))
         assert first is not None and _gone(first)
-        with caplog.at_level("WARNING", logger="inference.lite_client"):
+        with caplog.at_level("WARNING", logger="inference.lite.client"):
             np.testing.assert_allclose(r.infer(obs)["logits"], mlp.reference(obs), atol=1e-5)
         assert r.pid not in (None, first) and r.restarts == 1
         assert "restarting the Lite runner" in caplog.text and "timeout" in caplog.text
@@ -420,8 +420,8 @@ def _mindir_header(version: int) -> bytes:
 
 @pytest.mark.parametrize("version", [lite_build.MAX_MINDIR + 1, lite_build.MAX_MINDIR + 6, 300])
 def test_mindir_reader_agrees_with_lite(tmp_path: Path, version: int) -> None:
-    """inference.mindir (our one reading rule) and Lite's own loader read the same version from the same file."""
-    from inference.mindir import read_header
+    """inference.bundle.mindir (our one reading rule) and Lite's own loader read the same version from the same file."""
+    from inference.bundle.mindir import read_header
 
     path = tmp_path / f"v{version}.mindir"
     path.write_bytes(_mindir_header(version))

@@ -116,7 +116,7 @@ def test_a_fault_in_a_recurrent_policy_is_named_at_its_layer(tmp_path, fault, na
     state (``h_next``), not a gate's, in every runtime."""
     from byo_examples import EXAMPLES, example_module
 
-    from inference.contract import PolicyContract
+    from inference.bundle.contract import PolicyContract
 
     make_policy = example_module(EXAMPLES / "recurrent", "localize_recurrent_policy").make_policy
     contract = PolicyContract.from_toml(EXAMPLES / "recurrent" / "contract.toml")

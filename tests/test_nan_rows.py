@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.lite_client import LiteRunner
-from inference.lite_common import runner_available
+from inference.lite.client import LiteRunner
+from inference.lite.common import runner_available
 
 
 def _obs(bundle) -> np.ndarray:

@@ -10,7 +10,7 @@ import sys
 import lite_build
 import pytest
 
-from inference.lite_common import runner_available
+from inference.lite.common import runner_available
 
 pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
 

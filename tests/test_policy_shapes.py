@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from byo_examples import EXAMPLES, example_module, trained_example
 
+from inference.bundle.contract import PolicyContract
 from inference.compare.verifier import VerifyOptions
-from inference.contract import PolicyContract
 from inference.errors import UsageError
 from msrl_consistency.api import export_policy, verify_policy
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inference.bundle.recording import index_recording, read_recording, write_chunk
 from inference.errors import UsageError
 from inference.field import Recorder
-from inference.recording import index_recording, read_recording, write_chunk
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,7 @@ def _wait(predicate, seconds: float = 30.0) -> None:
 def test_a_writer_failure_is_raised_counted_and_announced(cartpole_bundle, tmp_path, monkeypatch):
     """Any failure of the writer (here a ValueError, not an OSError) is raised at the next call and by close(); the
     chunks that could be written are, and the next one names the lost chunk so an audit tells it from a deletion."""
-    import inference.field_sink as field
+    import inference.field.sink as field
 
     real = field.write_chunk
 
@@ -293,7 +293,7 @@ def test_a_read_only_directory_is_one_line(cartpole_bundle, tmp_path):
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(cartpole_bundle, tmp_path, monkeypatch):
-    import inference.recording as recording
+    import inference.bundle.recording as recording
 
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

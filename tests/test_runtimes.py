@@ -77,7 +77,7 @@ def test_unavailable_runtimes_explain_themselves(cartpole_bundle, monkeypatch, t
 
 
 def test_a_mindir_newer_than_the_runtime_reads_is_a_version_contract_failure(cartpole_bundle):
-    from inference.sdk import runner_info
+    from inference.lite.runner_info import runner_info
 
     info = runner_info()
     assert info is not None and info.max_mind_ir_version is not None, "build the runner: make lite"

@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference import toml_fields
-from inference.bundle import BundleError, load_bundle, sha256_file
-from inference.contract import ContractError, PolicyContract
+from inference.bundle import BundleError, load_bundle, sha256_file, toml_fields
+from inference.bundle.contract import ContractError, PolicyContract
+from inference.bundle.files import MAX_DEPTH, MAX_DOCUMENT_BYTES, loads_strict, read_document
+from inference.bundle.schema import load_schema
 from inference.errors import UsageError
-from inference.files import MAX_DEPTH, MAX_DOCUMENT_BYTES, loads_strict, read_document
-from inference.schema import load_schema
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

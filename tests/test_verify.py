@@ -115,9 +115,9 @@ def test_fp16_preset_still_fails_a_real_fault(pendulum_ckpt, tmp_path):
 def test_a_flip_is_judged_against_the_tolerance_granted_to_the_scores():
     """Under every preset: a flip is forgiven exactly when the two scores may move that far within the tolerance
     their output is granted (atol of the row, which grows with the row's magnitude, or rtol), and rarely."""
+    from inference.bundle.contract import PolicyContract
     from inference.compare.runtime_check import judge_flips
     from inference.compare.stats import PRESETS, Tolerance
-    from inference.contract import PolicyContract
 
     contract = PolicyContract.from_dict({"input": {"obs": [2]}, "outputs": {"names": ["logits"]},
                                          "action": {"kind": "categorical", "logits": "logits"}})  # fmt: skip
@@ -364,7 +364,7 @@ def test_free_running_that_follows_the_reference_gives_the_same_trace(env_id):
             action[off] += np.float32(1e-4)
         return action
 
-    from inference.contract import PolicyContract
+    from inference.bundle.contract import PolicyContract
 
     action = {"kind": "argmax", "values": "q"} if discrete else {"kind": "deterministic", "action": "q"}
     contract = PolicyContract.from_dict({"input": {"obs": [4 if discrete else 3]}, "outputs": {"names": ["q"]},
@@ -398,7 +398,7 @@ def test_free_running_that_follows_the_reference_gives_the_same_trace(env_id):
 def test_an_fp16_sampling_graph_transforms_its_noise_in_float32(cartpole_ckpt, tmp_path):
     """In fp16 the uniform clamp 1 - 1e-6 is 1.0: draws above ~0.99976 became infinite Gumbel samples and the first
     such entry won whatever the logits. The fp16 graph keeps the noise and its transform in float32."""
-    from inference.contract import gumbel_argmax
+    from inference.bundle.contract import gumbel_argmax
 
     bundle = export_run(cartpole_ckpt, tmp_path / "fp16", ExportOptions(precision="fp16", formats=("mindir",)))
     obs = np.zeros((64, 4), np.float32)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from inference.bundle import MODES, Bundle
-from inference.contract import PolicyContract
+from inference.bundle.contract import PolicyContract
 from inference.runtimes.base import Runtime
 
 

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.bundle.contract import state_dtype
+from inference.bundle.recording import Chunk, RecordingIndex, read_chunk
 from inference.compare.audit_actions import Actions
 from inference.compare.audit_field import NonFinite, Ranges, Returns, Window, Windows, decision_errors
 from inference.compare.audit_merge import ObservationMerge
@@ -44,9 +46,7 @@ from inference.compare.reference import REFERENCE, Reference
 from inference.compare.runtime_check import check_runtime
 from inference.compare.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
 from inference.compare.verifier import _provenance
-from inference.contract import state_dtype
 from inference.errors import INTERRUPTS, UsageError
-from inference.recording import Chunk, RecordingIndex, read_chunk
 from inference.runtimes.base import InferenceFailed, Runtime, RuntimeSource
 
 FIELD = "field"

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from inference.bundle.contract import PolicyContract
+from inference.bundle.recording import Chunk
 from inference.compare.checks import Check
 from inference.compare.stats import Preset, Tolerance, score_allowance
-from inference.contract import PolicyContract
-from inference.recording import Chunk
 
 EXAMPLES = 5  # differing steps listed
 

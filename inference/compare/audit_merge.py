@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from inference.bundle.contract import PolicyContract
 from inference.compare.checks import Check
 from inference.compare.stats import ArrayComparison, Preset
-from inference.contract import PolicyContract
 
 SUM = {"flips", "count", "explained", "mismatches", "nan_mismatches"}
 MEAN = {"mean", "mean_abs", "mean_rel", "within_1e3", "within_1e2", "action_agreement", "atol_median"}

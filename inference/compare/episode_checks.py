@@ -8,10 +8,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.bundle.contract import PolicyContract
 from inference.compare import episodes as E
 from inference.compare.checks import Check
 from inference.compare.stats import Preset, Tolerance, flip_bound, ks_two_sample
-from inference.contract import PolicyContract
 
 
 def near_ties(

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.bundle.contract import PolicyContract
 from inference.compare.diagnose import Diagnosis, Evidence, close, diagnose
 from inference.compare.reference import Reference
 from inference.compare.stats import ArrayComparison, Tolerance
-from inference.contract import PolicyContract
 
 
 def same_shape(ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], key: str | None) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inference.bundle import Bundle
-from inference.contract import OBS, PolicyContract
+from inference.bundle.contract import OBS, PolicyContract
 
 FEED_STREAM = 11
 

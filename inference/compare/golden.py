@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, sha256_file
+from inference.bundle.files import loads_strict
 from inference.compare.episodes import EpisodeTrace
 from inference.compare.feeds import Feeds
 from inference.compare.localize import LayerPlan, RecordedLayers
 from inference.compare.reference import Reference
 from inference.errors import UsageError
-from inference.files import loads_strict
 
 GOLDEN_FORMAT = "msrl-consistency/golden"
 GOLDEN_VERSION = 3

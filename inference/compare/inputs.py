@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.bundle.contract import OBS, Field, PolicyContract
 from inference.compare.episodes import EnvSource, gym_env_source
-from inference.contract import OBS, Field, PolicyContract
+from inference.compare.plugins import import_factory
 from inference.errors import UsageError, first_line
-from inference.plugins import import_factory
 
 
 @dataclass

@@ -230,7 +230,7 @@ def localize_runtime(
     ``.ms``; ONNX Runtime: the ``.onnx`` with its intermediate tensors as outputs) and compare them with
     ``reference``, the plan's layers' outputs."""
     if runtime == "lite":
-        from inference.lite_client import LiteRunner
+        from inference.lite.client import LiteRunner
 
         with LiteRunner(bundle.file(graph, "ms"), device=device) as runner:
             values, fused = lite_tensors(plan, runner.infer_taps(*feeds))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.contract import PolicyContract, gaussian_log_prob, log_softmax
+from inference.bundle.contract import PolicyContract, gaussian_log_prob, log_softmax
 
 
 def argmax_flips(ref_scores: np.ndarray, ref_action: np.ndarray, got_action: np.ndarray) -> dict[str, Any]:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.bundle.contract import top2_margin
 from inference.compare import episodes as E
 from inference.compare.acting import available_modes, mode_policy
 from inference.compare.feeds import Feeds, comparison_feeds, seeded_feeds
 from inference.compare.inputs import Inputs
-from inference.contract import top2_margin
 from inference.runtimes.base import Runtime
 from inference.runtimes.registry import REFERENCE
 

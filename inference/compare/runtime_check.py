@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, BundleError
+from inference.bundle.contract import PolicyContract
 from inference.compare import episodes as E
 from inference.compare.acting import is_discrete, mode_policy
 from inference.compare.checks import Check
@@ -26,7 +27,6 @@ from inference.compare.feeds import Feeds
 from inference.compare.policy_level import policy_metrics
 from inference.compare.reference import Inputs, Reference, changed_on_rerun
 from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays, score_allowance
-from inference.contract import PolicyContract
 from inference.errors import MsrlError
 from inference.runtimes.base import Runtime, RuntimeDied
 

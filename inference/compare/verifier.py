@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from inference.bundle import MODES, Bundle, sha256_file
+from inference.bundle.spaces import check_env_spaces
 from inference.compare import episodes as E
 from inference.compare.acting import available_modes
 from inference.compare.checks import Check, VerifyResult
@@ -29,7 +30,6 @@ from inference.compare.versions import version_checks
 from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
 from inference.runtimes.base import CellProvider, Runtime, RuntimeSource
 from inference.runtimes.registry import RUNTIMES, create
-from inference.spaces import check_env_spaces
 
 
 def verify(

@@ -11,9 +11,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from inference.bundle.files import read_document, write_json_atomic
 from inference.compare.checks import Check, VerifyResult
 from inference.errors import UsageError
-from inference.files import read_document, write_json_atomic
 
 BASELINE_SCHEMA = "msrl-consistency/baseline"
 TRACKED = ("max_abs", "p99_abs", "mismatches")

@@ -69,7 +69,7 @@ def host() -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "numpy": np.__version__,
                             "platform": platform.platform(terse=True), "machine": platform.machine()}  # fmt: skip
     try:
-        from inference.doctor import cann_info
+        from inference.machine.facts import cann_info
 
         cann = cann_info()
     except Exception:  # noqa: BLE001 - a version probe never stops a report from being written

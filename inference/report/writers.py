@@ -30,9 +30,9 @@ from xml.sax.saxutils import escape, quoteattr
 import numpy as np
 
 from inference.bundle import sha256_file
+from inference.bundle.files import json_default, replace_dir, write_atomic
 from inference.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
 from inference.errors import UsageError
-from inference.files import json_default, replace_dir, write_atomic
 from inference.report.html import write_page
 from inference.report.provenance import provenance
 

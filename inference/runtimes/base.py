@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from inference.bundle import Bundle
+from inference.bundle.tensors import FeedError, TensorMeta, check_feeds
 from inference.errors import MsrlError, RuntimeUnavailable
-from inference.tensors import FeedError, TensorMeta, check_feeds
 
 __all__ = ["CellProvider", "FeedError", "InferenceFailed", "Runtime", "RuntimeDied", "RuntimeSource", "TensorMeta"]
 

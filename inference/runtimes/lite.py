@@ -1,6 +1,6 @@
 """``lite``: MindSpore Lite's C++ API on the bundle's ``.ms``: in this process (``libmsrl-lite.so``) where it can run
 here, i.e. on the deploy side, else through the runner process (a process that imports MindSpore, or
-``MSRL_LITE_ISOLATE=1``; ``inference.lite_inprocess.open_lite``).
+``MSRL_LITE_ISOLATE=1``; ``inference.lite.inprocess.open_lite``).
 
 ``lite-mindir`` asks Lite to load the ``.mindir`` directly: with a Lite older than the exporter's MindSpore this
 fails with a version error, which verify reports as a version-contract failure rather than as a crash.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from inference import lite_common as lc
 from inference.errors import MsrlError
-from inference.lite_inprocess import in_process_reason, open_lite
+from inference.lite import common as lc
+from inference.lite.inprocess import in_process_reason, open_lite
 from inference.runtimes.base import InferenceFailed, Runtime, RuntimeDied, RuntimeSource
 
 
@@ -37,7 +37,7 @@ class LiteRuntime(Runtime):
     def model_path(self) -> Path:
         """The file the deploy side loads (``Bundle.lite_format``, as ``inference.load`` and ``doctor`` choose it): the
         file verified is the file deployed."""
-        from inference.sdk import choose_format, runner_info
+        from inference.lite.runner_info import choose_format, runner_info
 
         return self.source.bundle.file(self.graph, choose_format(self.source.bundle, self.graph, "auto",
                                                                  runner_info())[0])  # fmt: skip

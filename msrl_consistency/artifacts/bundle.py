@@ -20,10 +20,10 @@ from typing import Any
 from mindspore import nn
 
 from inference.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION, Bundle, load_bundle
-from inference.contract import PolicyContract
+from inference.bundle.contract import PolicyContract
+from inference.bundle.files import replace_dir, sha256_file, write_json_atomic
+from inference.bundle.mindir import mindir_version
 from inference.errors import INTERRUPTS, MsrlError, UsageError, first_line
-from inference.files import replace_dir, sha256_file, write_json_atomic
-from inference.mindir import mindir_version
 from msrl_consistency import __version__, compat
 from msrl_consistency.agent import ActorCritic
 from msrl_consistency.artifacts import graphs as G

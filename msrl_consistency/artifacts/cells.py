@@ -19,8 +19,8 @@ from typing import Any
 
 from mindspore import nn
 
+from inference.compare.plugins import import_factory
 from inference.errors import UsageError, first_line
-from inference.plugins import import_factory
 from msrl_consistency.agent import PolicySpec
 from msrl_consistency.artifacts.checkpoint import load_policy, read_checkpoint
 from msrl_consistency.artifacts.graphs import export_heads

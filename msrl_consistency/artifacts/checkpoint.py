@@ -7,8 +7,8 @@ from typing import Any
 
 import mindspore as ms
 
+from inference.bundle.files import atomic_path
 from inference.errors import UsageError, first_line
-from inference.files import atomic_path
 from msrl_consistency.agent.policy import ActorCritic
 from msrl_consistency.agent.spec import PolicySpec
 

@@ -24,9 +24,9 @@ import numpy as np
 import onnx
 from mindspore import Tensor, nn
 
-from inference.contract import NOISE, OBS, ActionSpec, ContractError, Field, PolicyContract
+from inference.bundle.contract import NOISE, OBS, ActionSpec, ContractError, Field, PolicyContract
+from inference.bundle.tensors import TensorMeta
 from inference.errors import first_line
-from inference.tensors import TensorMeta
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
 from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, symbolic_batch

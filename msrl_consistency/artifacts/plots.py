@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from inference.files import atomic_path  # noqa: E402
+from inference.bundle.files import atomic_path  # noqa: E402
 from msrl_consistency.artifacts.run_dir import read_log  # noqa: E402
 
 

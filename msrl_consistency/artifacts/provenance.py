@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import platform
 import subprocess
-from importlib import metadata
 from pathlib import Path
 
+from inference.machine.facts import package_version
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def versions(*names: str) -> dict[str, str | None]:

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from inference.bundle.files import read_document, write_bytes_atomic, write_json_atomic
 from inference.errors import UsageError
-from inference.files import read_document, write_bytes_atomic, write_json_atomic
 
 RUN_JSON = "run.json"
 CHECKPOINT = "checkpoint.ckpt"

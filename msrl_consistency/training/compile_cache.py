@@ -97,7 +97,7 @@ def graph_key(cfg: dict[str, Any], spec: dict[str, Any], world_size: int) -> dic
 
 def file_hashes(path: Path) -> dict[str, str]:
     """sha256 of every file under ``path`` (but ``key.json``), by relative path: what a published entry holds."""
-    from inference.files import sha256_file
+    from inference.bundle.files import sha256_file
 
     return {
         p.relative_to(path).as_posix(): sha256_file(p)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from inference.procfs import status_mb
+from inference.machine.procfs import status_mb
 
 PROFILE_JSON = "profile.json"
 SCHEMA = "msrl-consistency/profile"
@@ -125,7 +125,7 @@ class Profile:
 
 def write_report(run_dir: Path, report: dict[str, Any]) -> str:
     """Write profile.json into the run dir and return the table to print."""
-    from inference.files import write_json_atomic
+    from inference.bundle.files import write_json_atomic
 
     write_json_atomic(run_dir / PROFILE_JSON, report)
     return format_table(report)

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from inference.contract import Field, PolicyContract
-from inference.tensors import FeedError
+from inference.bundle.contract import Field, PolicyContract
+from inference.bundle.tensors import FeedError
 
 
 def observation_inputs(contract: PolicyContract, obs: Any) -> tuple[list[np.ndarray], bool]:

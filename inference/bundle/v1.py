@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inference.contract import OBS, ActionSpec, Field, PolicyContract
+from inference.bundle.contract import OBS, ActionSpec, Field, PolicyContract
 
 
 def v1_contracts(

@@ -1,6 +1,6 @@
 """Read a MindIR file's header fields (``mind_ir_version``, producer) without MindSpore: a minimal protobuf scan.
 
-This is the project's one MindIR reading rule: the training side (``inference.mindir``)
+This is the project's one MindIR reading rule: the training side (``inference.bundle.mindir``)
 re-exports it, and the Lite runner never parses MindIR itself (on a refusal it reports the versions Lite read,
 and the client adds the producer from here). Field numbers are ``mind_ir.proto``'s ``ModelProto``.
 """

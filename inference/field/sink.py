@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from inference.bundle.recording import LOCK_FILE, chunk_name, write_chunk
 from inference.errors import UsageError, first_line
-from inference.recording import LOCK_FILE, chunk_name, write_chunk
 
 try:
     import fcntl

@@ -3,7 +3,7 @@
 //
 // Why a separate process: Lite 2.0.0 and MindSpore 2.10 both ship libmindspore_core.so and clash when
 // loaded into one process, and a Lite graph can hang inside Predict; a child process can be timed out and
-// killed. Protocol (little-endian) and handshake are documented in inference/lite_client.py.
+// killed. Protocol (little-endian) and handshake are documented in inference/lite/client.py.
 //
 // Files by job: protocol.* (framing, dtypes), json.* (handshake JSON), lite_log.* (Lite log scraping),
 // errors.* (handshake failure kinds), mindir_probe.* (which MindIR versions this Lite reads), pinning.*

@@ -25,8 +25,8 @@ import numpy as np
 
 from inference.bundle import Bundle, BundleError
 from inference.errors import RuntimeUnavailable, first_line
-from inference.lite_client import LiteRunner
-from inference.lite_common import LiteRunnerError, MindIRVersionError, runner_available
+from inference.lite.client import LiteRunner
+from inference.lite.common import LiteRunnerError, MindIRVersionError, runner_available
 from inference.runtimes.onnxrt import import_problem
 
 RUNTIMES = ("best", "lite", "lite-isolated", "onnxruntime")
@@ -136,13 +136,13 @@ class _Unusable(Exception):
 
 
 def _lite_file(bundle: Bundle, graph: str, fmt: str) -> tuple[str, str]:
-    from inference.sdk import choose_format, runner_info
+    from inference.lite.runner_info import choose_format, runner_info
 
     return choose_format(bundle, graph, fmt, runner_info())
 
 
 def _in_process(bundle: Bundle, graph: str, fmt: str, options: dict[str, Any]) -> Served:
-    from inference.lite_inprocess import LiteModel, in_process_reason
+    from inference.lite.inprocess import LiteModel, in_process_reason
 
     why_not = in_process_reason()
     if why_not is not None:

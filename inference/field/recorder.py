@@ -3,7 +3,7 @@
 ``Recorder`` keeps every act call's graph inputs (as the caller passed them), graph outputs, env action, the host
 noise of a host-sampled policy, timestamps, rewards and episode boundaries, and hands each full chunk of
 ``chunk_steps`` steps to a writer thread: the control loop never waits on the disk. A chunk is written under a
-temporary name, flushed and renamed (``inference.recording``): it is complete or absent.
+temporary name, flushed and renamed (``inference.bundle.recording``): it is complete or absent.
 
 Nothing is lost without a word:
 
@@ -41,9 +41,17 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, sha256_file
+from inference.bundle.recording import (
+    FORMAT,
+    VERSION,
+    Recording,
+    continuation,
+    read_recording,
+    recording_chunks,
+    write_chunk,
+)
 from inference.errors import UsageError, first_line
-from inference.field_sink import Sink, lock_directory, opened, unlock
-from inference.recording import FORMAT, VERSION, Recording, continuation, read_recording, recording_chunks, write_chunk
+from inference.field.sink import Sink, lock_directory, opened, unlock
 
 __all__ = ["DEFAULT_CHUNK_STEPS", "Recorder", "Recording", "read_recording", "recording_chunks", "write_chunk"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.contract import PolicyContract
+from inference.bundle.contract import PolicyContract
 from inference.errors import UsageError
 
 

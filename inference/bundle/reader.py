@@ -3,9 +3,9 @@
 This is the deploy side's view of the bundle: it verifies every file's SHA-256 before anything runs,
 so a tampered or truncated graph is refused with a one-line reason instead of producing wrong actions.
 
-Schema v2 records a policy contract (``inference.contract``) per graph, so a bundle exported from any
+Schema v2 records a policy contract (``inference.bundle.contract``) per graph, so a bundle exported from any
 policy Cell says how its outputs become env actions. v1 bundles (our trainer's, before contracts) still
-load: their contracts are derived from the recorded ``policy_spec`` (``inference.bundle_v1``).
+load: their contracts are derived from the recorded ``policy_spec`` (``inference.bundle.v1``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from inference import schema
-from inference.bundle_v1 import v1_contracts
-from inference.contract import ContractError, PolicyContract
-from inference.files import read_document, sha256_file  # noqa: F401 - sha256_file: part of this module's API
-from inference.mindir import read_header
-from inference.toml_fields import MAX_ROW_ELEMENTS
+from inference.bundle import schema
+from inference.bundle.contract import ContractError, PolicyContract
+from inference.bundle.files import read_document, sha256_file  # noqa: F401 - sha256_file: part of this module's API
+from inference.bundle.mindir import read_header
+from inference.bundle.toml_fields import MAX_ROW_ELEMENTS
+from inference.bundle.v1 import v1_contracts
 
 MANIFEST = "manifest.json"
 SCHEMA = "msrl-consistency/bundle"

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from inference.bundle import LITE_FORMATS as FORMATS  # noqa: F401 - the --format choices
 from inference.bundle import Bundle
-from inference.lite_client import LiteRunner
-from inference.lite_common import RUNNER_NAME, MindIRVersionError, runner_path
+from inference.lite.client import LiteRunner
+from inference.lite.common import RUNNER_NAME, MindIRVersionError, runner_path
 
 if TYPE_CHECKING:
-    from inference.lite_inprocess import LiteModel
+    from inference.lite.inprocess import LiteModel
 
 INFO_FILE = RUNNER_NAME + ".json"
 
@@ -39,6 +39,18 @@ class RunnerInfo:
     max_mind_ir_version: int | None
     mind_ir_rule: str
     record: dict[str, Any] = field(default_factory=dict)  # msrl-lite-runner.json as written by build_lite.sh
+
+    def summary(self) -> dict[str, Any]:
+        """What ``doctor``, ``bench`` and the reports say of this Lite build (``machine.facts.environment``)."""
+        return {
+            "runner": str(self.runner),
+            "lite_version": self.lite_version,
+            "lite_version_source": self.record.get("lite_version_source"),
+            "sdk": self.record.get("sdk"),
+            "max_mind_ir_version": self.max_mind_ir_version,
+            "mind_ir_rule": self.mind_ir_rule,
+            "inline": self.record.get("inline"),
+        }
 
     def mindir_loads(self, version: int | None) -> bool | None:
         """Whether this Lite loads a MindIR of ``version`` (None: cannot tell)."""
@@ -92,7 +104,7 @@ def open_runner(
 ) -> tuple[LiteModel | LiteRunner, str, str]:
     """Lite loaded with ``graph`` (in this process where it can run here, else the runner process: ``open_lite``)
     plus the format it loaded and why; an ``auto`` .mindir that Lite refuses after all falls back to the .ms."""
-    from inference.lite_inprocess import open_lite
+    from inference.lite.inprocess import open_lite
 
     info = runner_info(kwargs.get("runner"))
     chosen, why = choose_format(bundle, graph, fmt, info)

@@ -1,5 +1,5 @@
 // libmsrl-lite.so: MindSpore Lite in the calling process, behind a minimal C ABI that Python loads with ctypes
-// (inference/lite_inprocess.py). The runner process stays for a process that imports MindSpore (the two ship
+// (inference/lite/inprocess.py). The runner process stays for a process that imports MindSpore (the two ship
 // clashing libmindspore_core.so) and for untrusted models (its watchdog); a deploy loop calls Lite directly here,
 // without the pipe and the two process wake-ups per step. On the CPU the graph runs on the caller's thread
 // (inline_run.h: libmsrl-lite-inline.so, which the caller loads RTLD_GLOBAL before this library).
@@ -220,7 +220,7 @@ int msrl_lite_fetch(void *handle, int n_out, void *const *out, const uint64_t *o
   return 0;
 }
 
-// One call's arguments, prepared once per input signature by the caller (lite_inprocess.py's _Call mirrors it):
+// One call's arguments, prepared once per input signature by the caller (inprocess.py's _Call mirrors it):
 // a control loop passes one pointer per step, and only the contents of its buffers change.
 struct msrl_lite_call {
   void *handle;

@@ -4,7 +4,7 @@
 The deploy side's default: a control loop pays Lite's own compute, not a pipe and two process wake-ups per step
 (``LiteRunner``), and on the CPU of a Lite build this was tested on the graph runs on the calling thread, not on
 Lite's actor thread (``libmsrl-lite-inline.so``, loaded first and RTLD_GLOBAL so that the dynamic linker binds Lite's
-plugins to it; see ``inference/runner/inline_run.h``; ``MSRL_LITE_INLINE=1``/``0`` or ``inline=`` choose).
+plugins to it; see ``inference/lite/runner/inline_run.h``; ``MSRL_LITE_INLINE=1``/``0`` or ``inline=`` choose).
 ``runs_inline`` says, per model, whether its calls did. The runner process stays for a process that imports
 MindSpore (Lite 2.0.0 and MindSpore 2.10 ship clashing ``libmindspore_core.so``) and for untrusted models (its
 watchdog kills a hung graph; in-process a hang is the caller's): ``open_lite`` chooses, ``MSRL_LITE_ISOLATE=1``
@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from inference.lite_client import LiteRunner
-from inference.lite_common import (
+from inference.bundle.tensors import FeedError, TensorMeta
+from inference.lite.client import LiteRunner
+from inference.lite.common import (
     DEFAULT_MAX_ROWS,
     DTYPES,
     InferenceError,
@@ -41,7 +42,6 @@ from inference.lite_common import (
     load_refusal,
     runner_path,
 )
-from inference.tensors import FeedError, TensorMeta
 
 LIBRARY_NAME = "libmsrl-lite.so"
 INLINE_LIBRARY_NAME = "libmsrl-lite-inline.so"
@@ -64,7 +64,7 @@ def in_process_reason() -> str | None:
     if "mindspore" in sys.modules and sys.modules["mindspore"] is not None:
         return "MindSpore is imported in this process (its libmindspore_core.so clashes with Lite's)"
     if not library_path().is_file():
-        return f"{library_path()} not built (bash inference/build_lite.sh)"
+        return f"{library_path()} not built (bash inference/lite/build_lite.sh)"
     return None
 
 
@@ -119,7 +119,7 @@ class _Library:
         if cls._instance is None:
             path = library_path()
             if not path.is_file():
-                raise RunnerUnavailable(f"{path} not found (build it: bash inference/build_lite.sh)")
+                raise RunnerUnavailable(f"{path} not found (build it: bash inference/lite/build_lite.sh)")
             try:
                 cls._instance = cls(path)
             except OSError as exc:
@@ -128,7 +128,7 @@ class _Library:
 
 
 class _CallArgs(ctypes.Structure):
-    """``struct msrl_lite_call`` (inference/runner/inprocess.cc)."""
+    """``struct msrl_lite_call`` (inference/lite/runner/inprocess.cc)."""
 
     _fields_ = [
         ("handle", ctypes.c_void_p),

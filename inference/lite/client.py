@@ -9,7 +9,7 @@ Protocol (all integers little-endian), over the runner's stdin/stdout:
 
 * Handshake: after loading, the runner writes one JSON line, ``{"ok": true, "lite_version", "model",
   "device", "max_rows", "inline", "inputs": [{"name", "dtype", "shape"}], "outputs": [...]}`` (``inline``: whether
-  it runs the graph on its serving thread, inference/runner/inline_run.h) or ``{"ok": false, "kind":
+  it runs the graph on its serving thread, inference/lite/runner/inline_run.h) or ``{"ok": false, "kind":
   "load"|"mindir_version"|"device"|"args"|"missing", "error"}`` and exits with 4/5/6/2/3 respectively
   (``mindir_version`` adds ``mind_ir_version`` and ``max_mind_ir_version``, both as Lite read them).
 * Request: ``u32 magic, u32 op`` (1 infer, 2 ping, 3 quit, 4 tap, 5 stats); infer and tap add ``u32 n_inputs`` and per
@@ -49,7 +49,8 @@ from typing import IO, Any, NoReturn
 
 import numpy as np
 
-from inference.lite_common import (
+from inference.bundle.tensors import FeedError, TensorMeta
+from inference.lite.common import (
     DEFAULT_MAX_ROWS,
     DTYPES,
     InferenceError,
@@ -61,7 +62,6 @@ from inference.lite_common import (
     load_refusal,
     runner_path,
 )
-from inference.tensors import FeedError, TensorMeta
 
 MAGIC = 0x4D534C52
 OP_INFER, OP_PING, OP_QUIT, OP_TAP, OP_STATS = 1, 2, 3, 4, 5
@@ -121,7 +121,7 @@ class LiteRunner:
     deploy loop survives one bad request. ``max_restarts`` bounds restarts in a row without a served request.
     ``max_rows`` caps the batch a request may carry (the runner refuses more, see the module docstring).
     ``inline`` runs the graph on the runner's serving thread (True) or Lite's actor thread (False); None: as
-    ``MSRL_LITE_INLINE`` and the build's default say (inference/runner/inline_run.h).
+    ``MSRL_LITE_INLINE`` and the build's default say (inference/lite/runner/inline_run.h).
     """
 
     def __init__(
@@ -159,7 +159,7 @@ class LiteRunner:
         if not (exe.is_file() and os.access(exe, os.X_OK)):
             self._closed = True
             raise RunnerUnavailable(
-                f"Lite runner not found or not executable: {exe} (build it: bash inference/build_lite.sh)"
+                f"Lite runner not found or not executable: {exe} (build it: bash inference/lite/build_lite.sh)"
             )
         self.runner = exe
         self._cmd = [

@@ -3,15 +3,15 @@
 #   msrl-lite-runner       the inference server the Python client drives (shipped; no fault hooks)
 #   msrl-lite-runner-test  the same server plus the fault-injection hook, for the test suite only
 #   msrl-lite-convert      the ONNX -> .ms converter (only where the SDK ships the converter library)
-#   libmsrl-lite.so, libmsrl-lite-inline.so  Lite in the calling process (inference/lite_inprocess.py)
+#   libmsrl-lite.so, libmsrl-lite-inline.so  Lite in the calling process (inference/lite/inprocess.py)
 #   msrl-lite-runner.json  the SDK's version, where it was read from, which MindIR versions it loads, and whether
 #                          graphs run on the calling thread by default (INLINE_TESTED below)
 #
 # Usage (from anywhere):
-#   bash inference/build_lite.sh                                  # PyPI mindspore-lite 2.0.0 wheel -> .lite/
-#   MSRL_LITE_SDK=/opt/mindspore-lite-2.3.1-linux-aarch64 MSRL_LITE_OUT=/opt/msrl/bin bash inference/build_lite.sh
-#   bash inference/build_lite.sh --sdk DIR --out DIR [--runner-only]
-#   bash inference/build_lite.sh --sdk DIR --detect               # print what the SDK is, build nothing
+#   bash inference/lite/build_lite.sh                                  # PyPI mindspore-lite 2.0.0 wheel -> .lite/
+#   MSRL_LITE_SDK=/opt/mindspore-lite-2.3.1-linux-aarch64 MSRL_LITE_OUT=/opt/msrl/bin bash inference/lite/build_lite.sh
+#   bash inference/lite/build_lite.sh --sdk DIR --out DIR [--runner-only]
+#   bash inference/lite/build_lite.sh --sdk DIR --detect               # print what the SDK is, build nothing
 #
 # An SDK is either the official tarball layout (DIR/runtime/include/api/model.h, DIR/runtime/lib) or the
 # wheel layout (DIR/include/api/model.h, DIR/lib; the unpacked mindspore_lite/ package directory).
@@ -21,12 +21,12 @@
 set -euo pipefail
 
 LITE_WHEEL_VERSION=2.0.0
-# The Lite builds ("VERSION ARCH") on which running Lite's graph on the calling thread (inference/runner/inline_run.h)
+# The Lite builds ("VERSION ARCH") on which running Lite's graph on the calling thread (inference/lite/runner/inline_run.h)
 # was tested, bitwise against Lite's own hand-off to its actor thread: inline runs are on by default for these only.
 # Elsewhere they are off unless MSRL_LITE_INLINE=1 (python -m inference.doctor BUNDLE compares the two ways).
 INLINE_TESTED=("2.0.0 x86_64")
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
-ROOT="$(dirname "$HERE")"
+ROOT="$(dirname "$(dirname "$HERE")")"  # the checkout (inference/lite/ is two levels down)
 SRC="$HERE/runner"
 CONVERTER_SRC="$ROOT/export/lite_converter.cc"
 CXX="${CXX:-g++}"
@@ -234,7 +234,7 @@ COMMON=(main protocol json lite_log errors mindir_probe pinning server inline_ru
 INPROCESS=(inprocess protocol json lite_log errors pinning)  # libmsrl-lite.so: Lite in the caller's process
 # inline_run.cc defines Lite's ActorThreadPool::PushActorToQueue so the graph runs on the calling thread: the
 # runner exports it from the executable; in a Python process it is libmsrl-lite-inline.so, which
-# lite_inprocess.py loads RTLD_GLOBAL before libmsrl-lite.so (and so before Lite's plugins).
+# inprocess.py loads RTLD_GLOBAL before libmsrl-lite.so (and so before Lite's plugins).
 PUSH_SYMBOL=_ZN9mindspore15ActorThreadPool16PushActorToQueueEPNS_9ActorBaseE
 
 # Rebuild when the sources, the SDK, its version or the compiler changed (content hash, not timestamps).

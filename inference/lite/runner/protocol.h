@@ -1,4 +1,4 @@
-// Wire format shared with inference/lite_client.py (documented there): frame constants, the dtype table,
+// Wire format shared with inference/lite/client.py (documented there): frame constants, the dtype table,
 // and buffered fd I/O. Nothing here knows about Lite models.
 #pragma once
 

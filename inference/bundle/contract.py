@@ -19,8 +19,8 @@ Any policy Cell is described by one contract, whoever trained it:
 
 Export records the contract in the manifest, verify derives actions and chooses metrics from it, and the deploy
 side (``inference.play``) acts with it, so this module is NumPy and stdlib only. The reference for every key is
-``examples/bring-your-own/contract-reference.toml``. The parts and the TOML layout are ``inference.contract_layout``
-(re-exported here), the arithmetic ``inference.policy_math``.
+``examples/bring-your-own/contract-reference.toml``. The parts and the TOML layout are ``contract_layout``
+(re-exported here), the arithmetic ``policy_math``.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from inference import contract_layout as layout
-from inference import toml_fields as T
-from inference.contract_layout import (  # noqa: F401 - re-exported: the contract's parts
+from inference.bundle import contract_layout as layout
+from inference.bundle import toml_fields as T
+from inference.bundle.contract_layout import (  # noqa: F401 - re-exported: the contract's parts
     ACTION_KINDS,
     NOISE,
     NOISE_KINDS,
@@ -46,7 +46,7 @@ from inference.contract_layout import (  # noqa: F401 - re-exported: the contrac
     StateSpec,
     state_dtype,
 )
-from inference.policy_math import (  # noqa: F401 - re-exported: the contract's arithmetic
+from inference.bundle.policy_math import (  # noqa: F401 - re-exported: the contract's arithmetic
     UNIFORM_EPS,
     argmax_int32,
     gaussian_log_prob,
@@ -56,8 +56,8 @@ from inference.policy_math import (  # noqa: F401 - re-exported: the contract's 
     sample_noise,
     top2_margin,
 )
-from inference.tensors import TensorMeta
-from inference.toml_fields import ContractError, Numbers  # noqa: F401 - re-exported
+from inference.bundle.tensors import TensorMeta
+from inference.bundle.toml_fields import ContractError, Numbers  # noqa: F401 - re-exported
 
 # The output each action kind needs named (``validate``).
 _ROLE_KEYS = {"argmax": ("values",), "categorical": (), "gaussian": ("mean",), "deterministic": ("action",)}

@@ -68,7 +68,7 @@ bool InlineDefault();
 
 extern "C" {
 // The calling thread's SSE float mode (MXCSR; 0 off x86), and setting it: Lite's libraries switch the thread that
-// loads them to flush denormals, so lite_inprocess.py reads it before loading libmsrl-lite.so and puts it back.
+// loads them to flush denormals, so inprocess.py reads it before loading libmsrl-lite.so and puts it back.
 uint32_t msrl_lite_float_mode();
 void msrl_lite_set_float_mode(uint32_t mode);
 }

@@ -1,5 +1,5 @@
-"""A bundle's graphs run both ways Lite can run them: on the calling thread (inline, ``inference/runner/inline_run.h``)
-and handed off to Lite's actor thread, as Lite schedules them itself. The two must give the same bits; where they do
+"""A bundle's graphs run both ways Lite can run them: on the calling thread (inline, ``runner/inline_run.h``) and
+handed off to Lite's actor thread, as Lite schedules them itself. The two must give the same bits; where they do
 not, or where asking for inline runs does not take (a Lite whose MindRT does not bind to ours), the evidence says so.
 
 ``doctor`` runs it on this box's Lite; the emulated aarch64 runtime runs it through its runner. NumPy only.

@@ -1,5 +1,5 @@
 // Handshake failures: each kind of load failure gets its own exit code and "kind" in the JSON line, so the
-// client (lite_client._KIND_ERRORS) can raise a distinct exception without parsing prose.
+// client (common._KIND_ERRORS) can raise a distinct exception without parsing prose.
 #pragma once
 
 #include <cstdint>

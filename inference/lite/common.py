@@ -1,5 +1,5 @@
-"""What the two ways of running Lite share: the runner process (``lite_client``) and the in-process library
-(``lite_inprocess``). The error taxonomy (each error carries a distinct CLI exit code), the tensor dtypes both
+"""What the two ways of running Lite share: the runner process (``client``) and the in-process library
+(``inprocess``). The error taxonomy (each error carries a distinct CLI exit code), the tensor dtypes both
 speak, where the runner lives, and Lite's refusal to load a model as an exception.
 
 NumPy and the standard library only: this runs on a deploy box without any framework installed.
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from inference.mindir import read_header
+from inference.bundle.mindir import read_header
 
 DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(t) for t in (np.float32, np.float16, np.int32, np.int64, np.uint8, np.bool_)
 )
 
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 RUNNER_NAME = "msrl-lite-runner"
 DEFAULT_MAX_ROWS = 65536  # the runner's own default for --max-rows
 
@@ -113,7 +113,8 @@ def runner_available() -> tuple[bool, str]:
     """Whether the runner binary can be started, with the path or the reason it cannot."""
     path = runner_path()
     if not path.is_file():
-        return False, f"Lite runner not found at {path} (build: bash inference/build_lite.sh; or set MSRL_LITE_RUNNER)"
+        return False, (f"Lite runner not found at {path} (build: bash inference/lite/build_lite.sh; or set "
+                       "MSRL_LITE_RUNNER)")
     if not os.access(path, os.X_OK):
         return False, f"Lite runner at {path} is not executable"
     return True, str(path)

@@ -12,7 +12,7 @@ namespace msrl {
 std::string JsonStr(const std::string &s);
 // Newlines folded to spaces, trailing blanks dropped: every error stays one line for the client.
 std::string OneLine(std::string s);
-// [{"name", "dtype", "shape"}, ...] as lite_client.TensorMeta expects.
+// [{"name", "dtype", "shape"}, ...] as the Python client's TensorMeta expects.
 std::string TensorsJson(const std::vector<mindspore::MSTensor> &ts);
 
 }  // namespace msrl

@@ -1,6 +1,6 @@
 """The policy contract's parts (observation fields, carried states, the action derivation) and its TOML layout.
 
-``inference.contract.PolicyContract`` is made of these parts; ``parse`` reads its TOML layout (a contract file,
+``inference.bundle.contract.PolicyContract`` is made of these parts; ``parse`` reads its TOML layout (a contract file,
 or the dict a manifest records) checking every key; ``PolicyContract.to_dict`` writes it back. Reading the layout
 is kept apart from what the contract computes (inputs, checks, actions), so either changes without the other. NumPy
 and stdlib only. The reference for every key is ``examples/bring-your-own/contract-reference.toml``.
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from inference import toml_fields as T
-from inference.files import read_document
-from inference.tensors import TensorMeta
-from inference.toml_fields import ContractError, Numbers
+from inference.bundle import toml_fields as T
+from inference.bundle.files import read_document
+from inference.bundle.tensors import TensorMeta
+from inference.bundle.toml_fields import ContractError, Numbers
 
 ACTION_KINDS = ("argmax", "categorical", "gaussian", "deterministic")
 SQUASHES = ("none", "clip", "tanh")
@@ -54,7 +54,7 @@ class StateSpec(Field):
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """How an env action is derived from the graph's outputs (the kinds: ``inference.contract``'s docstring)."""
+    """How an env action is derived from the graph's outputs (the kinds: ``inference.bundle.contract``'s docstring)."""
 
     kind: str
     values: str | tuple[str, ...] | None = None

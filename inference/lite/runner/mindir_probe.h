@@ -4,7 +4,7 @@
 // mind_ir::Version_IsValid(mind_ir_version), i.e. 0 <= v <= mind_ir::Version_MAX of the mind_ir.proto compiled
 // into that build, and its refusal names Version_MAX. The probe hands Lite a header-only MindIR (producer_name,
 // model_version, mind_ir_version = 2^31-1) and reads the maximum back from that refusal. The runner itself never
-// parses MindIR files: reading a file's version is inference/mindir.py's job (one reading rule).
+// parses MindIR files: reading a file's version is inference/bundle/mindir.py's job (one reading rule).
 #pragma once
 
 #include <cstdint>
