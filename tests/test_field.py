@@ -194,19 +194,23 @@ RECORD_FOREVER = """
 """
 
 
+def _record_until(bundle, out, chunks: int) -> subprocess.Popen:
+    """A deploy-side process recording forever into ``out``, once ``chunks`` chunks are on disk."""
+    script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(
+        RECORD_FOREVER.format(bundle=str(bundle.root), out=str(out)))  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout.readline().strip() == "recording"
+    deadline = time.monotonic() + 60
+    while len(list(out.glob("chunk-*.npz"))) < chunks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
 def test_kill_9_while_recording_leaves_only_whole_chunks(cartpole_bundle, tmp_path):
     out = tmp_path / "rec"
-    script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(
-        RECORD_FOREVER.format(bundle=str(cartpole_bundle.root), out=str(out)))  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        assert proc.stdout.readline().strip() == "recording"
-        deadline = time.monotonic() + 60
-        while len(list(out.glob("chunk-*.npz"))) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    proc = _record_until(cartpole_bundle, out, chunks=5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
     chunks = recording_chunks([out])
     assert len(chunks) >= 5
     rec = read_recording([out], cartpole_bundle)  # every chunk present is whole (a partial one would raise)
@@ -217,14 +221,8 @@ def test_kill_9_while_recording_leaves_only_whole_chunks(cartpole_bundle, tmp_pa
 def test_a_signal_from_outside_leaves_every_step_recorded(cartpole_bundle, tmp_path, sig):
     """``kill`` (a service manager's stop) or Ctrl-C while the loop runs: the chunk in progress is written too."""
     out = tmp_path / "rec"
-    script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(
-        RECORD_FOREVER.format(bundle=str(cartpole_bundle.root), out=str(out)))  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = _record_until(cartpole_bundle, out, chunks=3)
     try:
-        assert proc.stdout.readline().strip() == "recording"
-        deadline = time.monotonic() + 60
-        while len(list(out.glob("chunk-*.npz"))) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
         proc.send_signal(sig)
         stepped = int(proc.stdout.readline())
     finally:

@@ -20,6 +20,7 @@ import numpy as np
 
 from inference.bundle.contract import PolicyContract
 from inference.compare.checks import Check
+from inference.compare.runtime_check import outputs_verdict
 from inference.compare.stats import ArrayComparison, Preset
 
 SUM = {"flips", "count", "explained", "mismatches", "nan_mismatches"}
@@ -120,22 +121,12 @@ class ObservationMerge:
         cmps = {k: ArrayComparison(**v) for k, v in self.outputs.items()}
         if not cmps:
             return Check(runtime, self.name, "error", "no recorded step could be compared")
-        action = self.contract.action.action
-        failed = [c for k, c in cmps.items() if not c.passed and not (flips and k == action)]
-        parts = [c.describe() for c in failed]
-        if flips and not flips["ok"]:
-            parts.append(f"{flips['flips']} action flip(s) of {flips['count']}, {flips['explained']} within the "
-                         "tolerance of the scores")  # fmt: skip
-        worst = max(cmps.values(), key=lambda c: c.max_abs)
         where = f"in {self.chunks} chunk(s)"
-        summary = f"{self.rows} recorded observations agree ({where}); worst {worst.name} max abs {worst.max_abs:.2e}"
-        if flips and flips["flips"]:
-            summary += f"; {flips['flips']} action flip(s) at near-ties within the tolerance of the scores"
+        parts, summary = outputs_verdict(cmps, flips, self.contract.action.action,
+                                         f"{self.rows} recorded observations ({where})")  # fmt: skip
         diagnosis = None
         if parts:
-            differ = f"{len(failed)} output(s) differ: " if failed else "outputs agree, actions do not: "
-            summary = (differ + "; ".join(parts) + f" ({where}; {len(self.failed_chunks)} failing, the worst "
-                       f"{self.worst[2]})")  # fmt: skip
+            summary += f" ({where}; {len(self.failed_chunks)} failing, the worst {self.worst[2]})"
             diagnosis = dict(self.worst[1]) if self.worst[1] else None
         metrics["outputs"] = {k: c.to_dict() for k, c in cmps.items()}
         metrics["chunks"] = {"compared": self.chunks, "failing": self.failed_chunks[:KEEP]}

@@ -206,26 +206,35 @@ def _compare_outputs(
         if k == contract.log_prob and flipped.any() and r.shape == g.shape and len(r) == len(flipped):
             r, g, rows = r[~flipped], g[~flipped], pooled[~flipped]
         cmps[k] = compare_arrays(k, r, g, tolerance[k], rows)
-    # A discrete action output is judged as an action (flips), not element by element.
-    failed = [c for k, c in cmps.items() if not c.passed and not (flips and k == contract.action.action)]
-    parts = [c.describe() for c in failed]
-    if flips and not flips["ok"]:
-        parts.append(f"{flips['flips']} action flip(s) of {flips['count']}, {flips['explained']} within the "
-                     "tolerance of the scores")  # fmt: skip
-    worst = max(cmps.values(), key=lambda c: c.max_abs)
-    summary = f"{ref.feeds.describe(finite)} observations agree; worst {worst.name} max abs {worst.max_abs:.2e}"
-    if flips and flips["flips"]:
-        summary += f"; {flips['flips']} action flip(s) at near-ties within the tolerance of the scores"
-    if parts:
-        differ = f"{len(failed)} output(s) differ: " if failed else "outputs agree, actions do not: "
-        summary = differ + "; ".join(parts)
+    failed, summary = outputs_verdict(cmps, flips, contract.action.action, f"{ref.feeds.describe(finite)} observations")
     host_noise = noise[finite] if noise is not None and contract.samples_on_host else None
     metrics: dict[str, Any] = {"outputs": {k: c.to_dict() for k, c in cmps.items()}}
     if all(same_shape(ref_out, got_out, k) for k in ref_out):
         metrics.update(policy_metrics(contract, ref_out, got_out, host_noise))
     if flips is not None:
         metrics["flips"] = flips
-    return Check(runtime, f"observations.{graph}", "fail" if parts else "pass", summary, metrics), cmps
+    return Check(runtime, f"observations.{graph}", "fail" if failed else "pass", summary, metrics), cmps
+
+
+def outputs_verdict(
+    cmps: Mapping[str, ArrayComparison], flips: Mapping[str, Any] | None, action: str | None, observed: str
+) -> tuple[list[str], str]:
+    """What failed among a graph's output comparisons (each failing output, and the flips beyond the preset's rate),
+    and the check's one-line summary (``observed``: which observations agreed). A discrete action output (``action``)
+    is judged as an action (flips), not element by element."""
+    failed = [c for k, c in cmps.items() if not c.passed and not (flips and k == action)]
+    parts = [c.describe() for c in failed]
+    if flips and not flips["ok"]:
+        parts.append(f"{flips['flips']} action flip(s) of {flips['count']}, {flips['explained']} within the "
+                     "tolerance of the scores")  # fmt: skip
+    worst = max(cmps.values(), key=lambda c: c.max_abs)
+    summary = f"{observed} agree; worst {worst.name} max abs {worst.max_abs:.2e}"
+    if flips and flips["flips"]:
+        summary += f"; {flips['flips']} action flip(s) at near-ties within the tolerance of the scores"
+    if parts:
+        differ = f"{len(failed)} output(s) differ: " if failed else "outputs agree, actions do not: "
+        summary = differ + "; ".join(parts)
+    return parts, summary
 
 
 def judge_flips(

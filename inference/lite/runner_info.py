@@ -11,23 +11,19 @@ time, so it runs here on first use. With that, ``auto`` picks the ``.mindir`` wh
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-from inference.bundle import LITE_FORMATS as FORMATS  # noqa: F401 - the --format choices
 from inference.bundle import Bundle
-from inference.lite.client import LiteRunner
+from inference.errors import first_line
 from inference.lite.common import RUNNER_NAME, MindIRVersionError, runner_path
-
-if TYPE_CHECKING:
-    from inference.lite.inprocess import LiteModel
 
 INFO_FILE = RUNNER_NAME + ".json"
 
-log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,19 +95,16 @@ def choose_format(bundle: Bundle, graph: str, fmt: str, info: RunnerInfo | None)
     return bundle.lite_format(graph, fmt, info.lite_version, info.max_mind_ir_version)
 
 
-def open_runner(
-    bundle: Bundle, graph: str, fmt: str = "auto", **kwargs: Any
-) -> tuple[LiteModel | LiteRunner, str, str]:
-    """Lite loaded with ``graph`` (in this process where it can run here, else the runner process: ``open_lite``)
-    plus the format it loaded and why; an ``auto`` .mindir that Lite refuses after all falls back to the .ms."""
-    from inference.lite.inprocess import open_lite
-
-    info = runner_info(kwargs.get("runner"))
-    chosen, why = choose_format(bundle, graph, fmt, info)
+def open_graph_file(
+    bundle: Bundle, graph: str, fmt: str, opener: Callable[[Path], T], runner: str | Path | None = None
+) -> tuple[T, str, str]:
+    """``opener`` (Lite in this process, or the runner process) on the file of ``graph`` that ``choose_format``
+    picks, with the format it loaded and why: an ``auto`` .mindir that Lite refuses after all falls back to the .ms
+    (Lite's own refusal is the reason)."""
+    chosen, why = choose_format(bundle, graph, fmt, runner_info(runner))
     try:
-        return open_lite(bundle.file(graph, chosen), **kwargs), chosen, why
+        return opener(bundle.file(graph, chosen)), chosen, why
     except MindIRVersionError as exc:
         if fmt != "auto" or chosen != "mindir" or not bundle.has_file(graph, "ms"):
             raise
-        log.warning("falling back to the .ms: %s", exc)
-        return open_lite(bundle.file(graph, "ms"), **kwargs), "ms", f"fallback to .ms: {exc}"
+        return opener(bundle.file(graph, "ms")), "ms", f"fallback to .ms: {first_line(exc)}"

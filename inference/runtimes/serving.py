@@ -26,7 +26,8 @@ import numpy as np
 from inference.bundle import Bundle, BundleError
 from inference.errors import RuntimeUnavailable, first_line
 from inference.lite.client import LiteRunner
-from inference.lite.common import LiteRunnerError, MindIRVersionError, runner_available
+from inference.lite.common import LiteRunnerError, runner_available
+from inference.lite.runner_info import open_graph_file
 from inference.runtimes.onnxrt import import_problem
 
 RUNTIMES = ("best", "lite", "lite-isolated", "onnxruntime")
@@ -135,12 +136,6 @@ class _Unusable(Exception):
     """A step of ``best`` that does not apply here (the reason is its message)."""
 
 
-def _lite_file(bundle: Bundle, graph: str, fmt: str) -> tuple[str, str]:
-    from inference.lite.runner_info import choose_format, runner_info
-
-    return choose_format(bundle, graph, fmt, runner_info())
-
-
 def _in_process(bundle: Bundle, graph: str, fmt: str, options: dict[str, Any]) -> Served:
     from inference.lite.inprocess import LiteModel, in_process_reason
 
@@ -148,14 +143,7 @@ def _in_process(bundle: Bundle, graph: str, fmt: str, options: dict[str, Any]) -
     if why_not is not None:
         raise _Unusable(why_not)
     kwargs = {k: v for k, v in options.items() if k in _LITE_OPTIONS}
-    chosen, why = _lite_file(bundle, graph, fmt)
-    try:
-        model = LiteModel(bundle.file(graph, chosen), **kwargs)
-    except MindIRVersionError as exc:
-        if fmt != "auto" or chosen != "mindir" or not bundle.has_file(graph, "ms"):
-            raise
-        chosen, why = "ms", f"fallback to .ms: {first_line(exc)}"
-        model = LiteModel(bundle.file(graph, chosen), **kwargs)
+    model, chosen, why = open_graph_file(bundle, graph, fmt, lambda path: LiteModel(path, **kwargs))
     return Served(model, "lite", bundle.file(graph, chosen),
                   f"Lite {model.lite_version} in this process on .{chosen} ({why})")  # fmt: skip
 
@@ -165,14 +153,8 @@ def _runner(bundle: Bundle, graph: str, fmt: str, options: dict[str, Any]) -> Se
     if not ok:
         raise RuntimeUnavailable(detail)
     kwargs = {k: v for k, v in options.items() if k in _RUNNER_OPTIONS}
-    chosen, why = _lite_file(bundle, graph, fmt)
-    try:
-        runner = LiteRunner(bundle.file(graph, chosen), **kwargs)
-    except MindIRVersionError as exc:
-        if fmt != "auto" or chosen != "mindir" or not bundle.has_file(graph, "ms"):
-            raise
-        chosen, why = "ms", f"fallback to .ms: {first_line(exc)}"
-        runner = LiteRunner(bundle.file(graph, chosen), **kwargs)
+    runner, chosen, why = open_graph_file(bundle, graph, fmt, lambda path: LiteRunner(path, **kwargs),
+                                          kwargs.get("runner"))  # fmt: skip
     return Served(_IsolatedModel(runner), "lite-isolated", bundle.file(graph, chosen),
                   f"Lite {runner.lite_version} in the runner process on .{chosen} ({why})")  # fmt: skip
 
