@@ -37,6 +37,8 @@ from inference.compare.localize import (
     onnx_tensors,
 )
 from inference.compare.stats import Tolerance, compare_arrays
+from inference.runtimes.base import RuntimeSource
+from inference.runtimes.lite import tap_runner
 from inference.sdk import has_file
 from inference.tensors import TensorMeta
 from msrl_consistency import compat
@@ -240,10 +242,9 @@ def localize(
         names = [layer.tensor for layer in plan.layers if layer.tensor]
         got = onnx_tensors(str(bundle.file(graph, "onnx")), names, observations)
         return compare_layers(runtime, plan, reference, got, tolerance)
-    if runtime == "lite":
-        from inference.lite_client import LiteRunner
-
-        with LiteRunner(bundle.file(graph, "ms"), device=device) as runner:
+    runner = tap_runner(runtime, RuntimeSource(bundle, device=device), graph)
+    if runner is not None:  # a Lite runner on the .ms (x86, or the ARM kernels of lite-aarch64)
+        with runner:
             values, fused = lite_tensors(plan, runner.infer_taps(*observations))
         return compare_layers(runtime, plan, reference, values, tolerance, fused)
     return Localization(runtime, None, None, [], f"{runtime} gives no per-layer outputs", method="none")
@@ -258,7 +259,7 @@ class CellLocalizer:
     def __call__(
         self, runtime: str, graph: str, rows: np.ndarray, inputs: Sequence[np.ndarray], tol: Tolerance
     ) -> Localization:
-        if runtime in ("onnxruntime", "lite", "ms-mindir"):
+        if runtime in ("onnxruntime", "ms-mindir") or runtime.startswith("lite"):
             return localize(self.cells(graph), runtime, inputs, self.bundle, graph, tol, self.device)
         why = {"ms-graph": "ms-graph runs the reference Cell itself (its own Parameters), compiled: a compiled Cell's "
                "per-layer outputs need MindSpore's dump (MINDSPORE_DUMP_CONFIG)"}.get(runtime, f"{runtime} gives "

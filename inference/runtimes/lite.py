@@ -14,12 +14,14 @@ recorded in ``restarts`` so the report says so.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
 from inference import lite_common as lc
 from inference.errors import MsrlError
-from inference.lite_inprocess import in_process_reason, open_lite
+from inference.lite_client import LiteRunner
+from inference.lite_inprocess import LiteModel, in_process_reason, open_lite
 from inference.runtimes.base import InferenceFailed, Runtime, RuntimeDied, RuntimeSource
 
 
@@ -45,8 +47,7 @@ class LiteRuntime(Runtime):
         self.restarts: list[str] = []
         for attempt in range(2):
             try:
-                self.runner = open_lite(path, device=self.source.device, device_id=self.source.device_id,
-                                        timeout=self.timeout)  # fmt: skip
+                self.runner = self._open_model(path)
                 break
             except lc.MindIRVersionError as exc:
                 raise IncompatibleModel(f"{self.name}: {exc}") from None
@@ -58,6 +59,14 @@ class LiteRuntime(Runtime):
         wanted = [o.name for o in self.outputs]
         # Names survive ONNX → .ms conversion; fall back to position if a converter renames them.
         self.output_order = wanted if set(wanted) <= set(names) else names
+
+    def _open_model(self, path: Path) -> LiteRunner | LiteModel:
+        """Lite on ``path``: in this process where it can run here, else the runner process."""
+        return open_lite(path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout)
+
+    def tap_runner(self, path: Path) -> LiteRunner:
+        """A runner process on ``path`` for a tap request (every kernel's outputs: layer localisation)."""
+        return LiteRunner(path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout)
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         for attempt in range(2):
@@ -89,6 +98,18 @@ class LiteRuntime(Runtime):
         runner = getattr(self, "runner", None)
         where = "in this process" if getattr(runner, "pid", None) == os.getpid() else "runner process"
         return {"mindspore_lite": getattr(runner, "lite_version", "unknown"), "lite_process": where}
+
+
+def tap_runner(runtime: str, source: RuntimeSource, graph: str) -> LiteRunner | None:
+    """A runner on ``graph``'s ``.ms`` for ``runtime``'s tap request (its kernels' outputs), None for a runtime
+    that is not a Lite runner on the ``.ms`` (the localizers then say it gives no per-layer outputs)."""
+    from inference.runtimes.registry import RUNTIMES
+
+    cls = RUNTIMES.get(runtime)
+    if cls is None or not issubclass(cls, LiteRuntime) or cls.fmt != "ms":
+        return None
+    rt = cls(source, graph)
+    return rt.tap_runner(rt.model_path())
 
 
 class LiteMindirRuntime(LiteRuntime):
