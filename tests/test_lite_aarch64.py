@@ -98,7 +98,8 @@ def test_the_doctor_shows_lite_aarch64_and_the_cpu_it_emulates(arm):
 
 
 @pytest.mark.slow
-def test_the_arm_kernels_run_inline_bitwise_as_handed_off_and_ignore_the_fp16_switch(arm, cartpole_bundle):
+def test_the_arm_kernels_run_inline_bitwise_as_handed_off_and_ignore_the_fp16_switch(arm, cartpole_bundle, tmp_path,
+                                                                                      monkeypatch):  # fmt: skip
     """The aarch64 runner serves inline (its default here) with the hand-off's bits; Lite's float16 switch is ignored
     by this Lite, which says so at Build, and the answers stay its float32 ones. The ARM kernels' answers are not
     the x86 kernels' bits, but agree within float32 rounding."""
@@ -124,9 +125,16 @@ def test_the_arm_kernels_run_inline_bitwise_as_handed_off_and_ignore_the_fp16_sw
     for got, want in zip(answers["inline"], answers["x86"], strict=True):
         for k in ("log_prob", "value"):
             assert float(np.abs(got[k] - want[k]).max()) < 1e-4
-    source = RuntimeSource(cartpole_bundle)
-    why = LiteAarch64Fp16Runtime.why_not(source)
-    assert why is not None and "ignores CPUDeviceInfo::SetEnableFP16" in why and "MSLITE_ENABLE_FP16" in why
+    # lite-aarch64-fp16 asks that Lite once per build and CPU model, and is unavailable with its words
+    monkeypatch.setattr(LiteAarch64Fp16Runtime, "CACHE", f"cpu-fp16-{tmp_path.name}.json")
+    cache = arm.with_name(LiteAarch64Fp16Runtime.CACHE)
+    try:
+        why = LiteAarch64Fp16Runtime.why_not(RuntimeSource(cartpole_bundle))
+        assert why is not None and "ignores CPUDeviceInfo::SetEnableFP16" in why and "MSLITE_ENABLE_FP16" in why
+        monkeypatch.setattr(LiteAarch64Fp16Runtime, "_fp16_refusal", None)  # asked again, it would fail
+        assert LiteAarch64Fp16Runtime.why_not(RuntimeSource(cartpole_bundle)) == why
+    finally:
+        cache.unlink(missing_ok=True)
 
 
 @pytest.mark.slow

@@ -15,9 +15,13 @@ since emulation makes every call tens of times slower.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
+from typing import Any
 
 from inference import lite_emulation as emu
+from inference.bundle import BundleError
 from inference.lite_client import LiteRunner
 from inference.runtimes.base import RuntimeSource
 from inference.runtimes.lite import LiteRuntime
@@ -56,26 +60,35 @@ class LiteAarch64Fp16Runtime(LiteAarch64Runtime):
     name = "lite-aarch64-fp16"
     description = "lite-aarch64 with Lite's float16 CPU kernels (CPUDeviceInfo::SetEnableFP16), where Lite has them"
     cpu_fp16 = True
-    _ignored: dict[tuple[str, str], str | None] = {}  # (runner, CPU model) -> Lite's refusal, once per process
+    CACHE = "cpu-fp16.json"  # next to the runner: what its Lite said of the switch, per build and CPU model
 
     @classmethod
     def unavailable_reason(cls, source: RuntimeSource) -> str | None:
         reason = super().unavailable_reason(source)
         if reason is not None:
             return reason
-        key = (str(emu.aarch64_runner()), emu.arm_cpu())
-        if key not in cls._ignored:
-            cls._ignored[key] = cls._fp16_refusal(source)
-        return cls._ignored[key]
+        runner, cpu = emu.aarch64_runner(), emu.arm_cpu()
+        cache = runner.with_name(cls.CACHE)
+        key = f"{_build_key(runner)} {cpu}"
+        known = _read_json(cache)
+        if key not in known:  # asked once per build and CPU model: a runner start under emulation takes seconds
+            refusal = cls._fp16_refusal(source)
+            if refusal is False:
+                return None  # no .ms to ask with: the file check reports the bundle
+            known[key] = refusal
+            with contextlib.suppress(OSError):  # a read-only install asks again next time
+                cache.write_text(json.dumps(known, indent=1))
+        return known[key]
 
     @classmethod
-    def _fp16_refusal(cls, source: RuntimeSource) -> str | None:
-        """Asks this Lite, on the bundle's first graph, whether it takes the float16 switch: None if it does."""
+    def _fp16_refusal(cls, source: RuntimeSource) -> str | None | bool:
+        """Asks this Lite, on the bundle's first graph, whether it takes the float16 switch: None if it does, else
+        why not in Lite's words; False when the bundle has no .ms to ask with."""
         graph = source.bundle.graphs[0]
         try:
             path = source.bundle.file(graph, "ms")
-        except Exception:  # noqa: BLE001 - no usable .ms: why_not reports the file itself
-            return None
+        except BundleError:
+            return False
         with cls(source, graph).tap_runner(path) as runner:
             outcome = runner.cpu_fp16_outcome
         if outcome.startswith("ignored: "):
@@ -86,3 +99,20 @@ class LiteAarch64Fp16Runtime(LiteAarch64Runtime):
     def versions(self) -> dict[str, str]:
         runner = getattr(self, "runner", None)
         return {**super().versions(), "cpu_fp16": getattr(runner, "cpu_fp16_outcome", "?")}
+
+
+def _build_key(runner: Path) -> str:
+    """The build that made ``runner`` (build_lite.sh's content hash), else its size and time."""
+    try:
+        return runner.with_name(".build-key").read_text().strip()
+    except OSError:
+        stat = runner.stat()
+        return f"{stat.st_size}-{stat.st_mtime_ns}"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
