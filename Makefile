@@ -5,10 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LITE_RUNNER := .lite/bin/msrl-lite-runner
 LITE_CONVERT := .lite/bin/msrl-lite-convert
+LITE_AARCH64 := .lite/bin-aarch64/msrl-lite-runner
+AARCH64_TOOLS := g++-aarch64-linux-gnu qemu-user
 RUNNER_SRC := $(wildcard inference/lite/runner/*.cc inference/lite/runner/*.h)
 export GLOG_v ?= 3
 
-.PHONY: setup lite browser deploy-venv demo test gate lint bench clean
+.PHONY: setup lite lite-aarch64 aarch64-tools browser deploy-venv demo test gate gate-aarch64 lint bench clean
 
 # The training distribution depends on the deploy one (./inference, on no index): both in one command, so pip
 # takes the local checkout for that dependency.
@@ -22,7 +24,7 @@ $(LITE_RUNNER) $(LITE_CONVERT) &: $(RUNNER_SRC) export/lite_converter.cc inferen
 	bash inference/lite/build_lite.sh
 	@touch $(LITE_RUNNER) $(LITE_CONVERT)
 
-setup: $(STAMP) $(LITE_RUNNER)
+setup: $(STAMP) $(LITE_RUNNER) lite-aarch64
 
 lite: $(LITE_RUNNER)
 
@@ -36,6 +38,30 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			$(BROWSER_PACKAGES) >/dev/null && echo "chromium: $$(command -v chromium)"; \
 	else echo "the browser test needs Chromium: sudo apt-get install $(BROWSER_PACKAGES)" >&2; exit 1; fi
+
+# lite-aarch64, Lite's ARM kernels under qemu-user: PyPI's aarch64 SDK, cross-built where the cross compiler and qemu
+# are installed (`make aarch64-tools`). Elsewhere one line says what to install; with MSRL_REQUIRE_AARCH64=1 (CI) that
+# is an error. On an aarch64 host the `lite` runtime already runs the ARM kernels.
+$(LITE_AARCH64): $(RUNNER_SRC) inference/lite/build_lite.sh $(STAMP)
+	bash inference/lite/build_lite.sh --arch aarch64 --runner-only
+	@touch $(LITE_AARCH64)
+
+lite-aarch64:
+	@if [ "$$(uname -m)" = aarch64 ]; then \
+		echo "lite-aarch64: this host is aarch64, the lite runtime runs Lite's ARM kernels"; \
+	elif command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory $(LITE_AARCH64); \
+	elif [ "$${MSRL_REQUIRE_AARCH64:-0}" = 1 ]; then \
+		echo "error: lite-aarch64 needs aarch64-linux-gnu-g++ and qemu-aarch64: apt-get install $(AARCH64_TOOLS)" >&2; \
+		exit 1; \
+	else \
+		echo "lite-aarch64 not built (verify on Lite's ARM kernels): apt-get install $(AARCH64_TOOLS), or make aarch64-tools"; \
+	fi
+
+# The Debian packages lite-aarch64 needs, on a developer machine (sudo unless root).
+aarch64-tools:
+	$$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q
+	$$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(AARCH64_TOOLS)
 
 # The deploy side alone, as on an inference box: a separate venv with `pip install ./inference` (no MindSpore)
 # and the runner built into it against the Lite SDK of .lite/sdk (or MSRL_LITE_SDK=DIR).
@@ -83,6 +109,17 @@ endef
 gate: setup
 	rm -rf runs/gate-* bundles/gate-* reports/gate-*
 	$(foreach env,$(GATE_ENVS),$(call gate_env,$(env)))
+
+# The gate's bundles (make gate first) on Lite's ARM kernels, emulated: lite-aarch64 required, never skipped.
+define gate_aarch64
+	$(PY) -m msrl_consistency.verify --mindir bundles/gate-$(1)/policy.mindir \
+		--ckpt runs/gate-$(1)/checkpoint.ckpt --runtimes lite-aarch64 --require lite-aarch64 \
+		--out reports/gate-$(1)-aarch64
+
+endef
+
+gate-aarch64: lite-aarch64
+	$(foreach env,$(GATE_ENVS),$(call gate_aarch64,$(env)))
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

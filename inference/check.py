@@ -22,6 +22,7 @@ from inference.compare.checks import VerifyResult
 from inference.compare.stats import PRESETS, Tolerance
 from inference.compare.verifier import VerifyOptions
 from inference.errors import EXIT_CODES, UsageError, run_cli
+from inference.lite.emulation import add_arm_cpu, apply_arm_cpu
 from inference.report.provenance import invocation
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--golden-layers); --no-localize: of none; default: of a runtime failing at the network stage")
     p.add_argument("--isolate", action="store_true",
                    help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
+    add_arm_cpu(p)
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     return p
 
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.isolate:
         os.environ["MSRL_LITE_ISOLATE"] = "1"
+    apply_arm_cpu(args)
     from inference.runtimes.registry import RUNTIMES
 
     for name in (*names(args.runtimes), *names(args.require)):

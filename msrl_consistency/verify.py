@@ -24,8 +24,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes with inference.runtimes
-from inference.check import DEPLOY_SIDE_RUNTIMES, check_golden, finish, names, parse_tolerance, prepare_out
+from inference.check import (
+    DEPLOY_SIDE_RUNTIMES,
+    check_golden,
+    finish,
+    names,
+    parse_tolerance,
+    prepare_out,
+)
 from inference.errors import EXIT_CODES, UsageError, run_cli
+from inference.lite.emulation import add_arm_cpu, apply_arm_cpu
 from inference.report.provenance import invocation
 from msrl_consistency.artifacts import run_dir as rd
 
@@ -67,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu", "ascend"], help="device for every runtime")
     p.add_argument("--device-id", type=int, default=0)
+    add_arm_cpu(p)
     p.add_argument("--tolerance", choices=["fp32", "fp16"],
                    help="tolerance preset (default: the bundle's precision; what each promises: README)")  # fmt: skip
     p.add_argument("--tol", action="append", type=parse_tolerance, default=[], metavar="OUTPUT=ATOL,RTOL",
@@ -123,6 +132,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
+    apply_arm_cpu(args)
     from inference.compare.stats import Tolerance
     from inference.compare.verifier import VerifyOptions
     from inference.report.baseline import check_baseline, save_baseline

@@ -12,7 +12,8 @@ from msrl_consistency import compat  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under CI a runner build that broke fails the suite at once: the Lite path's tests never skip there."""
+    """Under CI a runner build that broke fails the suite at once: the Lite path's tests never skip there (nor
+    lite-aarch64's, with MSRL_REQUIRE_AARCH64=1)."""
     import lite_build
 
     missing = [p for p in (lite_build.runner_path(), *(lite_build.runner_path().with_name(n) for n in
@@ -20,6 +21,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if lite_build.required() and (missing or not lite_build.BUILT):
         why = lite_build.WHY_NOT if not lite_build.BUILT else f"{missing[0]} not built"
         raise pytest.UsageError(f"the Lite runner is required here (CI / MSRL_REQUIRE_RUNNER=1): {why}")
+    why_not_arm = lite_build.aarch64_why_not() if lite_build.aarch64_required() else None
+    if why_not_arm is not None:  # likewise Lite's ARM kernels, where CI installed what they need
+        raise pytest.UsageError(f"lite-aarch64 is required here (MSRL_REQUIRE_AARCH64=1): {why_not_arm}")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,3 +19,19 @@ def required() -> bool:
     """Under CI (``CI=true`` or ``MSRL_REQUIRE_RUNNER=1``, which ``.ci/run`` sets) a missing runner fails the suite
     instead of skipping the tests of the Lite path."""
     return os.environ.get("CI", "").lower() == "true" or os.environ.get("MSRL_REQUIRE_RUNNER") == "1"
+
+
+# lite-aarch64: the aarch64 runner (`make lite-aarch64`, which `make test` runs where the cross compiler and qemu are).
+
+
+def aarch64_why_not() -> str | None:
+    """Why lite-aarch64 cannot run here (None: it can)."""
+    from inference.lite.emulation import unavailable_reason
+
+    return unavailable_reason()
+
+
+def aarch64_required() -> bool:
+    """Under CI (``MSRL_REQUIRE_AARCH64=1``, which ``.ci/run`` sets, after installing the Debian packages) an
+    unavailable lite-aarch64 fails its tests instead of skipping them."""
+    return os.environ.get("MSRL_REQUIRE_AARCH64") == "1"

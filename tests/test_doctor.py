@@ -13,7 +13,7 @@ import lite_build
 import numpy as np
 import pytest
 
-import inference.doctor as doctor_module
+import inference.doctor.lite_rows as doctor_lite
 from inference.bundle import sha256_file
 from inference.doctor import INCOMPATIBLE, OK, WARN, device_check, inline_bits_check
 from inference.lite.common import runner_available
@@ -104,12 +104,12 @@ class _Fake:
 
 def test_a_difference_between_inline_and_hand_off_is_a_warning_with_the_evidence(cartpole_bundle, monkeypatch):
     info = runner_info()
-    monkeypatch.setattr(doctor_module, "open_lite", lambda path, inline: _Fake(inline, differ=True))
+    monkeypatch.setattr(doctor_lite, "open_lite", lambda path, inline: _Fake(inline, differ=True))
     check = inline_bits_check(cartpole_bundle, info)
     assert check.status == WARN and check.here.startswith("differ") and "inline and hand-off differ" in check.detail
     assert check.evidence and check.evidence[0].startswith("policy:logits (batch): 1 of 64 rows differ, max |diff|")
     assert "row 3: " in check.evidence[0] and "inline vs" in check.evidence[0]
-    monkeypatch.setattr(doctor_module, "open_lite", lambda path, inline: _Fake(inline, differ=False, takes=False))
+    monkeypatch.setattr(doctor_lite, "open_lite", lambda path, inline: _Fake(inline, differ=False, takes=False))
     check = inline_bits_check(cartpole_bundle, info)
     assert check.status == WARN and check.here.startswith("inline does not take")
     assert "does not bind to libmsrl-lite-inline.so" in check.detail

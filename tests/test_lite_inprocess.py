@@ -97,6 +97,7 @@ def test_lite_computes_in_its_float_mode_and_leaves_the_callers_alone(tmp_path):
         model = LiteModel({path!r})
         opened = caller()
         here = model.infer(obs)["logits"]
+        handed_off = LiteModel({path!r}, inline=False).infer(obs)["logits"]  # on the actor thread Build started
         after = caller()
         with LiteRunner({path!r}) as runner:  # the runner runs the graph on its serving thread too
             runner_inline = runner.infer(obs)["logits"]
@@ -105,7 +106,7 @@ def test_lite_computes_in_its_float_mode_and_leaves_the_callers_alone(tmp_path):
         with LiteRunner({path!r}) as runner:  # on Lite's own actor thread
             worker = runner.infer(obs)["logits"]
             where.append(runner.runs_inline)
-        same = here.tobytes() == runner_inline.tobytes() == worker.tobytes()
+        same = here.tobytes() == handed_off.tobytes() == runner_inline.tobytes() == worker.tobytes()
         print(json.dumps({{"caller": [before, opened, after], "here": here.tolist(), "inline": model.runs_inline,
                           "runner_inline": where, "same": same}}))
     """)

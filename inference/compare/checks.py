@@ -103,6 +103,10 @@ class VerifyResult:
                 if name not in named and info.get("status") not in ("ran", "reference")]  # fmt: skip
         if idle and not only_failed:
             lines.append("\nnot compared here: " + "; ".join(idle))
+        emulated = [f"{name}: {info['versions']['emulation']}" for name, info in self.runtimes.items()
+                    if (info.get("versions") or {}).get("emulation")]  # fmt: skip
+        if emulated:  # the kernels of another CPU, run here instruction by instruction: said with the verdict
+            lines.append("\n" + "\n".join(emulated))
         if self.localizations:
             lines.append("")
             lines += [loc.line() for loc in self.localizations.values()]

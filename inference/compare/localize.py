@@ -6,9 +6,10 @@ own Parameter names, which the exporter keeps as initializer names, then by grap
 without parameters). A runtime's own intermediate outputs are then read where it can give them:
 
 * ONNX Runtime: every mapped tensor added as a graph output, run with graph optimisations off (one to one);
-* Lite: its kernels' outputs from the runner's tap request (``LiteRunner.infer_taps``). Kernels keep the ONNX node
-  names; a kernel the converter fused carries the fused ops' last output, compared there and reported as the
-  span of layers it covers; convolution outputs in Lite's NHWC layout are compared in the Cell's NCHW.
+* Lite (``lite``, and ``lite-aarch64``'s ARM kernels): its kernels' outputs from the runner's tap request
+  (``LiteRunner.infer_taps``). Kernels keep the ONNX node names; a kernel the converter fused carries the fused ops'
+  last output, compared there and reported as the span of layers it covers; convolution outputs in Lite's NHWC
+  layout are compared in the Cell's NCHW.
 
 Each mapped layer is compared (cosine, max abs, max relative error) with the runtime's tolerance; the first that
 fails is the first diverging layer. A layer that cannot be matched is said so, never guessed. Nothing here imports
@@ -226,13 +227,12 @@ def localize_runtime(
     feeds: Sequence[np.ndarray], tol: Tolerance, device: str = "cpu",
 ) -> Localization:  # fmt: skip
     """The one runtime dispatch of both sides (the training side's Cell, a golden file's recorded layers): run
-    ``graph`` on ``feeds`` in ``runtime`` with every planned tensor exposed (Lite: the runner's kernel taps on the
-    ``.ms``; ONNX Runtime: the ``.onnx`` with its intermediate tensors as outputs) and compare them with
+    ``graph`` on ``feeds`` in ``runtime`` with every planned tensor exposed (Lite, x86 or ARM: the runner's kernel taps
+    on the ``.ms``; ONNX Runtime: the ``.onnx`` with its intermediate tensors as outputs) and compare them with
     ``reference``, the plan's layers' outputs."""
-    if runtime == "lite":
-        from inference.lite.client import LiteRunner
-
-        with LiteRunner(bundle.file(graph, "ms"), device=device) as runner:
+    runner = _tap_runner(runtime, bundle, graph, device)
+    if runner is not None:  # a Lite runner on the .ms (x86, or the ARM kernels of lite-aarch64)
+        with runner:
             values, fused = lite_tensors(plan, runner.infer_taps(*feeds))
         return compare_layers(runtime, plan, reference, values, tol, fused)
     if runtime == "onnxruntime":
@@ -245,6 +245,14 @@ def localize_runtime(
         return compare_layers(runtime, plan, reference, got, tol)
     return Localization(runtime, None, None, [], f"not localized: {runtime} gives no per-layer outputs here",
                         method="none")  # fmt: skip
+
+
+def _tap_runner(runtime: str, bundle: Any, graph: str, device: str) -> Any:
+    """The Lite runner ``runtime`` runs ``graph``'s ``.ms`` in, for a tap request; None if it is not a Lite runtime."""
+    from inference.runtimes.base import RuntimeSource
+    from inference.runtimes.lite import tap_runner
+
+    return tap_runner(runtime, RuntimeSource(bundle, device=device), graph)
 
 
 def to_layout(value: np.ndarray, like: np.ndarray) -> np.ndarray | None:

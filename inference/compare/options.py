@@ -27,7 +27,7 @@ class VerifyOptions:
     device: str = "cpu"
     device_id: int = 0
     # "auto": name the first diverging layer of a runtime that fails at the network, precision or version stage (and
-    # of Lite on an fp16 bundle: where the fp16 error grows); "always": of every runtime compared; "never".
+    # of Lite, x86 or ARM, on an fp16 bundle: where the fp16 error grows); "always": of every runtime compared; "never".
     localize: str = "auto"
 
     def validate(self, bundle: Bundle) -> str:

@@ -76,7 +76,8 @@ def verify(
         reference = _build_reference(bundle, source, inputs, options)
         runtimes[REFERENCE] = {"status": "reference"}
     episode_diffs: dict[str, dict[str, np.ndarray]] = {}
-    names = [n for n in (options.runtimes or RUNTIMES) if n != REFERENCE or reference.origin != REFERENCE]
+    default = [n for n in RUNTIMES if not RUNTIMES[n].opt_in]  # opt-in runtimes (emulated ones) run when named
+    names = [n for n in (options.runtimes or default) if n != REFERENCE or reference.origin != REFERENCE]
     names += [n for n in options.required if n not in names]
     if reference.repeat_differs:
         detail = "; ".join(f"{g}: {', '.join(outs)}" for g, outs in reference.repeat_differs.items())
@@ -137,7 +138,8 @@ def _wants_localization(mode: str, report: RuntimeReport, bundle: Bundle, name: 
     if mode == "never" or report.info.get("status") != "ran":
         return False
     stages = {c.diagnosis["stage"] for c in report.checks if c.status == "fail" and c.diagnosis}
-    return mode == "always" or bool(stages & LOCALIZE_STAGES) or (bundle.precision == "fp16" and name == "lite")
+    fp16_lite = bundle.precision == "fp16" and name in ("lite", "lite-aarch64")  # where the fp16 error grows
+    return mode == "always" or bool(stages & LOCALIZE_STAGES) or fp16_lite
 
 
 def _localize(

@@ -12,6 +12,12 @@
 #   MSRL_LITE_SDK=/opt/mindspore-lite-2.3.1-linux-aarch64 MSRL_LITE_OUT=/opt/msrl/bin bash inference/lite/build_lite.sh
 #   bash inference/lite/build_lite.sh --sdk DIR --out DIR [--runner-only]
 #   bash inference/lite/build_lite.sh --sdk DIR --detect               # print what the SDK is, build nothing
+#   bash inference/lite/build_lite.sh --arch aarch64                   # PyPI's aarch64 wheel, cross-built -> .lite/bin-aarch64
+#
+# --arch aarch64 on another host is the emulated ARM runtime's set-up (lite-aarch64): it needs the cross compiler
+# and qemu-user (Debian: apt-get install g++-aarch64-linux-gnu qemu-user); what a runner built for another
+# architecture says about its Lite (the MindIR limit) is asked of it under qemu-aarch64 -cpu $MSRL_ARM_CPU
+# (default neoverse-n1, see inference/runtimes/lite_aarch64.py).
 #
 # An SDK is either the official tarball layout (DIR/runtime/include/api/model.h, DIR/runtime/lib) or the
 # wheel layout (DIR/include/api/model.h, DIR/lib; the unpacked mindspore_lite/ package directory).
@@ -24,17 +30,22 @@ LITE_WHEEL_VERSION=2.0.0
 # The Lite builds ("VERSION ARCH") on which running Lite's graph on the calling thread (inference/lite/runner/inline_run.h)
 # was tested, bitwise against Lite's own hand-off to its actor thread: inline runs are on by default for these only.
 # Elsewhere they are off unless MSRL_LITE_INLINE=1 (python -m inference.doctor BUNDLE compares the two ways).
-INLINE_TESTED=("2.0.0 x86_64")
+INLINE_TESTED=("2.0.0 x86_64" "2.0.0 aarch64")
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
 ROOT="$(dirname "$(dirname "$HERE")")"  # the checkout (inference/lite/ is two levels down)
 SRC="$HERE/runner"
 CONVERTER_SRC="$ROOT/export/lite_converter.cc"
-CXX="${CXX:-g++}"
+CXX="${CXX:-}"  # default: g++, or the cross compiler for another architecture (--arch)
 
 SDK="${MSRL_LITE_SDK:-}"
 OUT="${MSRL_LITE_OUT:-}"
 RUNNER_ONLY=0
 DETECT_ONLY=0
+HOST_ARCH=$(uname -m)
+ARCH=""
+ARM_CPU="${MSRL_ARM_CPU:-neoverse-n1}"  # the emulated CPU of lite-aarch64's probe (its runtime's default too)
+SYSROOT=/usr/aarch64-linux-gnu          # where Debian's cross toolchain keeps the aarch64 C and C++ libraries
+CROSS_PACKAGES="apt-get install g++-aarch64-linux-gnu qemu-user"
 
 say() { printf '[build_lite] %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -45,12 +56,28 @@ while (($#)); do
         --out) OUT="${2:?--out needs a directory}"; shift 2 ;;
         --runner-only) RUNNER_ONLY=1; shift ;;
         --detect) DETECT_ONLY=1; shift ;;
+        --arch) ARCH="${2:?--arch needs x86_64 or aarch64}"; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
 
 [[ -f "$SRC/main.cc" ]] || die "runner sources not found in $SRC"
+case "${ARCH:=$HOST_ARCH}" in
+    x86_64|aarch64) ;;
+    *) die "--arch must be x86_64 or aarch64, got '$ARCH'" ;;
+esac
+# Another architecture than this host's: a cross compiler builds it and qemu-user runs it (the probe below, and the
+# lite-aarch64 runtime). Both are asked for here, in one line, before anything is fetched.
+FOREIGN=0
+if [[ "$ARCH" != "$HOST_ARCH" ]]; then
+    FOREIGN=1
+    [[ "$ARCH" == aarch64 ]] || die "building for $ARCH on a $HOST_ARCH host is not supported (build on the device)"
+    CXX="${CXX:-aarch64-linux-gnu-g++}"
+    if ((! DETECT_ONLY)) && ! command -v "$CXX" >/dev/null 2>&1 || ! command -v qemu-aarch64 >/dev/null 2>&1 || [[ ! -d "$SYSROOT/lib" ]]; then
+        die "the aarch64 runner needs the cross compiler $CXX and qemu-aarch64 ($CROSS_PACKAGES)"
+    fi
+fi
 
 json_str() {  # a JSON string literal (paths and versions hold no control characters)
     local s=${1//\\/\\\\}
@@ -58,20 +85,23 @@ json_str() {  # a JSON string literal (paths and versions hold no control charac
 }
 
 # ---- 1. the SDK: user-given, or the PyPI wheel's, fetched into .lite/ -----------------------------------
+CXX="${CXX:-g++}"
+SUFFIX=""  # this host's architecture: .lite/{dl,sdk,bin}; another: .lite/{dl,sdk,bin}-aarch64
+((FOREIGN)) && SUFFIX="-$ARCH"
 if [[ -z "$SDK" ]]; then
     LITE="${MSRL_LITE_HOME:-$ROOT/.lite}"
-    DL="$LITE/dl"
-    SDK="$LITE/sdk"
-    OUT="${OUT:-$LITE/bin}"
+    DL="$LITE/dl$SUFFIX"
+    SDK="$LITE/sdk$SUFFIX"
+    OUT="${OUT:-$LITE/bin$SUFFIX}"
     if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
     command -v "$PY" >/dev/null 2>&1 || die "no Python found to run pip / unzip the wheel"
     shopt -s nullglob
     wheels=("$DL"/mindspore_lite-"$LITE_WHEEL_VERSION"-*.whl)
     if ((${#wheels[@]} == 0)); then
-        say "downloading mindspore-lite==$LITE_WHEEL_VERSION wheel (~170 MB) into $DL"
+        say "downloading the mindspore-lite==$LITE_WHEEL_VERSION wheel for $ARCH (56-170 MB) into $DL"
         mkdir -p "$DL"
         "$PY" -m pip download "mindspore-lite==$LITE_WHEEL_VERSION" --no-deps --only-binary=:all: \
-            --python-version 3.7 --platform manylinux2014_x86_64 -d "$DL" -q
+            --python-version 3.7 --platform "manylinux2014_$ARCH" -d "$DL" -q
         wheels=("$DL"/mindspore_lite-"$LITE_WHEEL_VERSION"-*.whl)
         ((${#wheels[@]} > 0)) || die "pip download did not produce a mindspore_lite wheel in $DL"
     fi
@@ -104,7 +134,7 @@ EOF
 fi
 [[ -d "$SDK" ]] || die "Lite SDK directory not found: $SDK"
 SDK="$(cd "$SDK" && pwd -P)"
-OUT="${OUT:-${MSRL_LITE_HOME:-$ROOT/.lite}/bin}"
+OUT="${OUT:-${MSRL_LITE_HOME:-$ROOT/.lite}/bin$SUFFIX}"
 
 # ---- 2. layout ------------------------------------------------------------------------------------------
 if [[ -f "$SDK/runtime/include/api/model.h" ]]; then
@@ -239,7 +269,10 @@ PUSH_SYMBOL=_ZN9mindspore15ActorThreadPool16PushActorToQueueEPNS_9ActorBaseE
 
 # Rebuild when the sources, the SDK, its version or the compiler changed (content hash, not timestamps).
 key=$( { cat "$SRC"/*.cc "$SRC"/*.h "$0"; [[ -f "$CONVERTER_SRC" ]] && cat "$CONVERTER_SRC";
-         echo "$SDK $VERSION $SDK_ARCH $RTLIB $CXX $TARGET $RUNNER_ONLY $CXX_ABI $INLINE_DEFAULT"; } | sha256sum | cut -c1-16)
+         echo "$SDK $VERSION $SDK_ARCH $RTLIB $CXX $TARGET $RUNNER_ONLY $CXX_ABI $INLINE_DEFAULT";
+         # a foreign runner's record says what was probed under qemu, on which CPU
+         if [[ "$SDK_ARCH" != "$HOST_ARCH" ]]; then echo "$ARM_CPU $(command -v qemu-aarch64 || true)"; fi; } \
+       | sha256sum | cut -c1-16)
 
 compile() {  # output, libraries..., -- sources (.cc or objects)...
     local out=$1
@@ -309,18 +342,33 @@ else
     CONVERTER='"msrl-lite-convert"'
 fi
 
-# ---- 5. which MindIR versions this Lite reads: asked of the SDK itself where the runner can run here ---------
+# ---- 5. which MindIR versions this Lite reads: asked of the SDK itself, natively or under qemu-user ---------------
+# A runner for another architecture runs here under qemu-aarch64 (user-mode emulation: the ARM code is translated
+# instruction by instruction, so its answers are the ARM kernels' own) on the CPU model lite-aarch64 emulates.
+LAUNCH=()
+EMULATION=null
+if [[ "$SDK_ARCH" != "$HOST_ARCH" && "$SDK_ARCH" == aarch64 ]] && command -v qemu-aarch64 >/dev/null 2>&1 \
+      && [[ -d "$SYSROOT/lib" ]]; then
+    LAUNCH=(qemu-aarch64 -L "$SYSROOT" -cpu "$ARM_CPU")
+    QEMU_VERSION=$(qemu-aarch64 --version | head -1)
+    EMULATION="{\"launcher\": [\"qemu-aarch64\", \"-L\", $(json_str "$SYSROOT")], \"qemu\": $(json_str "$QEMU_VERSION"), \
+\"probed_cpu\": $(json_str "$ARM_CPU")}"
+fi
 MAX_MINDIR=null
-if info=$("$OUT/msrl-lite-runner" --info 2>/dev/null); then
+if [[ "$SDK_ARCH" != "$HOST_ARCH" && ${#LAUNCH[@]} -eq 0 ]]; then
+    RULE="not probed (a $SDK_ARCH runner does not run on this $HOST_ARCH host without qemu-user); python -m inference.doctor probes it on the device"
+elif info=$(GLOG_v=3 "${LAUNCH[@]}" "$OUT/msrl-lite-runner" --info 2>/dev/null); then  # Lite's errors logged
     MAX_MINDIR=$(sed -nE 's/.*"max_mind_ir_version": ([0-9]+|null).*/\1/p' <<<"$info")
     MAX_MINDIR=${MAX_MINDIR:-null}
+    where=""
+    ((${#LAUNCH[@]})) && where=" (asked under qemu-aarch64 -cpu $ARM_CPU)"
     if [[ "$MAX_MINDIR" == null ]]; then
-        RULE="probe gave no answer: $(sed -nE 's/.*"mind_ir_probe": "([^"]*)".*/\1/p' <<<"$info")"
+        RULE="probe gave no answer$where: $(sed -nE 's/.*"mind_ir_probe": "([^"]*)".*/\1/p' <<<"$info")"
     else
-        RULE="probe: Lite's own refusal of a MindIR header with version 2^31-1 names mind_ir::Version_MAX; it loads 0..max"
+        RULE="probe$where: Lite's own refusal of a MindIR header with version 2^31-1 names mind_ir::Version_MAX; it loads 0..max"
     fi
 else
-    RULE="not probed (the runner does not run on this build host, e.g. cross-compiled); python -m inference.doctor probes it on the device"
+    RULE="not probed (the runner did not answer --info on this build host); python -m inference.doctor probes it on the device"
 fi
 
 cat >"$OUT/msrl-lite-runner.json" <<EOF
@@ -341,6 +389,7 @@ cat >"$OUT/msrl-lite-runner.json" <<EOF
   "library": "libmsrl-lite.so",
   "inline_library": "libmsrl-lite-inline.so",
   "inline": $INLINE_JSON,
+  "emulation": $EMULATION,
   "converter": $CONVERTER,
   "built": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 }

@@ -8,8 +8,9 @@ runs on a deploy box without any framework installed.
 Protocol (all integers little-endian), over the runner's stdin/stdout:
 
 * Handshake: after loading, the runner writes one JSON line, ``{"ok": true, "lite_version", "model",
-  "device", "max_rows", "inline", "inputs": [{"name", "dtype", "shape"}], "outputs": [...]}`` (``inline``: whether
-  it runs the graph on its serving thread, inference/lite/runner/inline_run.h) or ``{"ok": false, "kind":
+  "device", "max_rows", "inline", "cpu_fp16", "inputs": [{"name", "dtype", "shape"}], "outputs": [...]}`` (``inline``:
+  whether it runs the graph on its serving thread, inference/lite/runner/inline_run.h; ``cpu_fp16``: what became of
+  ``--cpu-fp16``, "off", "on" or "ignored: " and Lite's own words) or ``{"ok": false, "kind":
   "load"|"mindir_version"|"device"|"args"|"missing", "error"}`` and exits with 4/5/6/2/3 respectively
   (``mindir_version`` adds ``mind_ir_version`` and ``max_mind_ir_version``, both as Lite read them).
 * Request: ``u32 magic, u32 op`` (1 infer, 2 ping, 3 quit, 4 tap, 5 stats); infer and tap add ``u32 n_inputs`` and per
@@ -121,7 +122,10 @@ class LiteRunner:
     deploy loop survives one bad request. ``max_restarts`` bounds restarts in a row without a served request.
     ``max_rows`` caps the batch a request may carry (the runner refuses more, see the module docstring).
     ``inline`` runs the graph on the runner's serving thread (True) or Lite's actor thread (False); None: as
-    ``MSRL_LITE_INLINE`` and the build's default say (inference/lite/runner/inline_run.h).
+    ``MSRL_LITE_INLINE`` and the build's default say (``runner/inline_run.h``). ``launcher`` is the command the runner
+    runs under, e.g. ``qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu neoverse-n1`` for a runner built for
+    another architecture (``inference.runtimes.lite_aarch64``). ``cpu_fp16`` lets Lite compute in float16 on a CPU
+    with float16 arithmetic (``CPUDeviceInfo::SetEnableFP16``; other CPUs ignore it).
     """
 
     def __init__(
@@ -137,6 +141,8 @@ class LiteRunner:
         max_rows: int = DEFAULT_MAX_ROWS,
         max_restarts: int = 3,
         inline: bool | None = None,
+        launcher: tuple[str, ...] | list[str] = (),
+        cpu_fp16: bool = False,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
@@ -146,6 +152,7 @@ class LiteRunner:
         self.max_rows = max_rows
         self.max_restarts = max_restarts
         self.inline = inline
+        self.cpu_fp16 = cpu_fp16
         self._lock = threading.RLock()  # see _one_at_a_time
         self.restarts = 0  # runners started after the first, over this client's life
         self._restarts_in_a_row = 0
@@ -163,6 +170,7 @@ class LiteRunner:
             )
         self.runner = exe
         self._cmd = [
+            *launcher,
             str(exe),
             "--model",
             self.model_path,
@@ -174,11 +182,14 @@ class LiteRunner:
             str(threads),
             "--max-rows",
             str(max_rows),
+            *(["--cpu-fp16"] if cpu_fp16 else []),
         ]
         self._start()
         self.lite_version: str = self._hello["lite_version"]
         self.device: str = self._hello["device"]
         self.inline_requested: bool = bool(self._hello.get("inline"))
+        # "off", "on", or "ignored: <Lite's warning>" (a Lite built without float16 kernels, a CPU without them)
+        self.cpu_fp16_outcome: str = str(self._hello.get("cpu_fp16", "off"))
         self.inputs = [self._meta(t) for t in self._hello["inputs"]]
         self.outputs = [self._meta(t) for t in self._hello["outputs"]]
         self._infer_head = _U32X3.pack(MAGIC, OP_INFER, len(self.inputs))
@@ -187,7 +198,12 @@ class LiteRunner:
     def _start(self) -> None:
         """Spawns the runner and reads its handshake; on failure nothing is left running."""
         env = dict(os.environ)
-        env.setdefault("GLOG_v", "3")  # Lite logs warnings by default; keep the stderr log small
+        # Lite logs warnings by default: keep the stderr log small, but never hide the errors the runner classifies
+        # load failures by (above 3; the runner's own re-exec to fix that cannot run under qemu-user). Lite says it
+        # ignores the float16 switch as a warning, which the runner reports: logged when asked for.
+        level = env.get("GLOG_v", "3")
+        ceiling = 2 if self.cpu_fp16 else 3
+        env["GLOG_v"] = level if level.isdigit() and int(level) <= ceiling else str(ceiling)
         if self.inline is not None:
             env["MSRL_LITE_INLINE"] = "1" if self.inline else "0"
         # A file, not a pipe: the runner can never block on a full stderr pipe nobody drains.

@@ -50,6 +50,7 @@ class Runtime(abc.ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     fmt: ClassVar[str | None] = None  # the bundle file format it loads; None for the checkpoint-based Cells
+    opt_in: ClassVar[bool] = False  # run only when named (--runtimes/--require), e.g. under instruction emulation
 
     def __init__(self, source: RuntimeSource, graph: str) -> None:
         self.source, self.graph = source, graph

@@ -20,7 +20,8 @@ import numpy as np
 
 from inference.errors import MsrlError
 from inference.lite import common as lc
-from inference.lite.inprocess import in_process_reason, open_lite
+from inference.lite.client import LiteRunner
+from inference.lite.inprocess import LiteModel, in_process_reason, open_lite
 from inference.runtimes.base import InferenceFailed, Runtime, RuntimeDied, RuntimeSource
 
 
@@ -54,8 +55,7 @@ class LiteRuntime(Runtime):
         self.restarts: list[str] = []
         for attempt in range(2):
             try:
-                self.runner = open_lite(path, device=self.source.device, device_id=self.source.device_id,
-                                        timeout=self.timeout)  # fmt: skip
+                self.runner = self._open_model(path)
                 break
             except lc.MindIRVersionError as exc:
                 raise IncompatibleModel(f"{self.name}: {exc}") from None
@@ -67,6 +67,14 @@ class LiteRuntime(Runtime):
         wanted = [o.name for o in self.outputs]
         # Names survive ONNX → .ms conversion; fall back to position if a converter renames them.
         self.output_order = wanted if set(wanted) <= set(names) else names
+
+    def _open_model(self, path: Path) -> LiteRunner | LiteModel:
+        """Lite on ``path``: in this process where it can run here, else the runner process."""
+        return open_lite(path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout)
+
+    def tap_runner(self, path: Path) -> LiteRunner:
+        """A runner process on ``path`` for a tap request (every kernel's outputs: layer localisation)."""
+        return LiteRunner(path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout)
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         for attempt in range(2):
@@ -98,6 +106,18 @@ class LiteRuntime(Runtime):
         runner = getattr(self, "runner", None)
         where = "in this process" if getattr(runner, "pid", None) == os.getpid() else "runner process"
         return {"mindspore_lite": getattr(runner, "lite_version", "unknown"), "lite_process": where}
+
+
+def tap_runner(runtime: str, source: RuntimeSource, graph: str) -> LiteRunner | None:
+    """A runner on ``graph``'s ``.ms`` for ``runtime``'s tap request (its kernels' outputs), None for a runtime
+    that is not a Lite runner on the ``.ms`` (the localizers then say it gives no per-layer outputs)."""
+    from inference.runtimes.registry import RUNTIMES
+
+    cls = RUNTIMES.get(runtime)
+    if cls is None or not issubclass(cls, LiteRuntime) or cls.fmt != "ms":
+        return None
+    rt = cls(source, graph)
+    return rt.tap_runner(rt.model_path())
 
 
 class LiteMindirRuntime(LiteRuntime):

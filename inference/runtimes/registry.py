@@ -20,6 +20,8 @@ NEEDS_TRAINING_STACK = "needs the training stack (msrl-consistency with MindSpor
 _BUILTIN = {
     "lite": "inference.runtimes.lite:LiteRuntime",
     "lite-mindir": "inference.runtimes.lite:LiteMindirRuntime",
+    "lite-aarch64": "inference.runtimes.lite_aarch64:LiteAarch64Runtime",
+    "lite-aarch64-fp16": "inference.runtimes.lite_aarch64:LiteAarch64Fp16Runtime",
     "lite-python": "inference.runtimes.lite_python:LitePythonRuntime",
     "onnxruntime": "inference.runtimes.onnxrt:OnnxRuntime",
 }

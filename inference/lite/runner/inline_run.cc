@@ -118,18 +118,6 @@ bool InlineWanted() {
 
 }  // namespace msrl
 
-extern "C" uint32_t msrl_lite_float_mode() {
-#if defined(__x86_64__) || defined(__i386__)
-  return _mm_getcsr();
-#else
-  return 0;
-#endif
-}
+extern "C" uint32_t msrl_lite_float_mode() { return msrl::FloatMode::Get(); }
 
-extern "C" void msrl_lite_set_float_mode(uint32_t mode) {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_setcsr(mode);
-#else
-  (void)mode;
-#endif
-}
+extern "C" void msrl_lite_set_float_mode(uint32_t mode) { msrl::FloatMode::Set(mode); }

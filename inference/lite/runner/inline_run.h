@@ -6,8 +6,8 @@
 // mindspore::ActorThreadPool::PushActorToQueue, which the dynamic linker then binds in place of Lite's own
 // (the executable's symbols, and those of a library loaded RTLD_GLOBAL before Lite's plugins, come first).
 // Inside an InlineScope the pushed actor runs at once on the pushing thread, exactly as Lite's worker would
-// run it: same kernels, same order, and the same flush-to-zero/denormals-are-zero mode Lite's workers set on
-// x86, so outputs are bitwise those of the worker. Outside a scope (Lite's own threads, other pools) and past
+// run it: same kernels, same order, and the same denormal flushing Lite's workers compute with (FloatMode), so
+// outputs are bitwise those of the worker. Outside a scope (Lite's own threads, other pools) and past
 // kMaxDepth nested actors, the call goes to Lite's own definition: the queue, as before.
 //
 // This relies on how one Lite build schedules its actors, so it is on by default only for the Lite versions and
@@ -23,21 +23,40 @@
 
 namespace msrl {
 
-// The calling thread's SSE float mode (MXCSR), restored when this goes out of scope; `set` bits are switched on
-// meanwhile. Lite's libraries switch the thread that loads them to flush-to-zero/denormals-are-zero, and Lite's
-// x86 workers compute in that mode: kFlushDenormals. Elsewhere (e.g. aarch64) a no-op, as Lite sets nothing there.
+// The calling thread's float mode (x86: the SSE control register MXCSR; aarch64: FPCR), restored when this goes out
+// of scope; `set` bits are switched on meanwhile. Lite's libraries switch the thread that loads them to flush
+// denormals (x86: flush-to-zero and denormals-are-zero; aarch64: FPCR.FZ), and Lite's workers compute in that mode:
+// kFlushDenormals. Elsewhere a no-op.
 class FloatMode {
  public:
-  static constexpr unsigned kFlushDenormals = 0x8040u;  // FTZ (bit 15) | DAZ (bit 6)
 #if defined(__x86_64__) || defined(__i386__)
-  explicit FloatMode(unsigned set = 0) : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | set); }
-  ~FloatMode() { _mm_setcsr(saved_); }
+  static constexpr uint32_t kFlushDenormals = 0x8040u;  // FTZ (bit 15) | DAZ (bit 6)
+  static uint32_t Get() { return _mm_getcsr(); }
+  static void Set(uint32_t mode) { _mm_setcsr(mode); }
+#elif defined(__aarch64__)
+  static constexpr uint32_t kFlushDenormals = 1u << 24;  // FPCR.FZ
+  static uint32_t Get() {
+    uint64_t v;
+    asm volatile("mrs %0, fpcr" : "=r"(v));
+    return static_cast<uint32_t>(v);  // FPCR's upper half is reserved
+  }
+  static void Set(uint32_t mode) { asm volatile("msr fpcr, %0" : : "r"(static_cast<uint64_t>(mode))); }
+#else
+  static constexpr uint32_t kFlushDenormals = 0;
+  static uint32_t Get() { return 0; }
+  static void Set(uint32_t) {}
+#endif
+  explicit FloatMode(uint32_t set = 0) : saved_(Get()) {
+    if (set != 0) Set(saved_ | set);
+  }
+  ~FloatMode() {
+    if (Get() != saved_) Set(saved_);
+  }
+  FloatMode(const FloatMode &) = delete;
+  FloatMode &operator=(const FloatMode &) = delete;
 
  private:
-  unsigned saved_;
-#else
-  explicit FloatMode(unsigned = 0) {}
-#endif
+  uint32_t saved_;
 };
 
 // While alive, actors Lite schedules from this thread run on it (see above). Nests; off = a no-op. ran() says
@@ -67,8 +86,9 @@ bool InlineDefault();
 }  // namespace msrl
 
 extern "C" {
-// The calling thread's SSE float mode (MXCSR; 0 off x86), and setting it: Lite's libraries switch the thread that
-// loads them to flush denormals, so inprocess.py reads it before loading libmsrl-lite.so and puts it back.
+// The calling thread's float mode (FloatMode: MXCSR on x86, FPCR on aarch64), and setting it: Lite's libraries switch
+// the thread that loads them to flush denormals, so lite_inprocess.py reads it before loading libmsrl-lite.so and
+// puts it back.
 uint32_t msrl_lite_float_mode();
 void msrl_lite_set_float_mode(uint32_t mode);
 }

@@ -140,7 +140,10 @@ void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, i
   msrl::LogCapture capture;
   mindspore::Status st;
   {
-    msrl::FloatMode keep;  // as when the libraries loaded: the caller's own arithmetic keeps its float mode
+    // Built in the float mode the runner builds in (the one loading Lite left its thread in): Lite's worker threads,
+    // started here, compute in it (on aarch64 they inherit it; x86 workers set it themselves). The caller's own
+    // arithmetic gets its mode back after.
+    msrl::FloatMode lite_mode(msrl::FloatMode::kFlushDenormals);
     st = h->model->Build(model_path, type, ctx);
   }
   const std::string log = capture.Release();

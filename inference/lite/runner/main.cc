@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +60,7 @@ struct Args {
   int threads = 1;
   uint64_t max_rows = kDefaultMaxRows;
   bool info = false;
+  bool cpu_fp16 = false;  // Lite's CPU float16 kernels (CPUDeviceInfo::SetEnableFP16), where the CPU has them
 };
 
 Args ParseArgs(int argc, char **argv) {
@@ -67,6 +69,10 @@ Args ParseArgs(int argc, char **argv) {
     std::string k = argv[i];
     if (k == "--info") {
       a.info = true;
+      continue;
+    }
+    if (k == "--cpu-fp16") {
+      a.cpu_fp16 = true;
       continue;
     }
     if (i + 1 >= argc) FailHandshake(msrl::kExitArgs, "args", "missing value for '" + k + "'");
@@ -96,7 +102,7 @@ Args ParseArgs(int argc, char **argv) {
   if (a.model.empty() && !a.info) {
     FailHandshake(msrl::kExitArgs, "args",
                   "usage: msrl-lite-runner --model PATH [--device cpu|ascend] [--device-id N] [--threads N] "
-                  "[--max-rows N] | --info");
+                  "[--max-rows N] [--cpu-fp16] | --info");
   }
   return a;
 }
@@ -105,7 +111,25 @@ bool EndsWith(const std::string &s, const std::string &suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::unique_ptr<mindspore::Model> Load(const Args &a, const std::string &lite_version) {
+// What became of --cpu-fp16: "off" (not asked), "on", or "ignored: " and the line in which Lite said it does not
+// compute in float16 (a Lite built without MSLITE_ENABLE_FP16, or a CPU without float16 arithmetic). Lite says so as
+// a warning: the client runs the runner with warnings logged when it asks.
+std::string Fp16Outcome(bool asked, const std::string &log) {
+  if (!asked) return "off";
+  size_t start = 0;
+  while (start < log.size()) {
+    size_t end = log.find('\n', start);
+    if (end == std::string::npos) end = log.size();
+    std::string line = log.substr(start, end - start);
+    std::string lower = line;
+    for (char &c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower.find("not support fp16") != std::string::npos) return "ignored: " + msrl::LogMessage(line);
+    start = end + 1;
+  }
+  return "on";
+}
+
+std::unique_ptr<mindspore::Model> Load(const Args &a, const std::string &lite_version, std::string *fp16) {
   mindspore::ModelType type;
   if (EndsWith(a.model, ".ms")) {
     type = mindspore::kMindIR_Lite;
@@ -126,7 +150,7 @@ std::unique_ptr<mindspore::Model> Load(const Args &a, const std::string &lite_ve
     ctx->MutableDeviceInfo().push_back(info);
   } else {
     auto info = std::make_shared<mindspore::CPUDeviceInfo>();
-    info->SetEnableFP16(false);
+    info->SetEnableFP16(a.cpu_fp16);
     ctx->MutableDeviceInfo().push_back(info);
   }
 
@@ -134,7 +158,10 @@ std::unique_ptr<mindspore::Model> Load(const Args &a, const std::string &lite_ve
   msrl::LogCapture capture;
   mindspore::Status st = model->Build(a.model, type, ctx);
   const std::string log = capture.Release();
-  if (st.IsOk()) return model;
+  if (st.IsOk()) {
+    *fp16 = Fp16Outcome(a.cpu_fp16, log);
+    return model;
+  }
   FailHandshake(msrl::ClassifyLoadFailure(log, st, a.model, a.device, a.device_id, lite_version));
 }
 
@@ -158,6 +185,9 @@ int main(int argc, char **argv) {
   if (const char *v = std::getenv("GLOG_v"); v != nullptr && std::atoi(v) > 3) {
     setenv("GLOG_v", "3", 1);
     execv("/proc/self/exe", argv);
+    // Only returns where this binary cannot exec itself (under qemu-user without binfmt_misc): say so, then go on.
+    std::fprintf(stderr, "msrl-lite-runner: GLOG_v > 3 hides the errors that classify a load failure; run with "
+                         "GLOG_v <= 3\n");
   }
 
   // stdout is the protocol channel: keep a private handle to it and point fd 1 at stderr, so any printf or
@@ -171,7 +201,8 @@ int main(int argc, char **argv) {
   std::string version_source;
   const std::string lite_version = LiteVersion(&version_source);
   if (args.info) _exit(Info(lite_version, version_source));
-  std::unique_ptr<mindspore::Model> model = Load(args, lite_version);
+  std::string fp16;
+  std::unique_ptr<mindspore::Model> model = Load(args, lite_version, &fp16);
 
   const auto inputs = model->GetInputs();
   const auto outputs = model->GetOutputs();
@@ -189,6 +220,7 @@ int main(int argc, char **argv) {
                             ", \"model\": " + JsonStr(args.model) + ", \"device\": " + JsonStr(args.device) +
                             ", \"max_rows\": " + std::to_string(args.max_rows) +
                             ", \"inline\": " + (inline_actors ? "true" : "false") +
+                            ", \"cpu_fp16\": " + JsonStr(fp16) +
                             ", \"inputs\": " + msrl::TensorsJson(inputs) +
                             ", \"outputs\": " + msrl::TensorsJson(outputs) + "}\n";
   if (!msrl::WriteAll(msrl::ProtocolFd(), hello.data(), hello.size())) return 0;

@@ -13,7 +13,9 @@ different float roundings). With a bundle, each pin of its manifest is checked a
 * on the CPU, one seeded call of the deterministic graph's ``.ms`` through Lite in this process, as the deploy side
   runs it: whether the graph ran on the calling thread, or pays Lite's hand-off to its actor thread on every call;
   and every graph opened both ways (on the calling thread and handed off to Lite's actor thread) on the same seeded
-  rows: whether the answers are bitwise equal (a difference is a warning with the evidence).
+  rows: whether the answers are bitwise equal (a difference is a warning with the evidence);
+* ``lite-aarch64`` (Lite's ARM kernels under qemu-user): whether it runs here and which CPU model it emulates;
+  ``--aarch64`` runs the bundle through it both ways too (``lite_rows.py``).
 
 Exit codes: 0 compatible (warnings allowed), 1 an incompatible pair, 2 bad input (one ``error:`` line).
 """
@@ -24,32 +26,31 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from inference.bundle import Bundle, BundleError, load_bundle
 from inference.bundle.mindir import read_header
-from inference.compare.feeds import seeded_feeds
-from inference.compare.inline import compare_inline
+from inference.doctor.lite_rows import (
+    INCOMPATIBLE,
+    INFO,
+    OK,
+    WARN,
+    Check,
+    aarch64_checks,
+    aarch64_environment,
+    aarch64_row,
+    in_process_check,
+    inline_bits_check,
+    inline_default,
+)
 from inference.errors import run_cli
-from inference.lite.common import LiteRunnerError
-from inference.lite.inprocess import LiteModel, in_process_reason, open_lite
+from inference.lite.emulation import add_arm_cpu, apply_arm_cpu
 from inference.lite.runner_info import RunnerInfo, choose_format, runner_info
 from inference.machine.facts import environment
 
-OK, WARN, INCOMPATIBLE, INFO = "ok", "warn", "incompatible", "info"
 _LITE_VERSION = re.compile(rb"MindSpore Lite (\d+\.\d+\.\d+[0-9A-Za-z.+-]*)")
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # ok | warn | incompatible | info
-    here: str
-    bundle: str
-    detail: str
-    evidence: list[str] | None = None  # what a warning rests on, line by line (JSON only)
 
 
 # ---- the bundle's pins ---------------------------------------------------------------------------------------
@@ -189,61 +190,6 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
     return checks
 
 
-def in_process_check(bundle: Bundle, info: RunnerInfo | None = None) -> Check:
-    """One seeded call of the deterministic graph through Lite in this process, on the file ``inference.load`` loads
-    (``Bundle.lite_format``): does the graph run on the calling thread (``libmsrl-lite-inline.so``), or on Lite's
-    actor thread, two thread wake-ups per call?"""
-    name = "lite-in-process"
-    why = in_process_reason()
-    graph = bundle.mode_graph("deterministic")
-    if why is not None:
-        return Check(name, INFO, "not here", "-", why)
-    if graph is None:
-        return Check(name, INFO, "-", "no graph", "the bundle has no deterministic graph to run")
-    try:
-        path = bundle.file(graph, choose_format(bundle, graph, "auto", info)[0])
-    except BundleError as exc:  # nothing Lite may load (the route checks say so too)
-        return Check(name, INFO, "-", graph, str(exc))
-    try:
-        with LiteModel(path) as model:
-            model.infer(*seeded_feeds(bundle, 1, seed=0).graph_inputs(bundle, graph))
-            inline, requested = model.runs_inline, model.inline_stats()["requested"]
-    except (LiteRunnerError, ValueError) as exc:  # FeedError is a ValueError
-        return Check(name, WARN, "fails", path.name, f"{type(exc).__name__}: {exc}")
-    if inline:
-        return Check(name, OK, "on the calling thread", path.name, "one call ran on the caller's thread")
-    why = ("this Lite's MindRT does not bind to libmsrl-lite-inline.so" if requested else
-           "inline runs are off: MSRL_LITE_INLINE=0, or this Lite build is not one they were tested on "
-           "(MSRL_LITE_INLINE=1 asks for them; lite-inline-vs-handoff shows whether they agree here)")  # fmt: skip
-    return Check(name, WARN, "on Lite's actor thread", path.name, f"every call pays two thread wake-ups: {why}")
-
-
-def inline_bits_check(bundle: Bundle, info: RunnerInfo) -> Check:
-    """Every graph opened both ways (inline and handed off to Lite's actor thread, whatever the default here), fed
-    the same seeded rows: the answers must be bitwise equal, and asking for inline runs must take."""
-    name = "lite-inline-vs-handoff"
-    files = {}
-    for graph in bundle.graphs:
-        try:
-            files[graph] = bundle.file(graph, choose_format(bundle, graph, "auto", info)[0])
-        except BundleError:  # nothing Lite may load: the route checks say why
-            continue
-    if not files:
-        return Check(name, INFO, "-", "no graph", "no graph has a file Lite may load")
-    where = "in this process" if in_process_reason() is None else "in the runner process"
-    loaded = ", ".join(p.name for p in files.values())
-    try:
-        result = compare_inline(bundle, files, lambda path, inline: open_lite(path, inline=inline))
-    except (LiteRunnerError, ValueError) as exc:  # FeedError is a ValueError
-        return Check(name, WARN, "fails", loaded, f"{type(exc).__name__}: {exc}")
-    if result.differences:
-        return Check(name, WARN, f"differ ({where})", loaded, result.summary(), result.differences)
-    if result.not_inline:
-        return Check(name, WARN, f"inline does not take ({where})", loaded,
-                     result.summary() + "; this Lite's MindRT does not bind to libmsrl-lite-inline.so")  # fmt: skip
-    return Check(name, OK, f"bitwise equal ({where})", loaded, result.summary())
-
-
 def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> Check:
     if device == "cpu":
         return Check("device", OK, f"cpu ({env['simd']})", "cpu", "CPU inference")
@@ -265,12 +211,6 @@ def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> C
 # ---- output ------------------------------------------------------------------------------------------------
 
 
-def _inline_default(record: dict[str, Any] | None) -> str:
-    if not record:
-        return "inline runs: not recorded by the build (off unless MSRL_LITE_INLINE=1)"
-    return f"inline runs {'on' if record.get('default') else 'off'} by default ({record.get('why', '?')})"
-
-
 def render(env: dict[str, Any], checks: list[Check], bundle: Bundle | None) -> str:
     lite = env["lite"] or {}
     rows = [
@@ -283,10 +223,11 @@ def render(env: dict[str, Any], checks: list[Check], bundle: Bundle | None) -> s
             "lite runner",
             f"{lite['runner']}: Lite {lite['lite_version']} (version from {lite.get('lite_version_source') or '?'}), "
             f"loads MindIR <= v{lite['max_mind_ir_version'] if lite['max_mind_ir_version'] is not None else '?'}, "
-            f"{_inline_default(lite.get('inline'))}"
+            f"{inline_default(lite.get('inline'))}"
             if lite
             else "not built (bash inference/lite/build_lite.sh)",
         ),
+        ("lite-aarch64", aarch64_row(env["lite_aarch64"])),
         ("cann", f"{env['cann']['version']} ({env['cann']['path']})" if env["cann"] else "not found"),
         ("ascend", f"{len(env['ascend_devices'])} device(s), driver {env['ascend_driver'] or '?'}"),
     ]
@@ -307,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runner", help="Lite runner binary (default: $MSRL_LITE_RUNNER or the built one)")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--aarch64", action="store_true", help="also run the bundle through lite-aarch64 (Lite's ARM "
+                   "kernels under qemu-user), inline and handed off, and compare the bits (tens of seconds)")
+    add_arm_cpu(p)
     args = p.parse_args(argv)
+    apply_arm_cpu(args)
     try:
         if args.runner and not Path(args.runner).is_file():
             raise BundleError(f"--runner {args.runner} does not exist")
@@ -315,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
             raise BundleError(f"bundle {args.bundle} does not exist")
         bundle = load_bundle(args.bundle) if args.bundle else None
         info = runner_info(args.runner)
-        env = environment(None if info is None else info.summary())
+        env = {**environment(None if info is None else info.summary()), "lite_aarch64": aarch64_environment()}
         checks = bundle_checks(bundle, env, info, args.device) if bundle else []
+        if bundle and args.aarch64:
+            checks += aarch64_checks(bundle)
         if not bundle and args.device != "cpu":
             checks.append(device_check(env, info, args.device))
     except BundleError as exc:
