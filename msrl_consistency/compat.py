@@ -420,3 +420,48 @@ class CompiledCall:
         executor.set_jit_config(getattr(self.cell, "jit_config_dict", None) or _graph_api._DEFAULT_JIT_CONFIG)
         run_args = executor.get_args_for_run(self.cell, args, {}, mutable_flags, sequence_modified, False, False)
         return _graph_api._convert_python_data(executor(tuple(run_args), phase))
+
+
+# -- the ONNX exporter's gaps ----------------------------------------------------------------------------------
+# MindSpore 2.10's ONNX exporter has no ``Erf``: exact GELU (``nn.GELU(approximate=False)``, ``ops.gelu(x, 'none')``)
+# and ``ops.erf`` fail to export, although ONNX, ONNX Runtime and Lite all have the op. ``onnx_erf_marked`` has the
+# functions that reach the ``Erf`` primitive multiply by ``ERF_MARKER`` instead, an op the exporter writes and whose
+# constant no policy multiplies by (a float32 of bit pattern 0x0D1E2F3B, ~4.87e-31); ``onnx_patterns.restore_erf``
+# turns each such ``Mul`` back into ``Erf``. Only the ONNX export sees the marker; the Cell computes the real erf.
+ERF_MARKER = np.frombuffer(np.uint32(0x0D1E2F3B).tobytes(), np.float32)[0]
+# Ops the exporter refuses, with what to write instead (shown when an ONNX export fails on one of them).
+ONNX_EXPORT_HINTS = {
+    "Erf": "ops.erf / exact GELU reached through a Primitive created in __init__ (ops.Erf()) cannot be exported; "
+           "call ops.erf, ops.gelu(x, approximate='none') or nn.GELU(approximate=False) in construct, which export "
+           "writes as ONNX Erf",
+    "GeluExt": "mint's GELU (mint.nn.GELU, mint.nn.functional.gelu) has no ONNX export in MindSpore; use "
+               "nn.GELU(approximate=False) (exact) or nn.GELU() (tanh), which export handles",
+}  # fmt: skip
+
+
+def _erf_marker(x: Any) -> Any:
+    return x * ms.Tensor(ERF_MARKER, ms.float32)
+
+
+@contextlib.contextmanager
+def onnx_erf_marked() -> Iterator[None]:
+    """``erf`` as a multiplication by ``ERF_MARKER`` for the graphs compiled in the block (ONNX export only)."""
+    from mindspore.ops.auto_generate import gen_ops_def
+    from mindspore.ops.function import nn_func
+
+    # ``ops.gelu`` calls ``nn_func.erf_``; ``ops.erf`` and ``mint.erf`` (however imported) call ``gen_ops_def.erf_op``
+    targets = [(nn_func, "erf_"), (gen_ops_def, "erf_op")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in targets if hasattr(owner, name)]
+    for owner, name, _ in saved:
+        setattr(owner, name, _erf_marker)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def onnx_export_hint(message: str) -> str:
+    """What to write instead, for an exporter refusal ``Can not find key OP in convert map`` (empty if unknown)."""
+    found = re.search(r"Can not find key (\w+) in convert map", message)
+    return ONNX_EXPORT_HINTS.get(found.group(1), "") if found else ""

@@ -30,7 +30,14 @@ from inference.tensors import TensorMeta
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
 from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, symbolic_batch
-from msrl_consistency.artifacts.onnx_patterns import fuse_leaky_relu, hoist_input_transposes
+from msrl_consistency.artifacts.onnx_patterns import (
+    drop_noop_slices,
+    fix_shrink_slices,
+    fuse_leaky_relu,
+    hoist_input_transposes,
+    restore_erf,
+    split_reduce_sum_square,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONVERTER = REPO_ROOT / ".lite" / "bin" / "msrl-lite-convert"
@@ -208,13 +215,18 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     exports = []
     for batch in EXPORT_BATCHES:
         examples = [Tensor(example(t, batch)) for t in graph.inputs]
-        ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
+        with compat.onnx_erf_marked():
+            ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
         exports.append(onnx.load(str(path)))
     try:
         model = symbolic_batch(exports)
     except BatchDependent as exc:
         path.unlink()
         raise ConversionError(f"ONNX: {exc}") from None
+    restore_erf(model, compat.ERF_MARKER)
+    split_reduce_sum_square(model)
+    fix_shrink_slices(model)
+    drop_noop_slices(model)
     fuse_leaky_relu(model)
     hoist_input_transposes(model)
     _name_io(model, graph)
@@ -230,7 +242,9 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
 def _name_io(model: onnx.ModelProto, graph: GraphIO) -> None:
     """Give the ONNX graph's inputs and outputs the contract's names (MindSpore names inputs after ``construct``'s
     parameters and outputs by node number). An output that is not a node's own (an input passed through, or the
-    same tensor returned twice) gets an ``Identity`` node of its own name."""
+    same tensor returned twice) gets an ``Identity`` node of its own name. A tensor that already bears one of
+    those names (a Parameter ``log_std`` returned as the output ``log_std``) is renamed out of the way first."""
+    _free_names(model, {t.name for t in (*graph.inputs, *graph.outputs)})
     for value, meta in zip(model.graph.input, graph.inputs, strict=True):
         if value.name != meta.name:
             for node in model.graph.node:
@@ -251,6 +265,24 @@ def _name_io(model: onnx.ModelProto, graph: GraphIO) -> None:
             src = renamed.get(source, source)
             model.graph.node.append(onnx.helper.make_node("Identity", [src], [meta.name], name=f"{meta.name}/out"))
         value.name = meta.name
+
+
+def _free_names(model: onnx.ModelProto, names: set[str]) -> None:
+    """Rename every graph input, initializer and node output called one of ``names`` to a name of its own, everywhere
+    it appears (so the contract's names can be given without a tensor being defined twice)."""
+    g = model.graph
+    defined = [*(i.name for i in g.input), *(i.name for i in g.initializer), *(o for n in g.node for o in n.output)]
+    taken = set(defined) | {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for old in dict.fromkeys(d for d in defined if d in names):
+        new, k = f"{old}/tensor", 1
+        while new in taken:
+            new, k = f"{old}/tensor{k}", k + 1
+        taken.add(new)
+        for value in [*g.input, *g.initializer, *g.output]:
+            value.name = new if value.name == old else value.name
+        for node in g.node:
+            node.input[:] = [new if i == old else i for i in node.input]
+            node.output[:] = [new if o == old else o for o in node.output]
 
 
 class ConversionError(RuntimeError):
