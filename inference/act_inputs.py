@@ -9,6 +9,8 @@ converted, and only when every value survives the conversion exactly (integers i
 Accepted observations, for an array observation of shape ``S``: one observation (``S``) or a batch (``[n, *S]``);
 for a ``Dict`` observation: one dict of arrays, a batch in Gymnasium's vector-env layout (a dict of ``[n, ...]``
 arrays), a list of dicts, or rows of the contract's structured ``obs_dtype``. Missing and extra keys are refused.
+A ``Discrete(N)`` observation is one index (a Python int, or an array of the contract's dtype): one outside
+``0..N-1`` is refused rather than fed to an Embedding table it overruns.
 The arrays returned are the caller's own (views, never copies), so what is fed and recorded is what was passed.
 """
 
@@ -29,6 +31,9 @@ def observation_inputs(contract: PolicyContract, obs: Any) -> tuple[list[np.ndar
     if not contract.obs_dict:
         field = contract.observations[0]
         array = _as_input(obs, field, "observation")
+        if field.discrete is not None and array.size and (array.min() < 0 or array.max() >= field.discrete):
+            raise FeedError(f"observation index {array.min() if array.min() < 0 else array.max()} is outside the "
+                            f"policy's Discrete({field.discrete}) observations (0..{field.discrete - 1})")  # fmt: skip
         return _batched(array, field, "observation")
     if isinstance(obs, np.ndarray) and obs.dtype.names is not None:  # rows of the contract's structured dtype
         if obs.dtype != contract.obs_dtype or obs.ndim != 1:

@@ -141,6 +141,7 @@ def export_policy(
     contract = _contract_or_usage(contract)
     checkpoint = None if checkpoint is None else Path(checkpoint)
     cells = UserCells(cell, checkpoint)
+    cells.constants = contract.constants
     with cells.caller_mode_kept():
         return _export_cells(cells, contract, Path(out), checkpoint, options, force)
 
@@ -150,7 +151,7 @@ def _export_cells(
 ) -> Bundle:
     built = cells()
     io = _probe(built, contract, "the Cell")
-    if _differs_on_rerun(built, io):
+    if _differs_on_rerun(built, contract):
         raise ExportCheckFailed(
             "the Cell gives different outputs for the same input on two calls: sampling inside the graph cannot be "
             "reproduced by another runtime; take the noise as an input ([input] noise in the contract)"
@@ -213,7 +214,7 @@ def _half_precision(cells: UserCells, built: nn.Cell, contract: PolicyContract, 
     ``construct`` combines its own Parameters with fp16 layer outputs, those Parameters go to fp16 as well."""
     from mindspore import Tensor
 
-    feeds = [Tensor(G.example(t, 2, np.random.default_rng(2))) for t in io.inputs]
+    feeds = [Tensor(x) for x in G.examples(contract, 2, np.random.default_rng(2))]
     first = ""
     for own_parameters in (False, True):
         cell = half_precision(_fresh(cells, built), contract, own_parameters)
@@ -226,11 +227,10 @@ def _half_precision(cells: UserCells, built: nn.Cell, contract: PolicyContract, 
     raise UsageError(f"--precision fp16: the Cell does not run with its layers in fp16 ({first}); export it in fp32")
 
 
-def _differs_on_rerun(cell: nn.Cell, io: G.GraphIO) -> bool:
+def _differs_on_rerun(cell: nn.Cell, contract: PolicyContract) -> bool:
     from mindspore import Tensor
 
-    rng = np.random.default_rng(1)
-    feeds = [Tensor(G.example(t, 4, rng)) for t in io.inputs]
+    feeds = [Tensor(x) for x in G.examples(contract, 4, np.random.default_rng(1))]
     with compat.execution_mode(graph=False):
         first = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
         again = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
@@ -301,6 +301,8 @@ def open_model(model: str | Path, contract: ContractLike | None, cells: UserCell
             raise UsageError(str(exc)) from None
         if contract is not None:
             check_same_contract(bundle, _contract_or_usage(contract))
+        if cells is not None:
+            cells.constants = bundle.contract(bundle.graphs[0]).constants
         return bundle
     if path.is_dir() or path.suffix != ".mindir":
         raise UsageError(f"{path} is neither a bundle directory nor a .mindir file")
@@ -315,6 +317,10 @@ def mindir_bundle(path: Path, contract: PolicyContract, cells: UserCells | None)
     report why."""
     import mindspore as ms
 
+    if contract.constants:
+        raise UsageError(f"{path.name} is a bare MindIR and the contract gives constant inputs "
+                         f"({', '.join(c.name for c in contract.constants)}): export a bundle with `export --cell`, "
+                         "whose graphs feed them")  # fmt: skip
     try:
         graph_cell = nn.GraphCell(ms.load(str(path)))
     except Exception as exc:  # noqa: BLE001 - MindSpore raises assorted types for unreadable files

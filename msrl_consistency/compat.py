@@ -383,8 +383,46 @@ def ms_dtype(dtype: np.dtype) -> Any:
 
 
 def as_tuple(outputs: Any) -> tuple[Any, ...]:
-    """A Cell's outputs as a tuple: a single-output Cell (or GraphCell) returns a bare Tensor."""
-    return tuple(outputs) if isinstance(outputs, tuple | list) else (outputs,)
+    """A Cell's outputs as a tuple: a single-output Cell (or GraphCell) returns a bare Tensor; ``None`` entries (a
+    Cell returning ``(logits, None)``, tianshou's convention for "no state") are not outputs."""
+    return tuple(o for o in outputs if o is not None) if isinstance(outputs, tuple | list) else (outputs,)
+
+
+def wrapped(make: Any, inner: nn.Cell, *args: Any) -> nn.Cell:
+    """``make(inner, *args)``, a Cell holding ``inner``, with ``inner``'s Parameters keeping their names: a built
+    Cell assigned to another renames its Parameters (``inner.fc.weight``), which would rename the caller's own Cell
+    object and every name its checkpoint, MindIR and ONNX carry."""
+    names = [(p, p.name) for p in inner.get_parameters()]
+    cell = make(inner, *args)
+    for param, name in names:
+        param.name = name
+    return cell
+
+
+class NoneDropped(nn.Cell):
+    """``inner``'s outputs without its ``None`` entries: neither MindIR nor ONNX export can write a ``None`` output
+    ("Out of the size of the tuple", "Unsupported network output type None")."""
+
+    def __init__(self, inner: nn.Cell) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def construct(self, *inputs: Any) -> Any:
+        outs = self.inner(*inputs)
+        kept = ()
+        for out in outs:  # unrolled at compile time; a None entry is a constant
+            if out is not None:
+                kept = kept + (out,)
+        return kept
+
+
+def exportable(cell: nn.Cell, examples: list[Any]) -> nn.Cell:
+    """``cell``, or a ``NoneDropped`` wrapper of it when it returns ``None`` entries (run once on ``examples``)."""
+    with execution_mode(graph=False):
+        outs = cell(*examples)
+    if isinstance(outs, tuple | list) and any(o is None for o in outs):
+        return wrapped(NoneDropped, cell)
+    return cell
 
 
 class CompiledCall:

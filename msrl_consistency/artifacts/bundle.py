@@ -171,7 +171,8 @@ def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions) -> dict[
         except G.ConversionError as exc:
             onnx_failure = str(exc)
         except Exception as exc:  # noqa: BLE001 - MindSpore's ONNX exporter raises assorted types
-            onnx_failure = f"ONNX export: {first_line(exc)}"
+            hint = compat.onnx_export_hint(str(exc))
+            onnx_failure = f"ONNX export: {first_line(exc)}{f' ({hint})' if hint else ''}"
         if onnx_failure is not None and "onnx" in options.formats:
             files.setdefault("onnx", {"failed": onnx_failure})
     if "ms" in options.formats:

@@ -7,7 +7,8 @@ Two sources, one interface (``RuntimeSource.cells``: graph name → Cell):
   ``uvicorn main:app``) or a Cell object, with the team's checkpoint loaded strictly.
 
 Both can also give the policy *without* its in-graph observation normalisation: the evidence verify needs
-to name a missing normalisation as the failing stage.
+to name a missing normalisation as the failing stage. A team's Cell that takes constant inputs (the contract's
+``[input.NAME] constant``) is given as ``ConstantInputs``: the graph everyone runs feeds them itself.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mindspore import nn
+from mindspore import float32 as ms_float32
+from mindspore import nn, ops
 
+from inference.contract import ConstantInput
 from inference.errors import UsageError, first_line
 from inference.plugins import import_factory
+from msrl_consistency import compat
 from msrl_consistency.agent import PolicySpec
 from msrl_consistency.artifacts.checkpoint import load_policy, read_checkpoint
 from msrl_consistency.artifacts.graphs import export_heads
@@ -50,6 +54,7 @@ class UserCells:
         self.label = factory if isinstance(factory, str) else type(factory).__name__
         self._factory = import_factory(factory) if isinstance(factory, str) else factory
         self.checkpoint = checkpoint
+        self.constants: tuple[ConstantInput, ...] = ()  # set from the contract: fed by ``ConstantInputs``
 
     @property
     def shared(self) -> bool:
@@ -67,6 +72,12 @@ class UserCells:
                 self._factory.set_train(was)
 
     def __call__(self, graph: str = "policy") -> nn.Cell:
+        return self._with_constants(self._built())
+
+    def _with_constants(self, cell: nn.Cell) -> nn.Cell:
+        return compat.wrapped(ConstantInputs, cell, self.constants) if self.constants else cell
+
+    def _built(self) -> nn.Cell:
         if self.shared:
             cell = self._factory  # a Cell object handed to the library API: shared, never rebuilt
         else:
@@ -85,8 +96,27 @@ class UserCells:
         """The Cell inside an ``export_safe.NormalizeObservation`` wrapper, if the policy is wrapped in one."""
         from msrl_consistency.agent.export_safe import NormalizeObservation
 
-        cell = self(graph)
-        return cell.inner if isinstance(cell, NormalizeObservation) else None
+        cell = self._built()
+        return self._with_constants(cell.inner) if isinstance(cell, NormalizeObservation) else None
+
+
+class ConstantInputs(nn.Cell):
+    """``inner(*inputs, *constants)``: the Cell's constant inputs (MAPPO's ``masks`` of ones), one row per row of the
+    first input, made inside the graph (so every exported format takes only the contract's graph inputs)."""
+
+    def __init__(self, inner: nn.Cell, constants: tuple[ConstantInput, ...]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.specs = tuple((tuple(c.shape), compat.ms_dtype(c.dtype), float(c.value)) for c in constants)
+
+    def construct(self, *inputs):  # noqa: ANN002, ANN201 - graph mode
+        first = inputs[0]
+        ones = ops.ones_like(first.reshape((first.shape[0], -1))[:, :1]).astype(ms_float32)  # [batch, 1]
+        extra = ()
+        for shape, dtype, value in self.specs:  # unrolled at compile time
+            rows = ops.broadcast_to(ones.reshape((-1,) + (1,) * len(shape)), (-1,) + shape)
+            extra = extra + ((rows * value).astype(dtype),)
+        return self.inner(*inputs, *extra)
 
 
 def load_strict(cell: nn.Cell, checkpoint: Path) -> None:

@@ -129,7 +129,7 @@ def probe_graph(cell: nn.Cell, contract: PolicyContract, name: str = "policy") -
     dtypes: list[np.dtype] = []
     rng = np.random.default_rng(0)
     for batch in (2, 3):
-        feeds = [Tensor(example(t, batch, rng)) for t in inputs]
+        feeds = [Tensor(x) for x in examples(contract, batch, rng)]
         try:
             with compat.execution_mode(graph=False):
                 outs = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
@@ -193,18 +193,25 @@ def export_heads(policy: ActorCritic, precision: str = "fp32") -> dict[str, nn.C
     return {"policy": DeterministicPolicy(policy), "policy_sample": StochasticPolicy(policy)}
 
 
-def example(meta: TensorMeta, batch: int, rng: np.random.Generator | None = None) -> np.ndarray:
+def example(meta: TensorMeta, batch: int, rng: np.random.Generator | None = None, high: int = 256) -> np.ndarray:
     """An input of ``meta``'s dtype and shape at ``batch``: standard-normal floats (or 0.5 everywhere without
-    ``rng``), integers in 0..255."""
+    ``rng``), integers in 0..high-1 (1 everywhere without ``rng``)."""
     shape = (batch, *meta.shape[1:])
     if meta.dtype.kind in "iu":
-        return (rng.integers(0, 256, shape) if rng is not None else np.full(shape, 1)).astype(meta.dtype)
+        return (rng.integers(0, high, shape) if rng is not None else np.full(shape, 1)).astype(meta.dtype)
     return (rng.standard_normal(shape) if rng is not None else np.full(shape, 0.5)).astype(meta.dtype)
+
+
+def examples(contract: PolicyContract, batch: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Random inputs of every graph input of ``contract`` (a ``Discrete(N)`` observation: indices below ``N``)."""
+    highs = {f.name: f.discrete for f in contract.observations if f.discrete is not None}
+    return [example(t, batch, rng, highs.get(t.name, 256)) for t in contract.input_metas()]
 
 
 def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     """MindIR with a dynamic batch; every input keeps its dtype (a uint8 frame stays uint8)."""
     dynamic = [Tensor(shape=[None, *t.shape[1:]], dtype=compat.ms_dtype(t.dtype)) for t in graph.inputs]
+    cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
     ms.export(cell, *dynamic, file_name=str(path.with_suffix("")), file_format="MINDIR")
     return path
 
@@ -213,6 +220,7 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     """Export at ``EXPORT_BATCHES``, make the batch symbolic (frozen constants, inputs, batched outputs), then give
     inputs and outputs the contract's names. ``ConversionError`` when a constant cannot be made symbolic."""
     exports = []
+    cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
     for batch in EXPORT_BATCHES:
         examples = [Tensor(example(t, batch)) for t in graph.inputs]
         with compat.onnx_erf_marked():
