@@ -43,6 +43,7 @@ from msrl_consistency.artifacts.bundle import (
 )
 from msrl_consistency.artifacts.cells import TrainerCells, UserCells
 from msrl_consistency.artifacts.checkpoint import load_policy
+from msrl_consistency.artifacts.export_env import export_env
 from msrl_consistency.artifacts.selfcheck import self_check
 from msrl_consistency.localization import CellLocalizer
 
@@ -130,10 +131,14 @@ def export_policy(
     checkpoint: str | Path | None = None,
     options: ExportOptions | None = None,
     force: bool = False,
+    env: str | Callable[[], Any] | None = None,
 ) -> Bundle:
     """Export a team's own policy Cell as a bundle (MindIR with a dynamic batch, ONNX, Lite ``.ms``, manifest).
 
-    ``cell`` is a Cell object, a factory, or ``"MODULE:FACTORY"``; ``checkpoint`` is loaded strictly into it.
+    ``cell`` is a Cell object, a factory, or ``"MODULE:FACTORY"``; ``checkpoint`` is loaded strictly into it (the
+    optimizer state and counters MindSpore saves with a network are listed in the manifest, not loaded). ``env``: the
+    env the policy acts in (a registered id, ``"MODULE:FACTORY"`` or a constructor; default the contract's
+    ``env_id``), whose spaces the contract is checked against before anything is written.
     """
     options = options or ExportOptions()
     options.validate()
@@ -143,31 +148,27 @@ def export_policy(
     cells = UserCells(cell, checkpoint)
     cells.constants = contract.constants
     with cells.caller_mode_kept():
-        return _export_cells(cells, contract, Path(out), checkpoint, options, force)
+        return _export_cells(cells, contract, Path(out), checkpoint, options, force, env)
 
 
 def _export_cells(
-    cells: UserCells, contract: PolicyContract, out: Path, checkpoint: Path | None, options: ExportOptions, force: bool
-) -> Bundle:
+    cells: UserCells, contract: PolicyContract, out: Path, checkpoint: Path | None, options: ExportOptions, force: bool,
+    env_arg: str | Callable[[], Any] | None = None,
+) -> Bundle:  # fmt: skip
     built = cells()
     io = _probe(built, contract, "the Cell")
+    target = export_env(contract, env_arg, io.outputs)
     if _differs_on_rerun(built, contract):
         raise ExportCheckFailed(
             "the Cell gives different outputs for the same input on two calls: sampling inside the graph cannot be "
             "reproduced by another runtime; take the noise as an input ([input] noise in the contract)"
         )
     exported = _half_precision(cells, built, contract, io) if options.precision == "fp16" else built
-    env = None
-    if contract.env_id:
-        from msrl_consistency.envs import describe_env
-
-        try:
-            env = describe_env(contract.env_id).to_dict()
-        except UsageError:
-            env = None  # an env our trainer cannot describe (image observations...): bounds stay unknown
+    if target.env_id != contract.env_id:
+        contract = contract.with_env(target.env_id)  # --env names the env the bundle acts in
     fields = {
-        "env_id": contract.env_id,
-        "env": env,
+        "env_id": target.env_id,
+        "env": target.info,
         "source": {
             "kind": "cell",
             "cell": cells.label,
@@ -175,6 +176,10 @@ def _export_cells(
             "checkpoint_sha256": None if checkpoint is None else sha256_file(checkpoint),
         },
     }
+    if target.factory is not None:
+        fields["source"]["env_factory"] = target.factory
+    if cells.ignored:  # optimizer state and counters saved with the network: listed, not loaded
+        fields["source"]["checkpoint_ignored"] = list(cells.ignored)
     graphs = {"policy": GraphExport(io, exported, contract, built)}
     return write_bundle(out, graphs, fields, options, _checker(options), force)
 

@@ -26,7 +26,7 @@ from inference.errors import UsageError, first_line
 from inference.plugins import import_factory
 from msrl_consistency import compat
 from msrl_consistency.agent import PolicySpec
-from msrl_consistency.artifacts.checkpoint import load_policy, read_checkpoint
+from msrl_consistency.artifacts.checkpoint import bookkeeping, describe_ignored, load_policy, read_checkpoint
 from msrl_consistency.artifacts.graphs import export_heads
 
 
@@ -55,6 +55,7 @@ class UserCells:
         self._factory = import_factory(factory) if isinstance(factory, str) else factory
         self.checkpoint = checkpoint
         self.constants: tuple[ConstantInput, ...] = ()  # set from the contract: fed by ``ConstantInputs``
+        self.ignored: list[str] = []  # the checkpoint's entries MindSpore adds (optimizer state...), not loaded
 
     @property
     def shared(self) -> bool:
@@ -88,7 +89,7 @@ class UserCells:
             if not isinstance(cell, nn.Cell):
                 raise UsageError(f"--cell {self.label} returned {type(cell).__name__}, not a mindspore.nn.Cell")
         if self.checkpoint is not None:
-            load_strict(cell, self.checkpoint)
+            self.ignored = load_strict(cell, self.checkpoint)
         cell.set_train(False)
         return cell
 
@@ -119,8 +120,10 @@ class ConstantInputs(nn.Cell):
         return self.inner(*inputs, *extra)
 
 
-def load_strict(cell: nn.Cell, checkpoint: Path) -> None:
+def load_strict(cell: nn.Cell, checkpoint: Path) -> list[str]:
     """Load every Parameter of ``cell`` from ``checkpoint``: none missing, none unexpected, same shapes and dtypes.
+    Returns the entries MindSpore adds around a network (``checkpoint.bookkeeping``: optimizer state, counters),
+    which are not loaded.
 
     A Cell wrapped after it was built carries its Parameters under one extra prefix (``inner.fc1.weight`` for a
     checkpoint's ``fc1.weight``); that prefix is accepted only when it maps *every* name one to one. Nothing is
@@ -128,13 +131,17 @@ def load_strict(cell: nn.Cell, checkpoint: Path) -> None:
     """
     params = read_checkpoint(checkpoint)
     expected = {p.name: p for p in cell.get_parameters()}
+    ignored = bookkeeping(list(params), list(expected))
+    for name in ignored:
+        del params[name]
     mapping = _match_names(list(expected), list(params))
     if mapping is None:
         missing = sorted(set(expected) - set(params))
         extra = sorted(set(params) - set(expected))
+        also = f" (besides {describe_ignored(ignored)}, which are not loaded)" if ignored else ""
         raise UsageError(
             f"checkpoint {checkpoint} does not match the Cell: missing {missing[:4]}{'...' if len(missing) > 4 else ''}"
-            f", unexpected {extra[:4]}{'...' if len(extra) > 4 else ''}"
+            f", unexpected {extra[:4]}{'...' if len(extra) > 4 else ''}{also}"
         )
     for name, ckpt_name in mapping.items():
         param, got = expected[name], params[ckpt_name]
@@ -145,6 +152,7 @@ def load_strict(cell: nn.Cell, checkpoint: Path) -> None:
             )
     for name, ckpt_name in mapping.items():
         expected[name].set_data(params[ckpt_name].value())
+    return ignored
 
 
 def _match_names(cell_names: list[str], ckpt_names: list[str]) -> dict[str, str] | None:
