@@ -41,7 +41,7 @@ def check_env_spaces(
                              f"{a.kind} action has {len(a.heads) if a.is_discrete else 'no index'} head(s): name one "
                              "output per head (e.g. logits = [\"a\", \"b\"])")  # fmt: skip
         widths = [output_width(h) for h in a.heads]
-        if widths != nvec:
+        if None not in widths and widths != nvec:
             raise UsageError(f"{where}: the env's heads take {nvec} actions, the contract's heads "
                              f"{list(a.heads)} have {widths}")  # fmt: skip
         if np.any(np.asarray(getattr(act_space, "start", 0)) != 0):

@@ -155,9 +155,10 @@ def _export_cells(
     cells: UserCells, contract: PolicyContract, out: Path, checkpoint: Path | None, options: ExportOptions, force: bool,
     env_arg: str | Callable[[], Any] | None = None,
 ) -> Bundle:  # fmt: skip
+    target = export_env(contract, env_arg)  # before the Cell runs: a contract for another env fails on its inputs
     built = cells()
     io = _probe(built, contract, "the Cell")
-    target = export_env(contract, env_arg, io.outputs)
+    target.check_outputs(contract, io.outputs)
     if _differs_on_rerun(built, contract):
         raise ExportCheckFailed(
             "the Cell gives different outputs for the same input on two calls: sampling inside the graph cannot be "

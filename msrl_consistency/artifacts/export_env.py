@@ -27,13 +27,22 @@ class ExportEnv:
     env_id: str | None  # the manifest's env_id (a registered id), None for a team's own env
     factory: str | None  # MODULE:FACTORY of a team's own env (recorded; verify asks for it again)
     info: dict[str, Any] | None  # the manifest's ``env``: observation bounds, where known
+    spaces: tuple[Any, Any, str] | None = None  # (observation space, action space, label) when the env was made
+
+    def check_outputs(self, contract: PolicyContract, outputs: tuple[TensorMeta, ...]) -> None:
+        """The Cell's probed outputs against the env's actions (the number of scores of each discrete head)."""
+        if self.spaces is None:
+            return
+        obs_space, act_space, label = self.spaces
+        shapes = {t.name: t.shape for t in outputs}
+        check_env_spaces(contract, obs_space, act_space, lambda name: shapes[name][-1], f"contract vs env {label}",
+                         lambda name: shapes[name])  # fmt: skip
 
 
-def export_env(
-    contract: PolicyContract, env: str | Callable[[], Any] | None, outputs: tuple[TensorMeta, ...]
-) -> ExportEnv:
-    """The env for the manifest, with ``contract`` checked against its spaces (``UsageError`` when they disagree).
-    ``env``: ``--env`` (an id, ``MODULE:FACTORY`` or a callable); ``outputs``: the Cell's probed outputs."""
+def export_env(contract: PolicyContract, env: str | Callable[[], Any] | None) -> ExportEnv:
+    """The env for the manifest, with ``contract`` checked against its spaces (``UsageError`` when they disagree;
+    the outputs' widths are checked by ``ExportEnv.check_outputs`` once the Cell is probed). ``env``: ``--env`` (an
+    id, ``MODULE:FACTORY`` or a callable)."""
     explicit = env is not None
     if env is None:
         env = contract.env_id
@@ -55,12 +64,10 @@ def export_env(
         obs_space, act_space = made.observation_space, made.action_space
     finally:
         made.close()
-    shapes = {t.name: t.shape for t in outputs}
-    check_env_spaces(contract, obs_space, act_space, lambda name: shapes[name][-1], f"contract vs env {source.label}",
-                     lambda name: shapes[name])  # fmt: skip
+    check_env_spaces(contract, obs_space, act_space, lambda name: None, f"contract vs env {source.label}")
     env_id = str(env) if is_id else None
     factory = None if is_id else _label(env, source)
-    return ExportEnv(env_id, factory, _info(env_id, obs_space))
+    return ExportEnv(env_id, factory, _info(env_id, obs_space), (obs_space, act_space, source.label))
 
 
 def _label(env: Any, source: EnvSource) -> str:
