@@ -13,8 +13,9 @@ Any policy Cell is described by one contract, whoever trained it:
   - ``gaussian``: ``mean`` with ``std`` or ``log_std`` (an output, per state or state-independent, or fixed
     numbers); deterministic = the mean, sampled = ``mean + std * noise`` with given standard-normal noise;
   - ``deterministic``: the output named by ``action`` is the action;
-  - ``distributional``: a C51 head, ``values`` ``[batch, actions, atoms]`` probabilities over a ``support`` of
-    returns; the action is the argmax of the expected return (greedy, as ``argmax``);
+  - ``distributional``: a C51 head, ``values`` ``[batch, actions, atoms]`` probabilities (or ``logits``, a softmax
+    over the atoms away) over a ``support`` of returns; the action is the argmax of the expected return (greedy, as
+    ``argmax``);
 
   ``argmax`` and ``categorical`` take a list of outputs for several heads (a ``MultiDiscrete`` action: one index
   per head); continuous actions are optionally squashed to declared bounds (``clip`` or ``tanh``).
@@ -63,7 +64,7 @@ from inference.toml_fields import ContractError, Numbers  # noqa: F401 - re-expo
 
 # The output each action kind needs named (``validate``).
 _ROLE_KEYS = {"argmax": ("values",), "categorical": (), "gaussian": ("mean",), "deterministic": ("action",),
-              "distributional": ("values", "atoms", "support")}
+              "distributional": ("atoms", "support")}
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ class PolicyContract:
             inp["noise"] = list(self.noise_shape)
             inp["noise_kind"] = self.noise_kind
         for c in self.constants:
-            inp[c.name] = {"constant": c.value, "shape": list(c.shape), "dtype": c.dtype}
+            inp[c.name] = {"constant": c.value} if c.flag else {"constant": c.value, "shape": list(c.shape),
+                                                                "dtype": c.dtype}  # fmt: skip
         outs: dict[str, Any] = {"names": list(self.outputs)}
         for role in ("value", "log_prob"):
             if getattr(self, role):
@@ -262,6 +264,9 @@ class PolicyContract:
         elif self.noise_kind is not None:
             raise ContractError("[input] noise_kind without a noise input")
         if a.kind == "distributional":
+            if (a.values is None) == (a.logits is None):
+                raise ContractError("[action] kind 'distributional' needs exactly one of values = \"<output>\" "
+                                    "(probabilities over the atoms) or logits = \"<output>\"")  # fmt: skip
             if len(a.atom_values) != a.atoms:
                 raise ContractError(f"[action] support must be [v_min, v_max] or {a.atoms} numbers (one per atom), got "
                                     f"{len(a.support or ())}")  # fmt: skip
@@ -299,7 +304,7 @@ class PolicyContract:
                     raise ContractError(f"{a.kind} output {head!r} has {shape[1]} entries; an index needs >= 2")
         if a.kind == "distributional":
             for head in a.heads:
-                shape = need(head, "distributional values", (3,))
+                shape = need(head, "distributional", (3,))
                 if shape[1] < 2 or shape[2] != a.atoms:
                     raise ContractError(f"distributional output {head!r} has shape {list(shape)}, expected [batch, "
                                         f"actions >= 2, {a.atoms} atoms]")  # fmt: skip
@@ -461,7 +466,10 @@ class PolicyContract:
         values = np.asarray(outputs[a.heads[head]])
         if a.kind != "distributional":
             return values
-        return np.asarray(values, np.float64) @ a.atom_values
+        probs = np.asarray(values, np.float64)
+        if a.logits is not None:  # the atoms' logits, as the C51 networks return them: softmax over the atoms
+            probs = np.exp(log_softmax(probs))
+        return probs @ a.atom_values
 
     def categorical_scores(self, outputs: Mapping[str, np.ndarray], head: int = 0) -> np.ndarray:
         """The logits of a categorical head: its logits output, or the log of its probabilities output."""

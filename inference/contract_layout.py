@@ -46,10 +46,15 @@ class Field:
 
 @dataclass(frozen=True)
 class ConstantInput(Field):
-    """An input of the Cell that is the same value in every call (MAPPO's ``masks`` of ones): the exported graphs
-    take it inside (export feeds ``value`` of ``shape`` per row), so the deploy side never passes it."""
+    """An input of the Cell that is the same value in every call (MAPPO's ``masks`` of ones; a ``training = false``
+    flag that selects the deterministic branch): the exported graphs take it inside (export feeds ``value`` of
+    ``shape`` per row, or the flag as a Python bool), so the deploy side never passes it."""
 
-    value: float = 0.0
+    value: float | bool = 0.0
+
+    @property
+    def flag(self) -> bool:
+        return self.dtype == "bool"
 
     def array(self, batch: int) -> np.ndarray:
         return np.full((batch, *self.shape), self.value, self.dtype)
@@ -86,8 +91,9 @@ class ActionSpec:
     rescale: bool = False  # clip only: the raw value lives in [-1, 1] and is mapped onto [low, high] first
     low: Numbers | None = None
     high: Numbers | None = None
-    # ``distributional`` (C51): ``values`` is ``[batch, actions, atoms]`` probabilities over ``support``, the atoms'
-    # returns (``atoms`` numbers, or ``[v_min, v_max]`` spaced evenly); the action is the argmax of the expectation
+    # ``distributional`` (C51): ``values`` is ``[batch, actions, atoms]`` probabilities (``logits``: before the softmax
+    # over the atoms) over ``support``, the atoms' returns (``atoms`` numbers, or ``[v_min, v_max]`` spaced evenly);
+    # the action is the argmax of the expectation
     atoms: int | None = None
     support: Numbers | None = None
 
@@ -108,7 +114,8 @@ class ActionSpec:
     def heads(self) -> tuple[str, ...]:
         """The outputs that carry the decision, one per action head: Q-values (or their distribution), logits or
         probs, the mean, or the action itself."""
-        name = {"argmax": self.values, "distributional": self.values, "categorical": self.logits or self.probs,
+        name = {"argmax": self.values, "distributional": self.values or self.logits,
+                "categorical": self.logits or self.probs,
                 "gaussian": self.mean}.get(self.kind)  # fmt: skip
         name = name or self.action
         return (name,) if isinstance(name, str) else tuple(name or ())
@@ -232,13 +239,19 @@ def _discrete(inp: Mapping[str, Any]) -> Field:
 
 def _constants(inp: Mapping[str, Any]) -> dict[str, ConstantInput]:
     """``[input.NAME]`` tables with ``constant = <value>`` (and ``shape``, default ``[1]``; ``dtype``, default
-    float32): Cell inputs after the observation(s), noise and states, in this order."""
+    float32), or ``constant = true|false`` (a Python flag argument): Cell inputs after the observation(s), noise
+    and states, in this order."""
     found = {}
     for name, spec in inp.items():
         if name in INPUT_KEYS or not isinstance(spec, Mapping):
             continue
         where = f"[input.{name}]"
         T.check_known(spec, ("constant", "shape", "dtype"), where)
+        if isinstance(spec.get("constant"), bool):
+            if set(spec) != {"constant"}:
+                raise ContractError(f"{where}: a flag (constant = true/false) has no shape or dtype")
+            found[name] = ConstantInput(name, (), "bool", value=spec["constant"])
+            continue
         if not T.is_number(spec.get("constant")):
             raise ContractError(f"{where}: an extra input needs constant = <a finite number> (its value in every call)")
         shape = T.get_shape(spec.get("shape", [1]), f"{where} shape")

@@ -108,6 +108,41 @@ def make_slice(form: str) -> SlicePolicy:
     return SlicePolicy(form)
 
 
+class BatchMeanPolicy(nn.Cell):
+    """Advantages centred on their mean over every axis, batch included (MindSpore RL's Dueling DQN does this):
+    ``ReduceMean(keep_dims=True)`` without an axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.mean = nn.Dense(4, 2), ops.ReduceMean(keep_dims=True)
+
+    def construct(self, obs: Tensor) -> Tensor:
+        advantage = self.fc(obs)
+        return advantage - self.mean(advantage)
+
+
+def make_batch_mean() -> BatchMeanPolicy:
+    ms.set_seed(9)
+    return BatchMeanPolicy()
+
+
+class EluPolicy(nn.Cell):
+    """ELU layers as Dreamer's actor has them: ``nn.Dense(..., activation=nn.ELU())`` and a bare ``nn.ELU``, twice in
+    a row and under a scalar multiple (a ``Mul`` by a constant the exporter would fold a marker into)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.elu, self.fc2 = nn.Dense(4, 32, activation=nn.ELU()), nn.ELU(), nn.Dense(32, 2)
+
+    def construct(self, obs: Tensor) -> Tensor:
+        return self.fc2(self.elu(self.fc1(obs)) * 2.0)
+
+
+def make_elu() -> EluPolicy:
+    ms.set_seed(10)
+    return EluPolicy()
+
+
 class ErfPrimitivePolicy(nn.Cell):
     """Exact GELU written with an ``ops.Erf()`` primitive made in ``__init__``: the one form export cannot rewrite."""
 

@@ -21,8 +21,9 @@ from msrl_consistency.artifacts import graphs
 from msrl_consistency.artifacts.bundle import ExportCheckFailed
 from msrl_consistency.artifacts.onnx_patterns import (
     drop_noop_slices,
+    explicit_reduce_axes,
     fix_shrink_slices,
-    restore_erf,
+    restore_marked,
     split_reduce_sum_square,
 )
 
@@ -62,14 +63,18 @@ def test_reduce_sum_square_becomes_a_sum_of_products_with_the_same_values():
     np.testing.assert_allclose(after[1], (X.astype(np.float64) ** 2).sum(2, keepdims=True), rtol=1e-6)
 
 
-def test_the_erf_marker_becomes_erf():
-    marker = numpy_helper.from_array(np.array(compat.ERF_MARKER, np.float32), "m")
+@pytest.mark.parametrize("op", ["Erf", "Elu"])
+def test_a_marker_clip_becomes_its_op(op):
+    low, high = (numpy_helper.from_array(np.array(b, np.float32), n)
+                 for b, n in zip(compat.ONNX_MARKERS[op], "lh", strict=True))
     other = numpy_helper.from_array(np.array(2.0, np.float32), "two")
-    m = model([helper.make_node("Mul", ["x", "m"], ["e"]), helper.make_node("Mul", ["e", "two"], ["y"])],
-              [marker, other], ["y"], [5, 8, 6])  # fmt: skip
-    assert restore_erf(m, compat.ERF_MARKER) == 1
-    assert [n.op_type for n in m.graph.node] == ["Erf", "Mul"] and [i.name for i in m.graph.initializer] == ["two"]
-    np.testing.assert_allclose(run(m, X)[0], 2 * np.vectorize(math.erf)(X.astype(np.float64)), atol=1e-6)
+    m = model([helper.make_node("Clip", ["x", "l", "h"], ["e"]), helper.make_node("Mul", ["e", "two"], ["y"])],
+              [low, high, other], ["y"], [5, 8, 6])  # fmt: skip
+    assert restore_marked(m, compat.ONNX_MARKERS) == 1
+    assert [n.op_type for n in m.graph.node] == [op, "Mul"] and [i.name for i in m.graph.initializer] == ["two"]
+    x = X.astype(np.float64)
+    want = np.vectorize(math.erf)(x) if op == "Erf" else np.where(x > 0, x, np.expm1(x))
+    np.testing.assert_allclose(run(m, X)[0], 2 * want, atol=1e-6)
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -93,6 +98,15 @@ def test_a_slice_that_slices_nothing_is_removed():
     y, out = run(m, X)
     np.testing.assert_array_equal(y, np.maximum(X, 0))
     np.testing.assert_array_equal(out, X)
+
+
+def test_a_reduction_over_every_axis_names_its_axes():
+    m = model([helper.make_node("ReduceMean", ["x"], ["m"], keepdims=1), helper.make_node("Sub", ["x", "m"], ["y"])],
+              [], ["y"], [5, 8, 6])  # fmt: skip
+    before = run(m, X)[0]
+    assert explicit_reduce_axes(m) == 1
+    assert [list(a.ints) for a in m.graph.node[0].attribute if a.name == "axes"] == [[0, 1, 2]]
+    np.testing.assert_allclose(run(m, X)[0], before, rtol=1e-6)
 
 
 # -- policies through every format ---------------------------------------------------------------------------------
@@ -146,6 +160,21 @@ def test_each_indexing_form_of_a_batch_dependent_tensor_runs_everywhere(tmp_path
     bundle = export_policy(lp.make_slice(form), lp.STACKED_CONTRACT, tmp_path / "bundle")
     assert files(bundle) == FULL, bundle.manifest["self_check"]["failures"]
     assert all(r["passed"] for r in bundle.manifest["self_check"]["results"])
+
+
+@needs_runner
+def test_elu_layers_export_as_onnx_elu_and_run_everywhere(tmp_path):
+    bundle = export_policy(lp.make_elu(), lp.CARTPOLE_LOGITS, tmp_path / "bundle")
+    assert files(bundle) == FULL, bundle.manifest["self_check"]["failures"]
+    ops = [n.op_type for n in onnx.load(str(bundle.file("policy", "onnx"))).graph.node]
+    assert ops.count("Elu") == 2 and "Clip" not in ops
+
+
+@needs_runner
+def test_a_mean_over_every_axis_runs_in_lite(tmp_path):
+    """Lite reduced no axis of ``ReduceMean(axes=[])``: the .ms of a Dueling-DQN-style centring failed its check."""
+    bundle = export_policy(lp.make_batch_mean(), lp.CARTPOLE_LOGITS, tmp_path / "bundle")
+    assert files(bundle) == FULL, bundle.manifest["self_check"]["failures"]
 
 
 def test_an_erf_primitive_the_exporter_cannot_write_says_what_to_write_instead(tmp_path):

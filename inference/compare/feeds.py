@@ -244,6 +244,8 @@ def comparison_feeds(
     noise = draw_noise(bundle, rng, len(obs))
     state = None
     if contract.states:
-        rest = feed_states(bundle, rng, len(obs) - n_obs, observed_state)
-        state = rest if observed_state is None or not n_obs else np.concatenate([observed_state[picked], rest])
+        if observed_state is None or not n_obs:  # observations recorded without their states: every row at ``init``
+            state = feed_states(bundle, rng, len(obs), observed_state)
+        else:
+            state = np.concatenate([observed_state[picked], feed_states(bundle, rng, len(obs) - n_obs, observed_state)])
     return Feeds(obs, labels, noise, state)

@@ -103,20 +103,25 @@ class UserCells:
 
 class ConstantInputs(nn.Cell):
     """``inner(*inputs, *constants)``: the Cell's constant inputs (MAPPO's ``masks`` of ones), one row per row of the
-    first input, made inside the graph (so every exported format takes only the contract's graph inputs)."""
+    first input, made inside the graph (so every exported format takes only the contract's graph inputs); a flag
+    (``training = false``) is passed as the Python bool, so the graph is compiled for that branch only."""
 
     def __init__(self, inner: nn.Cell, constants: tuple[ConstantInput, ...]) -> None:
         super().__init__()
         self.inner = inner
-        self.specs = tuple((tuple(c.shape), compat.ms_dtype(c.dtype), float(c.value)) for c in constants)
+        self.specs = tuple((c.flag, tuple(c.shape), ms_float32 if c.flag else compat.ms_dtype(c.dtype), c.value)
+                           for c in constants)  # fmt: skip
 
     def construct(self, *inputs):  # noqa: ANN002, ANN201 - graph mode
         first = inputs[0]
         ones = ops.ones_like(first.reshape((first.shape[0], -1))[:, :1]).astype(ms_float32)  # [batch, 1]
         extra = ()
-        for shape, dtype, value in self.specs:  # unrolled at compile time
-            rows = ops.broadcast_to(ones.reshape((-1,) + (1,) * len(shape)), (-1,) + shape)
-            extra = extra + ((rows * value).astype(dtype),)
+        for flag, shape, dtype, value in self.specs:  # unrolled at compile time
+            if flag:
+                extra = extra + (value,)
+            else:
+                rows = ops.broadcast_to(ones.reshape((-1,) + (1,) * len(shape)), (-1,) + shape)
+                extra = extra + ((rows * value).astype(dtype),)
         return self.inner(*inputs, *extra)
 
 

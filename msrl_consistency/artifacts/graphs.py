@@ -32,10 +32,11 @@ from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec,
 from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, symbolic_batch
 from msrl_consistency.artifacts.onnx_patterns import (
     drop_noop_slices,
+    explicit_reduce_axes,
     fix_shrink_slices,
     fuse_leaky_relu,
     hoist_input_transposes,
-    restore_erf,
+    restore_marked,
     split_reduce_sum_square,
 )
 
@@ -223,7 +224,7 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
     for batch in EXPORT_BATCHES:
         examples = [Tensor(example(t, batch)) for t in graph.inputs]
-        with compat.onnx_erf_marked():
+        with compat.onnx_ops_marked():
             ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
         exports.append(onnx.load(str(path)))
     try:
@@ -231,10 +232,11 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     except BatchDependent as exc:
         path.unlink()
         raise ConversionError(f"ONNX: {exc}") from None
-    restore_erf(model, compat.ERF_MARKER)
+    restore_marked(model, compat.ONNX_MARKERS)
     split_reduce_sum_square(model)
     fix_shrink_slices(model)
     drop_noop_slices(model)
+    explicit_reduce_axes(model)
     fuse_leaky_relu(model)
     hoist_input_transposes(model)
     _name_io(model, graph)

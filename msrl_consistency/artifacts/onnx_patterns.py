@@ -17,8 +17,10 @@
 * A slice that slices nothing (``x[..., :n]`` with ``n`` the full width) is written as ``Slice`` with empty starts and
   ends: ONNX Runtime passes its input through, Lite's kernel fails ("Common error code"). ``drop_noop_slices`` removes
   it.
-* ``Erf``: MindSpore's exporter has none; export writes ``erf(x)`` as ``x * compat.ERF_MARKER``
-  (``compat.onnx_erf_marked``), and ``restore_erf`` puts the ONNX op back.
+* A reduction over every axis (``ReduceMean(keep_dims=True)`` without an axis) is written with ``axes = []``: ONNX
+  Runtime reduces every axis, Lite 2.0.0 reduces none (or hangs). ``explicit_reduce_axes`` names the axes.
+* ``Erf`` and ``Elu``: MindSpore's exporter has neither; export writes each as a ``Clip`` with marker bounds
+  (``compat.onnx_ops_marked``), and ``restore_marked`` puts the ONNX op back.
 """
 
 from __future__ import annotations
@@ -149,33 +151,36 @@ def split_reduce_sum_square(model: onnx.ModelProto) -> int:
     return replaced
 
 
-def restore_erf(model: onnx.ModelProto, marker: float) -> int:
-    """Replace every ``Mul(x, marker)`` (``marker`` a float32 scalar constant, bit for bit) by ``Erf(x)``, in place;
-    returns how many were replaced. The marker's constant is dropped when nothing else reads it."""
+# Attributes written although ONNX has them as defaults: Lite 2.0.0's converter reads an absent ``alpha`` of ``Elu``
+# as 0 (a ReLU).
+MARKED_ATTRS = {"Elu": {"alpha": 1.0}}
+
+
+def restore_marked(model: onnx.ModelProto, markers: dict[str, tuple[float, float]]) -> int:
+    """Replace every ``Clip(x, low, high)`` whose bounds are one op's marker pair (float32 scalars, bit for bit) by that
+    op (``Erf``, ``Elu``), in place; returns how many were replaced. Bounds nothing else reads are dropped."""
     graph = model.graph
-    want = np.float32(marker).tobytes()
     constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     for node in graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
 
-    def is_marker(name: str) -> bool:
+    def bits(name: str) -> bytes | None:
         value = constants.get(name)
-        return value is not None and value.size == 1 and value.dtype == np.float32 and value.tobytes() == want
+        return value.tobytes() if value is not None and value.size == 1 and value.dtype == np.float32 else None
 
-    replaced, markers = 0, set()
+    wanted = {(np.float32(lo).tobytes(), np.float32(hi).tobytes()): op for op, (lo, hi) in markers.items()}
+    replaced, bounds = 0, set()
     for index, node in enumerate(graph.node):
-        if node.op_type != "Mul" or len(node.input) != 2:
+        if node.op_type != "Clip" or len(node.input) != 3:
             continue
-        for x, c in (node.input, node.input[::-1]):
-            if is_marker(c) and not is_marker(x):
-                graph.node[index].CopyFrom(helper.make_node("Erf", [x], list(node.output),
-                                                            name=f"{node.name or 'Mul'}/Erf"))  # fmt: skip
-                markers.add(c)
-                replaced += 1
-                break
-    read = {i for node in graph.node for i in node.input}
-    unused = markers - read
+        op = wanted.get((bits(node.input[1]), bits(node.input[2])))
+        if op is not None:
+            bounds |= {node.input[1], node.input[2]}
+            graph.node[index].CopyFrom(helper.make_node(op, [node.input[0]], list(node.output),
+                                                        name=f"{node.name or 'Clip'}/{op}", **MARKED_ATTRS.get(op, {})))
+            replaced += 1
+    unused = bounds - {i for node in graph.node for i in node.input}
     if unused:
         keep = [i for i in graph.initializer if i.name not in unused]
         del graph.initializer[:]
@@ -256,3 +261,29 @@ def drop_noop_slices(model: onnx.ModelProto) -> int:
         del graph.node[:]
         graph.node.extend(keep)
     return dropped
+
+
+REDUCE_OPS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}  # fmt: skip
+
+
+def explicit_reduce_axes(model: onnx.ModelProto) -> int:
+    """Give each reduction with an empty or absent ``axes`` attribute (every axis, in ONNX) the list of its input's
+    axes, in place; returns how many were changed. A reduction whose axes come as an input, or whose input's rank is
+    unknown, is left alone."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
+    ranks.update({i.name: len(i.dims) for i in model.graph.initializer})
+    changed = 0
+    for node in model.graph.node:
+        if node.op_type not in REDUCE_OPS or len(node.input) > 1 or node.input[0] not in ranks:
+            continue
+        axes = next((a for a in node.attribute if a.name == "axes"), None)
+        if axes is not None and len(axes.ints):
+            continue
+        if axes is not None:
+            node.attribute.remove(axes)
+        node.attribute.append(helper.make_attribute("axes", list(range(ranks[node.input[0]]))))
+        changed += 1
+    return changed
