@@ -9,9 +9,10 @@ primitives MindSpore removed, ``gym`` and its distributed code generator), so it
 checkout with each top-level statement that fails to import skipped (``TolerantImport``); the networks' own code runs
 unchanged. Each actor is built with the sizes of the library's configs and seeded weights, then, in a child process:
 ``export_policy`` (MindIR, ONNX, Lite ``.ms`` and the self-check), ``verify_policy`` on the genuine weights and with
-the first Parameter's first element + 0.05 (``--observations`` seeded observations, ``--episodes`` episodes per mode,
-every runtime required). Envs the library trains on that are not on PyPI (MPE, SMAC, DeepMind Control) are replaced
-by recorded observations (standard normal rows, seeded); the report then says that no episode was replayed.
+the first element of its first layer's first Parameter + 0.05 (``--observations`` seeded observations,
+``--episodes`` episodes per mode, every runtime required). Envs the library trains on that are not on PyPI (MPE,
+SMAC, DeepMind Control) are replaced by recorded observations (standard normal rows, seeded); the report then says
+that no episode was replayed.
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ def run_one(actor: Actor, mindrl: Path, work: Path, observations: int, episodes:
 
         def nudged() -> Any:
             cell = make()
-            param = next(iter(cell.get_parameters()))
+            param = next(p for name, p in cell.parameters_and_names() if "." in name)  # the first layer's weight
             value = param.asnumpy().copy()
             value.flat[0] += 0.05
             param.set_data(ms.Tensor(value))

@@ -517,4 +517,9 @@ def onnx_ops_marked() -> Iterator[None]:
 def onnx_export_hint(message: str) -> str:
     """What to write instead, for an exporter refusal ``Can not find key OP in convert map`` (empty if unknown)."""
     found = re.search(r"Can not find key (\w+) in convert map", message)
-    return ONNX_EXPORT_HINTS.get(found.group(1), "") if found else ""
+    if found:
+        return ONNX_EXPORT_HINTS.get(found.group(1), "")
+    if "`axis` is out of range" in message:
+        return ("MindSpore's ONNX exporter takes no negative axis for some ops (Split: P.Split(-1, 2)); count the axis "
+                "from the front (P.Split(1, 2) for the last of two dims)")  # fmt: skip
+    return ""

@@ -155,6 +155,18 @@ class ErfPrimitivePolicy(nn.Cell):
         return x * 0.5 * (1.0 + self.erf(x / 1.4142135))
 
 
+class NegativeSplitPolicy(nn.Cell):
+    """``P.Split(-1, 2)`` as Dreamer's actor splits mean and std: MindSpore's ONNX exporter refuses the negative axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.split = nn.Dense(4, 4), ops.Split(-1, 2)
+
+    def construct(self, obs: Tensor) -> Tensor:
+        a, b = self.split(self.fc(obs))
+        return a * b
+
+
 class LogStdActor(nn.Cell):
     """A Gaussian actor returning its state-independent Parameter ``log_std`` as the output named ``log_std``."""
 

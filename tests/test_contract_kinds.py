@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from inference.bundle import load_bundle
-from inference.compare.feeds import seeded_feeds
+from inference.bundle import Bundle, load_bundle
+from inference.compare.feeds import comparison_feeds, seeded_feeds
 from inference.compare.verifier import VerifyOptions
 from inference.contract import ContractError, PolicyContract
 from inference.errors import UsageError
@@ -80,6 +80,23 @@ def test_seeded_feeds_of_a_discrete_observation_are_indices_inside_the_table(tmp
     assert feeds.ordinary.all()  # index 0 and 15 are inputs a policy sees, not synthetic extremes
 
 
+def test_recorded_observations_of_a_recurrent_policy_start_every_row_at_its_init():
+    """Observations recorded without their states (a MARL actor's, no env here): every row is fed the ``init``
+    state, not a state batch of another length."""
+    contract = PolicyContract.from_dict({"input": {"obs": [3]}, "state": {"h": {"shape": [4], "next": "h_next"}},
+                                         "outputs": {"names": ["q", "h_next"]},
+                                         "action": {"kind": "argmax", "values": "q"}})  # fmt: skip
+    io = {"inputs": [m.to_dict() for m in contract.input_metas()],
+          "outputs": [{"name": "q", "dtype": "float32", "shape": [-1, 2]},
+                      {"name": "h_next", "dtype": "float32", "shape": [-1, 4]}]}  # fmt: skip
+    bundle = Bundle(Path("."), {"graphs": {"policy": {"kind": "deterministic", **io, "contract": contract.to_dict()}}})
+    recorded = np.random.default_rng(0).standard_normal((40, 3)).astype(np.float32)
+    feeds = comparison_feeds(bundle, 40, 0, recorded, "recorded", 1)
+    assert len(feeds.state) == len(feeds.obs) > 40 and not feeds.state["h"].any()
+    inputs = feeds.graph_inputs(bundle, "policy")
+    assert [len(x) for x in inputs] == [len(feeds.obs)] * 2
+
+
 # -- Discrete observations through Lite and ONNX Runtime -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def frozenlake(tmp_path_factory):
@@ -105,6 +122,7 @@ def test_a_discrete_policy_acts_on_an_int_and_refuses_an_index_outside_its_table
         action = policy.act(5)
         assert np.shape(action) == () and 0 <= int(action) < 4
         assert policy.act(np.array([0, 15], np.int32)).shape == (2,)
+        assert policy.act(np.int64(3)) == policy.act(3)  # what Gymnasium's Discrete space hands out
         with pytest.raises(FeedError, match=r"outside the policy's Discrete\(16\) observations"):
             policy.act(16)
 
