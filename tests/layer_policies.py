@@ -156,7 +156,7 @@ class ErfPrimitivePolicy(nn.Cell):
 
 
 class NegativeSplitPolicy(nn.Cell):
-    """``P.Split(-1, 2)`` as Dreamer's actor splits mean and std: MindSpore's ONNX exporter refuses the negative axis."""
+    """``P.Split(-1, 2)``, as Dreamer's actor splits mean and std: the ONNX exporter refuses the negative axis."""
 
     def __init__(self) -> None:
         super().__init__()
