@@ -43,6 +43,7 @@ from msrl_consistency.artifacts.bundle import (
 )
 from msrl_consistency.artifacts.cells import TrainerCells, UserCells
 from msrl_consistency.artifacts.checkpoint import load_policy
+from msrl_consistency.artifacts.export_env import export_env
 from msrl_consistency.artifacts.selfcheck import self_check
 from msrl_consistency.localization import CellLocalizer
 
@@ -130,10 +131,14 @@ def export_policy(
     checkpoint: str | Path | None = None,
     options: ExportOptions | None = None,
     force: bool = False,
+    env: str | Callable[[], Any] | None = None,
 ) -> Bundle:
     """Export a team's own policy Cell as a bundle (MindIR with a dynamic batch, ONNX, Lite ``.ms``, manifest).
 
-    ``cell`` is a Cell object, a factory, or ``"MODULE:FACTORY"``; ``checkpoint`` is loaded strictly into it.
+    ``cell`` is a Cell object, a factory, or ``"MODULE:FACTORY"``; ``checkpoint`` is loaded strictly into it (the
+    optimizer state and counters MindSpore saves with a network are listed in the manifest, not loaded). ``env``: the
+    env the policy acts in (a registered id, ``"MODULE:FACTORY"`` or a constructor; default the contract's
+    ``env_id``), whose spaces the contract is checked against before anything is written.
     """
     options = options or ExportOptions()
     options.validate()
@@ -141,32 +146,30 @@ def export_policy(
     contract = _contract_or_usage(contract)
     checkpoint = None if checkpoint is None else Path(checkpoint)
     cells = UserCells(cell, checkpoint)
+    cells.constants = contract.constants
     with cells.caller_mode_kept():
-        return _export_cells(cells, contract, Path(out), checkpoint, options, force)
+        return _export_cells(cells, contract, Path(out), checkpoint, options, force, env)
 
 
 def _export_cells(
-    cells: UserCells, contract: PolicyContract, out: Path, checkpoint: Path | None, options: ExportOptions, force: bool
-) -> Bundle:
+    cells: UserCells, contract: PolicyContract, out: Path, checkpoint: Path | None, options: ExportOptions, force: bool,
+    env_arg: str | Callable[[], Any] | None = None,
+) -> Bundle:  # fmt: skip
+    target = export_env(contract, env_arg)  # before the Cell runs: a contract for another env fails on its inputs
     built = cells()
     io = _probe(built, contract, "the Cell")
-    if _differs_on_rerun(built, io):
+    target.check_outputs(contract, io.outputs)
+    if _differs_on_rerun(built, contract):
         raise ExportCheckFailed(
             "the Cell gives different outputs for the same input on two calls: sampling inside the graph cannot be "
             "reproduced by another runtime; take the noise as an input ([input] noise in the contract)"
         )
     exported = _half_precision(cells, built, contract, io) if options.precision == "fp16" else built
-    env = None
-    if contract.env_id:
-        from msrl_consistency.envs import describe_env
-
-        try:
-            env = describe_env(contract.env_id).to_dict()
-        except UsageError:
-            env = None  # an env our trainer cannot describe (image observations...): bounds stay unknown
+    if target.env_id != contract.env_id:
+        contract = contract.with_env(target.env_id)  # --env names the env the bundle acts in
     fields = {
-        "env_id": contract.env_id,
-        "env": env,
+        "env_id": target.env_id,
+        "env": target.info,
         "source": {
             "kind": "cell",
             "cell": cells.label,
@@ -174,6 +177,10 @@ def _export_cells(
             "checkpoint_sha256": None if checkpoint is None else sha256_file(checkpoint),
         },
     }
+    if target.factory is not None:
+        fields["source"]["env_factory"] = target.factory
+    if cells.ignored:  # optimizer state and counters saved with the network: listed, not loaded
+        fields["source"]["checkpoint_ignored"] = list(cells.ignored)
     graphs = {"policy": GraphExport(io, exported, contract, built)}
     return write_bundle(out, graphs, fields, options, _checker(options), force)
 
@@ -213,7 +220,7 @@ def _half_precision(cells: UserCells, built: nn.Cell, contract: PolicyContract, 
     ``construct`` combines its own Parameters with fp16 layer outputs, those Parameters go to fp16 as well."""
     from mindspore import Tensor
 
-    feeds = [Tensor(G.example(t, 2, np.random.default_rng(2))) for t in io.inputs]
+    feeds = [Tensor(x) for x in G.examples(contract, 2, np.random.default_rng(2))]
     first = ""
     for own_parameters in (False, True):
         cell = half_precision(_fresh(cells, built), contract, own_parameters)
@@ -226,11 +233,10 @@ def _half_precision(cells: UserCells, built: nn.Cell, contract: PolicyContract, 
     raise UsageError(f"--precision fp16: the Cell does not run with its layers in fp16 ({first}); export it in fp32")
 
 
-def _differs_on_rerun(cell: nn.Cell, io: G.GraphIO) -> bool:
+def _differs_on_rerun(cell: nn.Cell, contract: PolicyContract) -> bool:
     from mindspore import Tensor
 
-    rng = np.random.default_rng(1)
-    feeds = [Tensor(G.example(t, 4, rng)) for t in io.inputs]
+    feeds = [Tensor(x) for x in G.examples(contract, 4, np.random.default_rng(1))]
     with compat.execution_mode(graph=False):
         first = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
         again = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
@@ -301,6 +307,8 @@ def open_model(model: str | Path, contract: ContractLike | None, cells: UserCell
             raise UsageError(str(exc)) from None
         if contract is not None:
             check_same_contract(bundle, _contract_or_usage(contract))
+        if cells is not None:
+            cells.constants = bundle.contract(bundle.graphs[0]).constants
         return bundle
     if path.is_dir() or path.suffix != ".mindir":
         raise UsageError(f"{path} is neither a bundle directory nor a .mindir file")
@@ -315,6 +323,10 @@ def mindir_bundle(path: Path, contract: PolicyContract, cells: UserCells | None)
     report why."""
     import mindspore as ms
 
+    if contract.constants:
+        raise UsageError(f"{path.name} is a bare MindIR and the contract gives constant inputs "
+                         f"({', '.join(c.name for c in contract.constants)}): export a bundle with `export --cell`, "
+                         "whose graphs feed them")  # fmt: skip
     try:
         graph_cell = nn.GraphCell(ms.load(str(path)))
     except Exception as exc:  # noqa: BLE001 - MindSpore raises assorted types for unreadable files

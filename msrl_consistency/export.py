@@ -1,7 +1,8 @@
 """``python -m msrl_consistency.export``: write a deployable bundle and check it against its Cell.
 
 * a run of ours: ``--ckpt RUN_DIR/checkpoint.ckpt [--out BUNDLE_DIR]``;
-* your own policy Cell: ``--cell MODULE:FACTORY --ckpt CKPT --contract CONTRACT.toml --out BUNDLE_DIR``.
+* your own policy Cell: ``--cell MODULE:FACTORY --ckpt CKPT --contract CONTRACT.toml --out BUNDLE_DIR``
+  [``--env ID|MODULE:FACTORY``: the env it acts in, whose spaces the contract is checked against].
 
 Writes MindIR (dynamic batch), ONNX and MindSpore Lite ``.ms`` graphs plus ``manifest.json`` (hashes, shapes,
 versions, seeds, the policy contract), after running each graph against the Cell. Exit codes: 0 ok,
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell: FACTORY() returns it (MODULE "
                    "importable from the current directory); needs --contract")  # fmt: skip
     p.add_argument("--contract", type=Path, help="policy contract TOML for --cell (see examples/bring-your-own/)")
+    p.add_argument("--env", metavar="ID|MODULE:FACTORY", help="with --cell: the env the policy acts in, a registered "
+                   "gymnasium id or your own constructor (default: the contract's env_id); the contract is checked "
+                   "against its spaces")  # fmt: skip
     p.add_argument("--out", type=Path, help="bundle directory (default bundles/<run dir name>)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="graph precision")
     p.add_argument("--formats", default="mindir,onnx,ms", help="comma-separated subset of mindir,onnx,ms")
@@ -84,10 +88,13 @@ def _export(args: argparse.Namespace, options: ExportOptions) -> Bundle:
             raise UsageError("--cell needs --contract CONTRACT.toml: what the Cell's outputs mean")
         if args.out is None:
             raise UsageError("--cell needs --out BUNDLE_DIR")
-        bundle = api.export_policy(args.cell, args.contract, args.out, args.ckpt, options, force=args.force)
+        bundle = api.export_policy(args.cell, args.contract, args.out, args.ckpt, options, force=args.force,
+                                   env=args.env)  # fmt: skip
     else:
         if args.contract is not None:
             raise UsageError("--contract describes your own Cell: pass it with --cell (runs of ours carry theirs)")
+        if args.env is not None:
+            raise UsageError("--env is for --cell: a run of ours records the env it was trained in")
         out = args.out or Path("bundles") / args.ckpt.resolve().parent.name
         bundle = api.export_run(args.ckpt, out, options, force=args.force)
     return bundle

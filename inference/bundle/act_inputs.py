@@ -9,6 +9,9 @@ converted, and only when every value survives the conversion exactly (integers i
 Accepted observations, for an array observation of shape ``S``: one observation (``S``) or a batch (``[n, *S]``);
 for a ``Dict`` observation: one dict of arrays, a batch in Gymnasium's vector-env layout (a dict of ``[n, ...]``
 arrays), a list of dicts, or rows of the contract's structured ``obs_dtype``. Missing and extra keys are refused.
+A ``Discrete(N)`` observation is one index or a batch of them: a Python int, or integers of any integer dtype
+(Gymnasium's ``Discrete`` spaces hand out int64), converted only once every index is known to lie in ``0..N-1``
+(so exactly); one outside is refused rather than fed to an Embedding table it overruns.
 The arrays returned are the caller's own (views, never copies), so what is fed and recorded is what was passed.
 """
 
@@ -28,7 +31,7 @@ def observation_inputs(contract: PolicyContract, obs: Any) -> tuple[list[np.ndar
     was a single observation rather than a batch."""
     if not contract.obs_dict:
         field = contract.observations[0]
-        array = _as_input(obs, field, "observation")
+        array = _index_input(obs, field) if field.discrete is not None else _as_input(obs, field, "observation")
         return _batched(array, field, "observation")
     if isinstance(obs, np.ndarray) and obs.dtype.names is not None:  # rows of the contract's structured dtype
         if obs.dtype != contract.obs_dtype or obs.ndim != 1:
@@ -72,6 +75,18 @@ def _dict_inputs(contract: PolicyContract, obs: Mapping[str, Any], where: str) -
         sizes = ", ".join(f"{f.name!r}: {len(a)}" for f, a in zip(contract.observations, batched, strict=True))
         raise FeedError(f"{where}: the keys hold different numbers of rows ({sizes})")
     return batched, False
+
+
+def _index_input(value: Any, field: Field) -> np.ndarray:
+    """Indices of a ``Discrete(N)`` observation: any integers, all in ``0..N-1``, as the contract's dtype."""
+    given = np.asarray(value) if hasattr(value, "dtype") else None
+    integers = given is not None and given.dtype.kind in "iu"
+    array = given if integers else _as_input(value, field, "observation")  # Python ints; a float array is refused
+    n = field.discrete or 0
+    if array.size and (array.min() < 0 or array.max() >= n):
+        bad = array.min() if array.min() < 0 else array.max()
+        raise FeedError(f"observation index {bad} is outside the policy's Discrete({n}) observations (0..{n - 1})")
+    return array if array.dtype == np.dtype(field.dtype) else array.astype(field.dtype)
 
 
 def _batched(array: np.ndarray, field: Field, where: str) -> tuple[list[np.ndarray], bool]:

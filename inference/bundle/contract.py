@@ -13,6 +13,9 @@ Any policy Cell is described by one contract, whoever trained it:
   - ``gaussian``: ``mean`` with ``std`` or ``log_std`` (an output, per state or state-independent, or fixed
     numbers); deterministic = the mean, sampled = ``mean + std * noise`` with given standard-normal noise;
   - ``deterministic``: the output named by ``action`` is the action;
+  - ``distributional``: a C51 head, ``values`` ``[batch, actions, atoms]`` probabilities (or ``logits``, a softmax
+    over the atoms away) over a ``support`` of returns; the action is the argmax of the expected return (greedy, as
+    ``argmax``);
 
   ``argmax`` and ``categorical`` take a list of outputs for several heads (a ``MultiDiscrete`` action: one index
   per head); continuous actions are optionally squashed to declared bounds (``clip`` or ``tanh``).
@@ -42,6 +45,7 @@ from inference.bundle.contract_layout import (  # noqa: F401 - re-exported: the 
     SQUASHES,
     STATE_INITS,
     ActionSpec,
+    ConstantInput,
     Field,
     StateSpec,
     state_dtype,
@@ -60,7 +64,8 @@ from inference.bundle.tensors import TensorMeta
 from inference.bundle.toml_fields import ContractError, Numbers  # noqa: F401 - re-exported
 
 # The output each action kind needs named (``validate``).
-_ROLE_KEYS = {"argmax": ("values",), "categorical": (), "gaussian": ("mean",), "deterministic": ("action",)}
+_ROLE_KEYS = {"argmax": ("values",), "categorical": (), "gaussian": ("mean",), "deterministic": ("action",),
+              "distributional": ("atoms", "support")}
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class PolicyContract:
     log_prob: str | None = None
     states: tuple[StateSpec, ...] = ()
     obs_dict: bool = False  # a Dict observation: one input per key (``observations``), in this order
+    constants: tuple[ConstantInput, ...] = ()  # Cell inputs of a fixed value, fed inside the exported graphs
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # unknown [notes] kept for the manifest
 
     # -- construction -------------------------------------------------------------------------------
@@ -99,15 +105,23 @@ class PolicyContract:
     def to_dict(self) -> dict[str, Any]:
         """The TOML layout as a plain dict (what the manifest records); ``from_dict`` reads it back."""
         inp: dict[str, Any]
+        obs = self.observations[0]
         if self.obs_dict:
             inp = {"obs": {f.name: {"shape": list(f.shape), "dtype": f.dtype} for f in self.observations}}
+        elif obs.discrete is not None:
+            inp = {"discrete": obs.discrete, **({"obs": list(obs.shape)} if obs.shape else {})}
+            if obs.dtype != "int32":
+                inp["dtype"] = obs.dtype
         else:
             inp = {"obs": list(self.obs_shape)}
-            if self.observations[0].dtype != "float32":
-                inp["dtype"] = self.observations[0].dtype
+            if obs.dtype != "float32":
+                inp["dtype"] = obs.dtype
         if self.noise_shape is not None:
             inp["noise"] = list(self.noise_shape)
             inp["noise_kind"] = self.noise_kind
+        for c in self.constants:
+            inp[c.name] = {"constant": c.value} if c.flag else {"constant": c.value, "shape": list(c.shape),
+                                                                "dtype": c.dtype}  # fmt: skip
         outs: dict[str, Any] = {"names": list(self.outputs)}
         for role in ("value", "log_prob"):
             if getattr(self, role):
@@ -119,6 +133,10 @@ class PolicyContract:
                 act[key] = value if isinstance(value, str) else list(value)
         if self.action.kind == "deterministic" and self.action.discrete:
             act["discrete"] = True
+        if self.action.atoms is not None:
+            act["atoms"] = self.action.atoms
+        if self.action.support is not None:
+            act["support"] = list(self.action.support)
         act["squash"] = self.action.squash
         if self.action.rescale:
             act["rescale"] = True
@@ -158,7 +176,8 @@ class PolicyContract:
         return np.zeros((n, *self.obs_shape), self.obs_dtype)
 
     def input_metas(self) -> list[TensorMeta]:
-        """The graph's inputs in order: observation(s), noise, states (``-1`` the batch)."""
+        """The graph's inputs in order: observation(s), noise, states (``-1`` the batch). Constant inputs are not
+        among them: the exported graphs feed those themselves."""
         metas = [f.meta() for f in self.observations]
         if self.noise_shape is not None:
             metas.append(TensorMeta(NOISE, np.dtype("float32"), (-1, *self.noise_shape)))
@@ -257,7 +276,18 @@ class PolicyContract:
                 raise ContractError("a graph that takes noise samples inside: name its sampled output [action] action")
         elif self.noise_kind is not None:
             raise ContractError("[input] noise_kind without a noise input")
-        inputs = [m.name for m in self.input_metas()]
+        if a.kind == "distributional":
+            if (a.values is None) == (a.logits is None):
+                raise ContractError("[action] kind 'distributional' needs exactly one of values = \"<output>\" "
+                                    "(probabilities over the atoms) or logits = \"<output>\"")  # fmt: skip
+            if len(a.atom_values) != a.atoms:
+                raise ContractError(f"[action] support must be [v_min, v_max] or {a.atoms} numbers (one per atom), got "
+                                    f"{len(a.support or ())}")  # fmt: skip
+            if np.any(np.diff(a.atom_values) <= 0):
+                raise ContractError("[action] support must increase")
+        elif a.atoms is not None or a.support is not None:
+            raise ContractError(f"[action] atoms and support apply to kind 'distributional' only, not {a.kind!r}")
+        inputs = [m.name for m in self.input_metas()] + [c.name for c in self.constants]
         if len(set(inputs)) != len(inputs):
             raise ContractError(f"input names repeat a name (observation keys, noise, states): {inputs}")
         shared = sorted(set(inputs) & set(self.outputs))
@@ -285,6 +315,12 @@ class PolicyContract:
                 shape = need(head, f"{a.kind} {role}", (2,))
                 if shape[1] < 2:
                     raise ContractError(f"{a.kind} output {head!r} has {shape[1]} entries; an index needs >= 2")
+        if a.kind == "distributional":
+            for head in a.heads:
+                shape = need(head, "distributional", (3,))
+                if shape[1] < 2 or shape[2] != a.atoms:
+                    raise ContractError(f"distributional output {head!r} has shape {list(shape)}, expected [batch, "
+                                        f"actions >= 2, {a.atoms} atoms]")  # fmt: skip
         width = None
         if a.kind == "gaussian":
             width = need(a.mean, "gaussian mean", (2,))[1]
@@ -408,8 +444,8 @@ class PolicyContract:
             return out if a.discrete else self.squash(out)
         if a.action is not None:
             return np.asarray(outputs[a.action])  # the graph's own env action, already post-processed
-        if a.kind in ("argmax", "categorical"):
-            return self._stack([argmax_int32(outputs[head]) for head in a.heads])
+        if a.kind in ("argmax", "categorical", "distributional"):
+            return self._stack([argmax_int32(self.decision_values(outputs, h)) for h in range(len(a.heads))])
         return self.squash(np.asarray(outputs[a.mean], np.float32))  # type: ignore[index]
 
     def _stack(self, per_head: list[np.ndarray]) -> np.ndarray:
@@ -427,14 +463,26 @@ class PolicyContract:
         """The scores whose argmax is head ``head``'s discrete action: Q-values, logits, or logits plus the Gumbel
         noise of a sample (the noise fed to the graph, or the host's, all heads' columns). None for continuous."""
         a = self.action
-        if a.kind == "argmax":
-            return np.asarray(outputs[a.heads[head]], np.float32)
+        if a.kind in ("argmax", "distributional"):
+            return np.asarray(self.decision_values(outputs, head), np.float32)
         if a.kind != "categorical":
             return None
         logits = self.categorical_scores(outputs, head)
         if noise is None:
             return logits
         return logits + gumbel(dict(self.split_heads(np.asarray(noise, np.float32), outputs))[head])
+
+    def decision_values(self, outputs: Mapping[str, np.ndarray], head: int = 0) -> np.ndarray:
+        """Head ``head``'s scores as the graph computes them, ``[batch, n]``: its output, or for a distributional
+        head the expected return of each action (its probabilities times the support, summed over the atoms)."""
+        a = self.action
+        values = np.asarray(outputs[a.heads[head]])
+        if a.kind != "distributional":
+            return values
+        probs = np.asarray(values, np.float64)
+        if a.logits is not None:  # the atoms' logits, as the C51 networks return them: softmax over the atoms
+            probs = np.exp(log_softmax(probs))
+        return probs @ a.atom_values
 
     def categorical_scores(self, outputs: Mapping[str, np.ndarray], head: int = 0) -> np.ndarray:
         """The logits of a categorical head: its logits output, or the log of its probabilities output."""

@@ -20,7 +20,7 @@ from inference.bundle.files import read_document
 from inference.bundle.tensors import TensorMeta
 from inference.bundle.toml_fields import ContractError, Numbers
 
-ACTION_KINDS = ("argmax", "categorical", "gaussian", "deterministic")
+ACTION_KINDS = ("argmax", "categorical", "gaussian", "deterministic", "distributional")
 SQUASHES = ("none", "clip", "tanh")
 NOISE_KINDS = ("uniform", "normal")
 STATE_INITS = ("zeros",)
@@ -30,14 +30,34 @@ NOISE = "noise"
 
 @dataclass(frozen=True)
 class Field:
-    """A named graph input: an array observation (``obs``), one key of a ``Dict`` observation, or a state."""
+    """A named graph input: an array observation (``obs``), one key of a ``Dict`` observation, or a state.
+
+    ``discrete``: a ``Discrete(N)`` observation, integer indices in ``[0, N)`` (an Embedding's table size); its
+    shape is ``()`` (the graph input is ``[batch]``) unless the contract gives one."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    discrete: int | None = None
 
     def meta(self) -> TensorMeta:
         return TensorMeta(self.name, np.dtype(self.dtype), (-1, *self.shape))
+
+
+@dataclass(frozen=True)
+class ConstantInput(Field):
+    """An input of the Cell that is the same value in every call (MAPPO's ``masks`` of ones; a ``training = false``
+    flag that selects the deterministic branch): the exported graphs take it inside (export feeds ``value`` of
+    ``shape`` per row, or the flag as a Python bool), so the deploy side never passes it."""
+
+    value: float | bool = 0.0
+
+    @property
+    def flag(self) -> bool:
+        return self.dtype == "bool"
+
+    def array(self, batch: int) -> np.ndarray:
+        return np.full((batch, *self.shape), self.value, self.dtype)
 
 
 @dataclass(frozen=True)
@@ -71,16 +91,32 @@ class ActionSpec:
     rescale: bool = False  # clip only: the raw value lives in [-1, 1] and is mapped onto [low, high] first
     low: Numbers | None = None
     high: Numbers | None = None
+    # ``distributional`` (C51): ``values`` is ``[batch, actions, atoms]`` probabilities (``logits``: before the softmax
+    # over the atoms) over ``support``, the atoms' returns (``atoms`` numbers, or ``[v_min, v_max]`` spaced evenly);
+    # the action is the argmax of the expectation
+    atoms: int | None = None
+    support: Numbers | None = None
 
     @property
     def is_discrete(self) -> bool:
-        return self.kind in ("argmax", "categorical") or (self.kind == "deterministic" and self.discrete)
+        return self.kind in ("argmax", "categorical", "distributional") or (self.kind == "deterministic"
+                                                                             and self.discrete)  # fmt: skip
+
+    @property
+    def atom_values(self) -> np.ndarray:
+        """The return of each atom of a distributional head (float64 ``[atoms]``)."""
+        support = np.asarray(self.support or (), np.float64)
+        if self.atoms and len(support) == 2 and self.atoms != 2:
+            return np.linspace(support[0], support[1], self.atoms)
+        return support
 
     @property
     def heads(self) -> tuple[str, ...]:
-        """The outputs that carry the decision, one per action head: Q-values, logits or probs, the mean, or the
-        action itself."""
-        name = {"argmax": self.values, "categorical": self.logits or self.probs, "gaussian": self.mean}.get(self.kind)
+        """The outputs that carry the decision, one per action head: Q-values (or their distribution), logits or
+        probs, the mean, or the action itself."""
+        name = {"argmax": self.values, "distributional": self.values or self.logits,
+                "categorical": self.logits or self.probs,
+                "gaussian": self.mean}.get(self.kind)  # fmt: skip
         name = name or self.action
         return (name,) if isinstance(name, str) else tuple(name or ())
 
@@ -109,17 +145,19 @@ def parse(data: Mapping[str, Any]) -> dict[str, Any]:
     fields; every key is checked (whether the fields fit together is ``PolicyContract.validate``'s)."""
     T.check_known(data, ("env_id", "input", "state", "outputs", "action", "notes"), "top level")
     inp, outs, act = (T.get_table(data, k) for k in ("input", "outputs", "action"))
-    T.check_known(inp, ("obs", "dtype", "noise", "noise_kind"), "[input]")
+    constants = _constants(inp)
+    T.check_known({k: v for k, v in inp.items() if k not in constants}, INPUT_KEYS, "[input]",
+                  also="or an extra input [input.NAME] with constant = <value>")  # fmt: skip
     T.check_known(outs, ("names", "value", "log_prob"), "[outputs]")
     T.check_known(
         act,
         ("kind", "values", "logits", "probs", "mean", "std", "log_std", "action", "discrete", "squash", "rescale",
-         "low", "high"),
+         "low", "high", "atoms", "support"),
         "[action]",
     )  # fmt: skip
-    if "obs" not in inp:
-        raise ContractError("[input] obs (the observation shape without the batch dim, or a table of them) is "
-                            "required")  # fmt: skip
+    if "obs" not in inp and "discrete" not in inp:
+        raise ContractError("[input] obs (the observation shape without the batch dim, or a table of them) or "
+                            "discrete = N (a Discrete(N) observation: one index) is required")  # fmt: skip
     names = outs.get("names")
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
         raise ContractError("[outputs] names must be a non-empty list of output names, in the Cell's order")
@@ -137,6 +175,8 @@ def parse(data: Mapping[str, Any]) -> dict[str, Any]:
         rescale=T.get_bool(act, "rescale"),
         low=T.get_numbers(act, "low"),
         high=T.get_numbers(act, "high"),
+        atoms=T.get_count(act, "atoms"),
+        support=T.get_numbers(act, "support"),
     )
     observations, obs_dict = _observations(inp)
     return dict(
@@ -150,13 +190,20 @@ def parse(data: Mapping[str, Any]) -> dict[str, Any]:
         value=T.get_str(outs, "value"),
         log_prob=T.get_str(outs, "log_prob"),
         states=_states(data.get("state", {})),
+        constants=tuple(constants.values()),
         extra=dict(data.get("notes", {})),
     )
 
 
+INPUT_KEYS = ("obs", "dtype", "noise", "noise_kind", "discrete")
+
+
 def _observations(inp: Mapping[str, Any]) -> tuple[tuple[Field, ...], bool]:
-    """``[input] obs = [shape]`` (with ``dtype``), or ``[input.obs]``: one key per Dict entry, each a shape or a
-    table ``{shape, dtype}``."""
+    """``[input] obs = [shape]`` (with ``dtype``), ``[input] discrete = N`` (a ``Discrete(N)`` observation: int32
+    indices, shape ``obs`` or none), or ``[input.obs]``: one key per Dict entry, each a shape or a table
+    ``{shape, dtype}``."""
+    if "discrete" in inp:
+        return (_discrete(inp),), False
     obs = inp["obs"]
     default = T.get_dtype(inp.get("dtype", "float32"), "[input] dtype")
     if not isinstance(obs, Mapping):
@@ -177,6 +224,45 @@ def _observations(inp: Mapping[str, Any]) -> tuple[tuple[Field, ...], bool]:
     return tuple(fields), True
 
 
+def _discrete(inp: Mapping[str, Any]) -> Field:
+    n = T.get_count(inp, "discrete")
+    if n is None or n < 2:
+        raise ContractError(f"[input] discrete must be the number of observations N >= 2, got {inp['discrete']!r}")
+    if isinstance(inp.get("obs"), Mapping):
+        raise ContractError("[input] discrete describes one index observation, not a Dict ([input.obs] keys)")
+    shape = T.get_shape(inp["obs"], "[input] obs") if "obs" in inp else ()
+    dtype = T.get_dtype(inp.get("dtype", "int32"), "[input] dtype")
+    if np.dtype(dtype).kind not in "iu" or np.iinfo(np.dtype(dtype)).max < n - 1:
+        raise ContractError(f"[input] discrete observations are integer indices: dtype int32 or int64, not {dtype}")
+    return Field(OBS, shape, dtype, discrete=n)
+
+
+def _constants(inp: Mapping[str, Any]) -> dict[str, ConstantInput]:
+    """``[input.NAME]`` tables with ``constant = <value>`` (and ``shape``, default ``[1]``; ``dtype``, default
+    float32), or ``constant = true|false`` (a Python flag argument): Cell inputs after the observation(s), noise
+    and states, in this order."""
+    found = {}
+    for name, spec in inp.items():
+        if name in INPUT_KEYS or not isinstance(spec, Mapping):
+            continue
+        where = f"[input.{name}]"
+        T.check_known(spec, ("constant", "shape", "dtype"), where)
+        if isinstance(spec.get("constant"), bool):
+            if set(spec) != {"constant"}:
+                raise ContractError(f"{where}: a flag (constant = true/false) has no shape or dtype")
+            found[name] = ConstantInput(name, (), "bool", value=spec["constant"])
+            continue
+        if not T.is_number(spec.get("constant")):
+            raise ContractError(f"{where}: an extra input needs constant = <a finite number> (its value in every call)")
+        shape = T.get_shape(spec.get("shape", [1]), f"{where} shape")
+        dtype = T.get_dtype(spec.get("dtype", "float32"), f"{where} dtype")
+        value = float(spec["constant"])
+        if np.dtype(dtype).kind in "iu" and value != int(value):
+            raise ContractError(f"{where}: constant {value} is not an integer, the input is {dtype}")
+        found[name] = ConstantInput(name, shape, dtype, value=value)
+    return found
+
+
 def _states(table: Any) -> tuple[StateSpec, ...]:
     """``[state.NAME]`` tables, in order: ``shape``, ``next`` (the output fed back) and ``init``."""
     if not isinstance(table, Mapping):
@@ -194,5 +280,6 @@ def _states(table: Any) -> tuple[StateSpec, ...]:
         if init not in STATE_INITS:
             raise ContractError(f"{where} init must be one of {', '.join(STATE_INITS)}, got {init!r}")
         dtype = T.get_dtype(spec.get("dtype", "float32"), f"{where} dtype")
-        states.append(StateSpec(name, T.get_shape(spec["shape"], f"{where} shape"), dtype, nxt, init or "zeros"))
+        shape = T.get_shape(spec["shape"], f"{where} shape")
+        states.append(StateSpec(name, shape, dtype, next=nxt, init=init or "zeros"))
     return tuple(states)

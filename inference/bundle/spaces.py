@@ -18,12 +18,18 @@ from inference.errors import UsageError
 
 
 def check_env_spaces(
-    contract: PolicyContract, obs_space: Any, act_space: Any, output_width: Callable[[str], int | None], where: str
-) -> None:
+    contract: PolicyContract, obs_space: Any, act_space: Any, output_width: Callable[[str], int | None], where: str,
+    output_shape: Callable[[str], tuple[int, ...]] | None = None,
+) -> None:  # fmt: skip
     """``UsageError`` (one line, naming the space) unless ``contract`` describes both spaces.
 
-    ``output_width(name)`` is the last dimension of a contract output (the number of scores of a discrete head).
+    ``output_width(name)`` is the last dimension of a contract output (the number of scores of a discrete head);
+    ``output_shape(name)`` its whole shape, which a distributional head (``[batch, actions, atoms]``) needs to be
+    checked against the env's actions (without it, that head's action count is not checked).
     """
+    if contract.action.kind == "distributional":
+        shape_of = output_shape
+        output_width = (lambda name: shape_of(name)[-2]) if shape_of is not None else (lambda name: None)
     _check_observations(contract, obs_space, where)
     import gymnasium as gym
 
@@ -35,7 +41,7 @@ def check_env_spaces(
                              f"{a.kind} action has {len(a.heads) if a.is_discrete else 'no index'} head(s): name one "
                              "output per head (e.g. logits = [\"a\", \"b\"])")  # fmt: skip
         widths = [output_width(h) for h in a.heads]
-        if widths != nvec:
+        if None not in widths and widths != nvec:
             raise UsageError(f"{where}: the env's heads take {nvec} actions, the contract's heads "
                              f"{list(a.heads)} have {widths}")  # fmt: skip
         if np.any(np.asarray(getattr(act_space, "start", 0)) != 0):
@@ -85,10 +91,26 @@ def _check_observations(contract: PolicyContract, space: Any, where: str) -> Non
         for f in contract.observations:
             _check_box(f.name, f.shape, f.dtype, space.spaces[f.name], where)
         return
-    if not isinstance(space, gym.spaces.Box):
+    field = contract.observations[0]
+    if isinstance(space, gym.spaces.Discrete):
+        if field.discrete is None:
+            raise UsageError(f"{where}: the env observes {_name(space)}, one index; the contract declares an array "
+                             f"observation {list(field.shape)}: declare [input] discrete = {int(space.n)} (int32 "
+                             "indices, e.g. for an Embedding)")  # fmt: skip
+        if field.discrete != int(space.n) or int(space.start) != 0 or field.shape:
+            raise UsageError(f"{where}: the env observes {_name(space)}, the contract discrete = {field.discrete}"
+                             f"{f' of shape {list(field.shape)}' if field.shape else ''} (indices 0..N-1, one per "
+                             "step)")  # fmt: skip
+        return
+    if field.discrete is not None:
+        raise UsageError(f"{where}: the env observes {_name(space)}, the contract a Discrete({field.discrete}) "
+                         "index ([input] discrete)")  # fmt: skip
+    if isinstance(space, gym.spaces.Dict):
         raise UsageError(f"{where}: the env observes {_name(space)}; the contract declares one array observation "
                          f"{list(contract.obs_shape)}: declare [input.obs] keys for a Dict observation")  # fmt: skip
-    field = contract.observations[0]
+    if not isinstance(space, gym.spaces.Box):
+        raise UsageError(f"{where}: the env observes {_name(space)}; a contract describes a Box (an array), a "
+                         "Discrete (one index: [input] discrete = N) or a Dict of them")  # fmt: skip
     _check_box("obs", field.shape, field.dtype, space, where)
 
 

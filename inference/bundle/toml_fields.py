@@ -32,10 +32,11 @@ def get_table(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value
 
 
-def check_known(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+def check_known(table: Mapping[str, Any], allowed: Sequence[str], where: str, also: str = "") -> None:
     unknown = sorted(set(table) - set(allowed))
     if unknown:
-        raise ContractError(f"unknown key(s) in {where}: {', '.join(unknown)} (known: {', '.join(allowed)})")
+        raise ContractError(f"unknown key(s) in {where}: {', '.join(unknown)} (known: {', '.join(allowed)}"
+                            f"{'; ' + also if also else ''})")
 
 
 def get_str(table: Mapping[str, Any], key: str, default: str | None = None) -> str | None:
@@ -59,6 +60,16 @@ def get_bool(table: Mapping[str, Any], key: str) -> bool:
     value = table.get(key, False)
     if not isinstance(value, bool):
         raise ContractError(f"{key} must be true or false, got {_short(value)}")
+    return value
+
+
+def get_count(table: Mapping[str, Any], key: str) -> int | None:
+    """A positive integer (a number of atoms, of discrete observations), or None when absent."""
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ContractError(f"{key} must be a positive integer, got {value!r}")
     return value
 
 

@@ -50,11 +50,34 @@ def gym_env_source(env_id: str) -> EnvSource:
         import gymnasium as gym
     except ImportError:
         raise UsageError("playing episodes needs Gymnasium: pip install gymnasium") from None
-    spec = gym.registry.get(env_id)
-    if spec is None:
+    found, label = registered_env_id(env_id)
+    if found is None:
         raise UsageError(f"unknown environment id {env_id!r} (not registered with Gymnasium here; a team's own env: "
                          "--env MODULE:FACTORY)")  # fmt: skip
-    return EnvSource(env_id, lambda: gym.make(spec), int(spec.max_episode_steps or DEFAULT_HORIZON))
+    spec = gym.registry[found]
+    return EnvSource(label, lambda: gym.make(spec), int(spec.max_episode_steps or DEFAULT_HORIZON))
+
+
+def registered_env_id(env_id: str) -> tuple[str | None, str]:
+    """The registered id that runs ``env_id`` and how to name it: the id itself, or, for a version Gymnasium has
+    deprecated and no longer registers (``Taxi-v3`` in Gymnasium 1.4, which names ``Taxi-v4`` instead), the newest
+    registered version of that env, labelled as such. Gymnasium's deprecation is a notice, not a reason to refuse
+    the run; the label (in every report) says which version ran. ``(None, env_id)`` when nothing is registered."""
+    import gymnasium as gym
+
+    if env_id in gym.registry:
+        return env_id, env_id
+    try:
+        from gymnasium.envs.registration import find_highest_version, get_env_id, parse_env_id
+
+        namespace, name, version = parse_env_id(env_id)
+        newest = find_highest_version(namespace, name)
+    except Exception:  # noqa: BLE001 - a malformed id, or a Gymnasium without these helpers: not registered
+        return None, env_id
+    if version is None or newest is None or newest <= version:
+        return None, env_id
+    successor = get_env_id(namespace, name, newest)
+    return successor, f"{successor} (for {env_id}, deprecated in Gymnasium {gym.__version__})"
 
 
 @dataclass

@@ -94,6 +94,7 @@ class Scale:
     low: np.ndarray
     high: np.ndarray
     integer: bool = False
+    every: bool = False  # a Discrete(N) observation: the samples within the bounds visit every index in turn
 
 
 def observation_scales(bundle: Bundle, observed: np.ndarray | None = None) -> dict[str, Scale]:
@@ -109,10 +110,13 @@ def observation_scales(bundle: Bundle, observed: np.ndarray | None = None) -> di
         if dtype.kind in "iu":
             info = np.iinfo(dtype)
             lo, hi = max(info.min, -(2**15)), min(info.max, 2**15)  # uint8: 0..255
-            if seen is not None:
+            if f.discrete is not None:
+                lo, hi = 0, f.discrete - 1  # a Discrete(N) observation: every index is a valid input, seen or not
+            elif seen is not None:
                 lo, hi = int(seen.min()), int(seen.max())
             low, high = np.full(f.shape, lo, np.float64), np.full(f.shape, hi, np.float64)
-            scales[f.name] = Scale((low + high) / 2, (high - low) / 6, low, high, integer=True)
+            scales[f.name] = Scale((low + high) / 2, (high - low) / 6, low, high, integer=True,
+                                   every=f.discrete is not None)  # fmt: skip
             continue
         mean, std = np.zeros(f.shape), np.ones(f.shape)
         if not contract.obs_dict and norm.get("mean") is not None:
@@ -147,6 +151,10 @@ def _sample(scale: Scale, rng: np.random.Generator, n_stats: int, n_bounds: int)
     lo = np.where(np.isfinite(scale.low), scale.low, mean - 4 * std)
     hi = np.where(np.isfinite(scale.high), scale.high, mean + 4 * std)
     bounds = rng.uniform(lo, hi, (n_bounds, *mean.shape))
+    if scale.every:  # each index once (in a seeded order) before any repeats: a changed table row is always fed
+        span = np.arange(int(scale.low.min()), int(scale.high.max()) + 1)
+        order = np.concatenate([rng.permutation(span) for _ in range(-(-n_bounds // len(span)))])[:n_bounds]
+        bounds = np.broadcast_to(order.reshape(-1, *([1] * mean.ndim)), (n_bounds, *mean.shape)).astype(np.float64)
     if scale.integer:
         stats, bounds = (np.clip(np.round(x), scale.low, scale.high) for x in (stats, bounds))
     return stats, bounds
@@ -166,7 +174,9 @@ def sample_observations(
         stats, bounds = _sample(scales[f.name], rng, n_stats, n_rest - n_stats)
         edge = [edges[f.name][k % len(edges[f.name])] for k in range(n_edges)]
         columns[f.name] = np.concatenate([stats, bounds, np.asarray(edge).reshape(n_edges, *f.shape)])
-    source = np.array(["stats"] * n_stats + ["bounds"] * (n_rest - n_stats) + ["edge"] * n_edges)
+    # the edge rows of Discrete(N) observations (indices 0, N-1 and the middle) are ordinary inputs, not extremes
+    edge = "bounds" if all(scale.every for scale in scales.values()) else "edge"
+    source = np.array(["stats"] * n_stats + ["bounds"] * (n_rest - n_stats) + [edge] * n_edges)
     return as_rows(contract, columns)[:n], source[:n]
 
 
@@ -234,6 +244,8 @@ def comparison_feeds(
     noise = draw_noise(bundle, rng, len(obs))
     state = None
     if contract.states:
-        rest = feed_states(bundle, rng, len(obs) - n_obs, observed_state)
-        state = rest if observed_state is None or not n_obs else np.concatenate([observed_state[picked], rest])
+        if observed_state is None or not n_obs:  # observations recorded without their states: every row at ``init``
+            state = feed_states(bundle, rng, len(obs), observed_state)
+        else:
+            state = np.concatenate([observed_state[picked], feed_states(bundle, rng, len(obs) - n_obs, observed_state)])
     return Feeds(obs, labels, noise, state)

@@ -109,9 +109,9 @@ def policy_metrics(
     metrics: dict[str, Any] = {}
     ref_action, got_action = contract.env_action(ref), contract.env_action(got)
     heads = range(len(a.heads))
-    if a.kind in ("argmax", "categorical"):
+    if a.kind in ("argmax", "categorical", "distributional"):
         ra, ga = ref_action.reshape(len(ref_action), -1), got_action.reshape(len(got_action), -1)
-        per_head = [argmax_flips(ref[a.heads[h]], ra[:, h], ga[:, h]) for h in heads]
+        per_head = [argmax_flips(contract.decision_values(ref, h), ra[:, h], ga[:, h]) for h in heads]
         metrics["argmax"] = per_head[0] if not a.multi_head else {
             "flips": sum(f["flips"] for f in per_head), "heads": dict(zip(a.heads, per_head, strict=True))}
     if a.kind == "categorical":  # independent heads: the joint KL is the sum of the heads'

@@ -260,7 +260,7 @@ def judge_flips(
         margins = np.full(len(rows), np.nan)
         if scores is not None and len(rows):
             tol = tolerance[head]
-            values = np.asarray(ref[head], np.float64)
+            values = np.asarray(contract.decision_values(ref, h), np.float64)
             atol = (row_atol or {}).get(head)
             atol = (tol.row_atol(values, pooled) if atol is None else np.asarray(atol))[rows]
             s, v = np.asarray(scores, np.float64)[rows], values[rows]

@@ -265,5 +265,6 @@ def check_env_matches_contract(bundle: Bundle, env: E.EnvSource) -> None:
         made.close()
     for graph in bundle.graphs:
         width = lambda name, g=graph: bundle.output_shape(g, name)[-1]  # noqa: E731
+        shape = lambda name, g=graph: bundle.output_shape(g, name)  # noqa: E731
         where = f"contract of graph {graph!r} vs env {env.label}"
-        check_env_spaces(bundle.contract(graph), obs_space, act_space, width, where)
+        check_env_spaces(bundle.contract(graph), obs_space, act_space, width, where, shape)

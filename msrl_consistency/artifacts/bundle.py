@@ -171,7 +171,8 @@ def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions) -> dict[
         except G.ConversionError as exc:
             onnx_failure = str(exc)
         except Exception as exc:  # noqa: BLE001 - MindSpore's ONNX exporter raises assorted types
-            onnx_failure = f"ONNX export: {first_line(exc)}"
+            hint = compat.onnx_export_hint(str(exc))
+            onnx_failure = f"ONNX export: {first_line(exc)}{f' ({hint})' if hint else ''}"
         if onnx_failure is not None and "onnx" in options.formats:
             files.setdefault("onnx", {"failed": onnx_failure})
     if "ms" in options.formats:
@@ -238,6 +239,11 @@ def describe(bundle: Bundle) -> str:
         files = ", ".join(f"{fmt}: FAILED" if "failed" in e else e.get("file", f"{fmt}: skipped")
                           for fmt, e in graph["files"].items())  # fmt: skip
         lines.append(f"  {name}: {files}")
+    ignored = (bundle.manifest.get("source") or {}).get("checkpoint_ignored")
+    if ignored:
+        from msrl_consistency.artifacts.checkpoint import describe_ignored
+
+        lines.append(f"  checkpoint: not loaded: {describe_ignored(ignored)}")
     check = bundle.manifest["self_check"]
     worst = max((r.get("max_abs", 0.0) for r in check["results"]), default=0.0)
     lines.append(f"  self-check: {check['samples']} observations, worst max |diff| {worst:.2e}")

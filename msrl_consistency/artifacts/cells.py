@@ -7,7 +7,8 @@ Two sources, one interface (``RuntimeSource.cells``: graph name → Cell):
   ``uvicorn main:app``) or a Cell object, with the team's checkpoint loaded strictly.
 
 Both can also give the policy *without* its in-graph observation normalisation: the evidence verify needs
-to name a missing normalisation as the failing stage.
+to name a missing normalisation as the failing stage. A team's Cell that takes constant inputs (the contract's
+``[input.NAME] constant``) is given as ``ConstantInputs``: the graph everyone runs feeds them itself.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mindspore import nn
+from mindspore import float32 as ms_float32
+from mindspore import nn, ops
 
+from inference.bundle.contract import ConstantInput
 from inference.compare.plugins import import_factory
 from inference.errors import UsageError, first_line
+from msrl_consistency import compat
 from msrl_consistency.agent import PolicySpec
-from msrl_consistency.artifacts.checkpoint import load_policy, read_checkpoint
+from msrl_consistency.artifacts.checkpoint import bookkeeping, describe_ignored, load_policy, read_checkpoint
 from msrl_consistency.artifacts.graphs import export_heads
 
 
@@ -50,6 +54,8 @@ class UserCells:
         self.label = factory if isinstance(factory, str) else type(factory).__name__
         self._factory = import_factory(factory) if isinstance(factory, str) else factory
         self.checkpoint = checkpoint
+        self.constants: tuple[ConstantInput, ...] = ()  # set from the contract: fed by ``ConstantInputs``
+        self.ignored: list[str] = []  # the checkpoint's entries MindSpore adds (optimizer state...), not loaded
 
     @property
     def shared(self) -> bool:
@@ -67,6 +73,12 @@ class UserCells:
                 self._factory.set_train(was)
 
     def __call__(self, graph: str = "policy") -> nn.Cell:
+        return self._with_constants(self._built())
+
+    def _with_constants(self, cell: nn.Cell) -> nn.Cell:
+        return compat.wrapped(ConstantInputs, cell, self.constants) if self.constants else cell
+
+    def _built(self) -> nn.Cell:
         if self.shared:
             cell = self._factory  # a Cell object handed to the library API: shared, never rebuilt
         else:
@@ -77,7 +89,7 @@ class UserCells:
             if not isinstance(cell, nn.Cell):
                 raise UsageError(f"--cell {self.label} returned {type(cell).__name__}, not a mindspore.nn.Cell")
         if self.checkpoint is not None:
-            load_strict(cell, self.checkpoint)
+            self.ignored = load_strict(cell, self.checkpoint)
         cell.set_train(False)
         return cell
 
@@ -85,12 +97,38 @@ class UserCells:
         """The Cell inside an ``export_safe.NormalizeObservation`` wrapper, if the policy is wrapped in one."""
         from msrl_consistency.agent.export_safe import NormalizeObservation
 
-        cell = self(graph)
-        return cell.inner if isinstance(cell, NormalizeObservation) else None
+        cell = self._built()
+        return self._with_constants(cell.inner) if isinstance(cell, NormalizeObservation) else None
 
 
-def load_strict(cell: nn.Cell, checkpoint: Path) -> None:
+class ConstantInputs(nn.Cell):
+    """``inner(*inputs, *constants)``: the Cell's constant inputs (MAPPO's ``masks`` of ones), one row per row of the
+    first input, made inside the graph (so every exported format takes only the contract's graph inputs); a flag
+    (``training = false``) is passed as the Python bool, so the graph is compiled for that branch only."""
+
+    def __init__(self, inner: nn.Cell, constants: tuple[ConstantInput, ...]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.specs = tuple((c.flag, tuple(c.shape), ms_float32 if c.flag else compat.ms_dtype(c.dtype), c.value)
+                           for c in constants)  # fmt: skip
+
+    def construct(self, *inputs):  # noqa: ANN002, ANN201 - graph mode
+        first = inputs[0]
+        ones = ops.ones_like(first.reshape((first.shape[0], -1))[:, :1]).astype(ms_float32)  # [batch, 1]
+        extra = ()
+        for flag, shape, dtype, value in self.specs:  # unrolled at compile time
+            if flag:
+                extra = extra + (value,)
+            else:
+                rows = ops.broadcast_to(ones.reshape((-1,) + (1,) * len(shape)), (-1,) + shape)
+                extra = extra + ((rows * value).astype(dtype),)
+        return self.inner(*inputs, *extra)
+
+
+def load_strict(cell: nn.Cell, checkpoint: Path) -> list[str]:
     """Load every Parameter of ``cell`` from ``checkpoint``: none missing, none unexpected, same shapes and dtypes.
+    Returns the entries MindSpore adds around a network (``checkpoint.bookkeeping``: optimizer state, counters),
+    which are not loaded.
 
     A Cell wrapped after it was built carries its Parameters under one extra prefix (``inner.fc1.weight`` for a
     checkpoint's ``fc1.weight``); that prefix is accepted only when it maps *every* name one to one. Nothing is
@@ -98,13 +136,17 @@ def load_strict(cell: nn.Cell, checkpoint: Path) -> None:
     """
     params = read_checkpoint(checkpoint)
     expected = {p.name: p for p in cell.get_parameters()}
+    ignored = bookkeeping(list(params), list(expected))
+    for name in ignored:
+        del params[name]
     mapping = _match_names(list(expected), list(params))
     if mapping is None:
         missing = sorted(set(expected) - set(params))
         extra = sorted(set(params) - set(expected))
+        also = f" (besides {describe_ignored(ignored)}, which are not loaded)" if ignored else ""
         raise UsageError(
             f"checkpoint {checkpoint} does not match the Cell: missing {missing[:4]}{'...' if len(missing) > 4 else ''}"
-            f", unexpected {extra[:4]}{'...' if len(extra) > 4 else ''}"
+            f", unexpected {extra[:4]}{'...' if len(extra) > 4 else ''}{also}"
         )
     for name, ckpt_name in mapping.items():
         param, got = expected[name], params[ckpt_name]
@@ -115,6 +157,7 @@ def load_strict(cell: nn.Cell, checkpoint: Path) -> None:
             )
     for name, ckpt_name in mapping.items():
         expected[name].set_data(params[ckpt_name].value())
+    return ignored
 
 
 def _match_names(cell_names: list[str], ckpt_names: list[str]) -> dict[str, str] | None:

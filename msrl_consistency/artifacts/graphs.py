@@ -30,7 +30,15 @@ from inference.errors import first_line
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
 from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, symbolic_batch
-from msrl_consistency.artifacts.onnx_patterns import fuse_leaky_relu, hoist_input_transposes
+from msrl_consistency.artifacts.onnx_patterns import (
+    drop_noop_slices,
+    explicit_reduce_axes,
+    fix_shrink_slices,
+    fuse_leaky_relu,
+    hoist_input_transposes,
+    restore_marked,
+    split_reduce_sum_square,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONVERTER = REPO_ROOT / ".lite" / "bin" / "msrl-lite-convert"
@@ -122,7 +130,7 @@ def probe_graph(cell: nn.Cell, contract: PolicyContract, name: str = "policy") -
     dtypes: list[np.dtype] = []
     rng = np.random.default_rng(0)
     for batch in (2, 3):
-        feeds = [Tensor(example(t, batch, rng)) for t in inputs]
+        feeds = [Tensor(x) for x in examples(contract, batch, rng)]
         try:
             with compat.execution_mode(graph=False):
                 outs = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
@@ -186,18 +194,25 @@ def export_heads(policy: ActorCritic, precision: str = "fp32") -> dict[str, nn.C
     return {"policy": DeterministicPolicy(policy), "policy_sample": StochasticPolicy(policy)}
 
 
-def example(meta: TensorMeta, batch: int, rng: np.random.Generator | None = None) -> np.ndarray:
+def example(meta: TensorMeta, batch: int, rng: np.random.Generator | None = None, high: int = 256) -> np.ndarray:
     """An input of ``meta``'s dtype and shape at ``batch``: standard-normal floats (or 0.5 everywhere without
-    ``rng``), integers in 0..255."""
+    ``rng``), integers in 0..high-1 (1 everywhere without ``rng``)."""
     shape = (batch, *meta.shape[1:])
     if meta.dtype.kind in "iu":
-        return (rng.integers(0, 256, shape) if rng is not None else np.full(shape, 1)).astype(meta.dtype)
+        return (rng.integers(0, high, shape) if rng is not None else np.full(shape, 1)).astype(meta.dtype)
     return (rng.standard_normal(shape) if rng is not None else np.full(shape, 0.5)).astype(meta.dtype)
+
+
+def examples(contract: PolicyContract, batch: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Random inputs of every graph input of ``contract`` (a ``Discrete(N)`` observation: indices below ``N``)."""
+    highs = {f.name: f.discrete for f in contract.observations if f.discrete is not None}
+    return [example(t, batch, rng, highs.get(t.name, 256)) for t in contract.input_metas()]
 
 
 def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     """MindIR with a dynamic batch; every input keeps its dtype (a uint8 frame stays uint8)."""
     dynamic = [Tensor(shape=[None, *t.shape[1:]], dtype=compat.ms_dtype(t.dtype)) for t in graph.inputs]
+    cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
     ms.export(cell, *dynamic, file_name=str(path.with_suffix("")), file_format="MINDIR")
     return path
 
@@ -206,15 +221,22 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     """Export at ``EXPORT_BATCHES``, make the batch symbolic (frozen constants, inputs, batched outputs), then give
     inputs and outputs the contract's names. ``ConversionError`` when a constant cannot be made symbolic."""
     exports = []
+    cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
     for batch in EXPORT_BATCHES:
         examples = [Tensor(example(t, batch)) for t in graph.inputs]
-        ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
+        with compat.onnx_ops_marked():
+            ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
         exports.append(onnx.load(str(path)))
     try:
         model = symbolic_batch(exports)
     except BatchDependent as exc:
         path.unlink()
         raise ConversionError(f"ONNX: {exc}") from None
+    restore_marked(model, compat.ONNX_MARKERS)
+    split_reduce_sum_square(model)
+    fix_shrink_slices(model)
+    drop_noop_slices(model)
+    explicit_reduce_axes(model)
     fuse_leaky_relu(model)
     hoist_input_transposes(model)
     _name_io(model, graph)
@@ -230,7 +252,9 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
 def _name_io(model: onnx.ModelProto, graph: GraphIO) -> None:
     """Give the ONNX graph's inputs and outputs the contract's names (MindSpore names inputs after ``construct``'s
     parameters and outputs by node number). An output that is not a node's own (an input passed through, or the
-    same tensor returned twice) gets an ``Identity`` node of its own name."""
+    same tensor returned twice) gets an ``Identity`` node of its own name. A tensor that already bears one of
+    those names (a Parameter ``log_std`` returned as the output ``log_std``) is renamed out of the way first."""
+    _free_names(model, {t.name for t in (*graph.inputs, *graph.outputs)})
     for value, meta in zip(model.graph.input, graph.inputs, strict=True):
         if value.name != meta.name:
             for node in model.graph.node:
@@ -251,6 +275,24 @@ def _name_io(model: onnx.ModelProto, graph: GraphIO) -> None:
             src = renamed.get(source, source)
             model.graph.node.append(onnx.helper.make_node("Identity", [src], [meta.name], name=f"{meta.name}/out"))
         value.name = meta.name
+
+
+def _free_names(model: onnx.ModelProto, names: set[str]) -> None:
+    """Rename every graph input, initializer and node output called one of ``names`` to a name of its own, everywhere
+    it appears (so the contract's names can be given without a tensor being defined twice)."""
+    g = model.graph
+    defined = [*(i.name for i in g.input), *(i.name for i in g.initializer), *(o for n in g.node for o in n.output)]
+    taken = set(defined) | {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for old in dict.fromkeys(d for d in defined if d in names):
+        new, k = f"{old}/tensor", 1
+        while new in taken:
+            new, k = f"{old}/tensor{k}", k + 1
+        taken.add(new)
+        for value in [*g.input, *g.initializer, *g.output]:
+            value.name = new if value.name == old else value.name
+        for node in g.node:
+            node.input[:] = [new if i == old else i for i in node.input]
+            node.output[:] = [new if o == old else o for o in node.output]
 
 
 class ConversionError(RuntimeError):

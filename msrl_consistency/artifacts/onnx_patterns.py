@@ -7,6 +7,20 @@
 * A camera frame scaled before its layout change, ``Transpose(Div(Cast(frame), 255))``, in a graph with more than
   one input: Lite 2.0.0's converter then fails ("InferShape failed, name: ...Conv, Unexpected input format 0"). The
   same ops with the ``Transpose`` first convert; elementwise ops with scalar operands commute with it exactly.
+* ``ReduceSumSquare`` (LayerNorm's variance, ``x - mean`` summed squared): Lite 2.0.0's reduce kernel squares its
+  *input tensor in place* before summing, so every other reader of ``x - mean`` (the normalising ``Div``) gets the
+  squares: each LayerNorm's output was wrong in Lite, at any scale, while ONNX Runtime was right.
+  ``ReduceSum(Mul(x, x))`` computes the same sum and leaves ``x`` alone.
+* Indexing one position from the end (``x[:, -1]``, ``x[:, -2]``): the exporter writes ``Slice(starts=-1, ends=0)``
+  then ``Squeeze``, an empty slice in ONNX (ONNX Runtime fails at the ``Squeeze``: "Dimension of input 1 must be 1
+  instead of 0"). ``fix_shrink_slices`` gives such a slice the end ``start + 1`` it means.
+* A slice that slices nothing (``x[..., :n]`` with ``n`` the full width) is written as ``Slice`` with empty starts and
+  ends: ONNX Runtime passes its input through, Lite's kernel fails ("Common error code"). ``drop_noop_slices`` removes
+  it.
+* A reduction over every axis (``ReduceMean(keep_dims=True)`` without an axis) is written with ``axes = []``: ONNX
+  Runtime reduces every axis, Lite 2.0.0 reduces none (or hangs). ``explicit_reduce_axes`` names the axes.
+* ``Erf`` and ``Elu``: MindSpore's exporter has neither; export writes each as a ``Clip`` with marker bounds
+  (``compat.onnx_ops_marked``), and ``restore_marked`` puts the ONNX op back.
 """
 
 from __future__ import annotations
@@ -114,3 +128,162 @@ def _movable_transpose(graph: onnx.GraphProto) -> tuple[int, list[int], str] | N
         if chain:
             return t_index, chain, tensor
     return None
+
+
+def split_reduce_sum_square(model: onnx.ModelProto) -> int:
+    """Replace every ``ReduceSumSquare(x)`` by ``ReduceSum(Mul(x, x))`` (same axes and keepdims), in place; returns
+    how many were replaced (see the module docstring: Lite's kernel overwrites ``x``)."""
+    nodes, replaced = [], 0
+    for node in model.graph.node:
+        if node.op_type != "ReduceSumSquare":
+            nodes.append(node)
+            continue
+        name = node.name or f"ReduceSumSquare{replaced}"
+        squared = f"{node.output[0]}/squared"
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        nodes.append(helper.make_node("Mul", [node.input[0], node.input[0]], [squared], name=f"{name}/Mul"))
+        nodes.append(helper.make_node("ReduceSum", [squared, *node.input[1:]], list(node.output),
+                                      name=f"{name}/ReduceSum", **attrs))  # fmt: skip
+        replaced += 1
+    if replaced:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return replaced
+
+
+# Attributes written although ONNX has them as defaults: Lite 2.0.0's converter reads an absent ``alpha`` of ``Elu``
+# as 0 (a ReLU).
+MARKED_ATTRS = {"Elu": {"alpha": 1.0}}
+
+
+def restore_marked(model: onnx.ModelProto, markers: dict[str, tuple[float, float]]) -> int:
+    """Replace every ``Clip(x, low, high)`` whose bounds are one op's marker pair (float32 scalars, bit for bit) by that
+    op (``Erf``, ``Elu``), in place; returns how many were replaced. Bounds nothing else reads are dropped."""
+    graph = model.graph
+    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+
+    def bits(name: str) -> bytes | None:
+        value = constants.get(name)
+        return value.tobytes() if value is not None and value.size == 1 and value.dtype == np.float32 else None
+
+    wanted = {(np.float32(lo).tobytes(), np.float32(hi).tobytes()): op for op, (lo, hi) in markers.items()}
+    replaced, bounds = 0, set()
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Clip" or len(node.input) != 3:
+            continue
+        op = wanted.get((bits(node.input[1]), bits(node.input[2])))
+        if op is not None:
+            bounds |= {node.input[1], node.input[2]}
+            graph.node[index].CopyFrom(helper.make_node(op, [node.input[0]], list(node.output),
+                                                        name=f"{node.name or 'Clip'}/{op}", **MARKED_ATTRS.get(op, {})))
+            replaced += 1
+    unused = bounds - {i for node in graph.node for i in node.input}
+    if unused:
+        keep = [i for i in graph.initializer if i.name not in unused]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        keep_nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] in unused)]
+        del graph.node[:]
+        graph.node.extend(keep_nodes)
+    return replaced
+
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def _int_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return {k: v for k, v in values.items() if v.dtype.kind == "i" and v.ndim == 1}
+
+
+def fix_shrink_slices(model: onnx.ModelProto) -> int:
+    """Give each ``Slice`` that picks one position counted from the end and whose result a ``Squeeze`` drops on that
+    axis (``starts=[-k]``, ``ends=[0]``: empty in ONNX) the end ``-k + 1`` (the last position: to the end), in place;
+    returns how many slices were fixed. The new ends are initializers of their own."""
+    graph = model.graph
+    consts = _int_constants(graph)
+    squeezed: dict[str, set[int]] = {}
+    for node in graph.node:
+        if node.op_type == "Squeeze":
+            axes = next((list(helper.get_attribute_value(a)) for a in node.attribute if a.name == "axes"), None)
+            if axes is None and len(node.input) > 1 and node.input[1] in consts:
+                axes = consts[node.input[1]].tolist()
+            squeezed.setdefault(node.input[0], set()).update(axes or [])
+    fixed = 0
+    for node in graph.node:
+        if node.op_type != "Slice" or len(node.input) < 4 or node.output[0] not in squeezed:
+            continue
+        starts, ends, axes = (consts.get(node.input[k]) for k in (1, 2, 3))
+        steps = consts.get(node.input[4]) if len(node.input) > 4 else None
+        if starts is None or ends is None or axes is None or len(starts) != len(ends) or len(axes) != len(starts):
+            continue
+        new_ends = ends.astype(np.int64).copy()
+        for k, (start, end, axis) in enumerate(zip(starts, ends, axes, strict=True)):
+            step = 1 if steps is None else int(steps[k])
+            if start < 0 and end == 0 and step == 1 and int(axis) in squeezed[node.output[0]]:
+                new_ends[k] = INT64_MAX if start == -1 else start + 1
+        if np.array_equal(new_ends, ends):
+            continue
+        name = f"{node.name or node.output[0]}/ends"
+        graph.initializer.append(numpy_helper.from_array(new_ends.astype(ends.dtype), name))
+        node.input[2] = name
+        fixed += 1
+    return fixed
+
+
+def drop_noop_slices(model: onnx.ModelProto) -> int:
+    """Remove every ``Slice`` whose starts and ends are empty (it slices nothing), in place: its readers read its
+    input. A no-op slice that is a graph output stays (as an ``Identity``). Returns how many were removed."""
+    graph = model.graph
+    consts = _int_constants(graph)
+    outputs = {o.name for o in graph.output}
+    keep, dropped = [], 0
+    for node in graph.node:
+        empty = node.op_type == "Slice" and len(node.input) >= 3 and all(
+            node.input[k] in consts and consts[node.input[k]].size == 0 for k in (1, 2))
+        if not empty:
+            keep.append(node)
+            continue
+        source, result = node.input[0], node.output[0]
+        if result in outputs:
+            keep.append(helper.make_node("Identity", [source], [result], name=f"{node.name or 'Slice'}/Identity"))
+        else:
+            for other in graph.node:
+                other.input[:] = [source if i == result else i for i in other.input]
+        dropped += 1
+    if dropped:
+        del graph.node[:]
+        graph.node.extend(keep)
+    return dropped
+
+
+REDUCE_OPS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}  # fmt: skip
+
+
+def explicit_reduce_axes(model: onnx.ModelProto) -> int:
+    """Give each reduction with an empty or absent ``axes`` attribute (every axis, in ONNX) the list of its input's
+    axes, in place; returns how many were changed. A reduction whose axes come as an input, or whose input's rank is
+    unknown, is left alone."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
+    ranks.update({i.name: len(i.dims) for i in model.graph.initializer})
+    changed = 0
+    for node in model.graph.node:
+        if node.op_type not in REDUCE_OPS or len(node.input) > 1 or node.input[0] not in ranks:
+            continue
+        axes = next((a for a in node.attribute if a.name == "axes"), None)
+        if axes is not None and len(axes.ints):
+            continue
+        if axes is not None:
+            node.attribute.remove(axes)
+        node.attribute.append(helper.make_attribute("axes", list(range(ranks[node.input[0]]))))
+        changed += 1
+    return changed

@@ -2,7 +2,8 @@
 
 Export calls this on the finished bundle before renaming it into place. A format that fails (it does not run in
 its runtime, or its outputs are not the Cell's) is reported with the graph, the format, the runtime and why, so
-the bundle writer can mark exactly that file as failed and keep the others.
+the bundle writer can mark exactly that file as failed and keep the others. A graph whose outputs differ is
+localised on the rows that differ most (``localization.localize``): the reason names the first diverging layer.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes with inference.runtimes
 from inference.bundle import Bundle
 from inference.compare.feeds import seeded_feeds
-from inference.compare.stats import compare_arrays, tolerance_for
+from inference.compare.stats import Tolerance, compare_arrays, tolerance_for
 from inference.errors import first_line
 from inference.runtimes.base import RuntimeSource
 from inference.runtimes.registry import create
@@ -52,7 +55,7 @@ def self_check(bundle: Bundle, cells: Mapping[str, Any], samples: int, seed: int
             except Exception as exc:  # noqa: BLE001 - any runtime failure means the written graph is unusable
                 problem = f"does not run in {runtime.name}: {first_line(exc, 300)}"
                 got = {}
-            worst = 0.0
+            worst, diverging = 0.0, False
             for name, ref in expected.items() if problem is None else ():
                 cmp = compare_arrays(name, ref, got[name], tol, feeds.ordinary)
                 worst = max(worst, cmp.max_abs)
@@ -63,6 +66,9 @@ def self_check(bundle: Bundle, cells: Mapping[str, Any], samples: int, seed: int
                 else:
                     problem = (f"output {name} differs from the Cell in {runtime.name}: {cmp.mismatches}/{cmp.count} "
                                f"elements off (max abs {cmp.max_abs:.3g})")  # fmt: skip
+                    diverging = True
+            if diverging:
+                problem += _localized(bundle, graph, cells[graph], runtime.name, inputs, expected, got, tol)
             if problem is not None:
                 failures.append({"graph": graph, "format": fmt, "runtime": runtime.name, "reason": problem})
             results.append({"graph": graph, "format": fmt, "runtime": runtime.name, "max_abs": worst,
@@ -77,3 +83,28 @@ def self_check(bundle: Bundle, cells: Mapping[str, Any], samples: int, seed: int
         "lite_version": lite_version,
         "reference": "ms-graph",
     }
+
+
+LOCALIZE_ROWS = 16
+
+
+def _localized(
+    bundle: Bundle, graph: str, cell: Any, runtime: str, inputs: list[np.ndarray], expected: Mapping[str, np.ndarray],
+    got: Mapping[str, np.ndarray], tol: Tolerance,
+) -> str:  # fmt: skip
+    """``; first diverging layer: ...`` for ``runtime`` on the rows whose outputs differ most (or why it is not
+    localised); never raises, the self-check's verdict stands either way."""
+    from msrl_consistency.localization import localize
+
+    error = np.zeros(len(inputs[0]))
+    for name, ref in expected.items():
+        if name in got and np.shape(got[name]) == np.shape(ref) and np.ndim(ref) and len(ref) == len(error):
+            with np.errstate(all="ignore"):
+                diff = np.abs(np.asarray(ref, np.float64) - np.asarray(got[name], np.float64)).reshape(len(ref), -1)
+            error = np.maximum(error, np.nan_to_num(diff, nan=np.inf).max(1))
+    rows = np.sort(np.argsort(-error, kind="stable")[:LOCALIZE_ROWS])
+    try:
+        loc = localize(cell, runtime, [x[rows] for x in inputs], bundle, graph, tol)
+    except Exception as exc:  # noqa: BLE001 - localisation is evidence for the reason, never a new failure
+        return f"; not localized: {first_line(exc, 160)}"
+    return "; " + loc.line().removeprefix(f"{runtime}: ")

@@ -41,6 +41,9 @@ class EnvInfo:
 
 
 def _make_raw(env_id: str, **kwargs: Any) -> gym.Env:
+    from inference.compare.episodes import registered_env_id
+
+    env_id = registered_env_id(env_id)[0] or env_id  # a deprecated version runs as its registered successor
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.NameNotFound:
