@@ -45,7 +45,7 @@ from msrl_consistency.artifacts.cells import TrainerCells, UserCells
 from msrl_consistency.artifacts.checkpoint import load_policy
 from msrl_consistency.artifacts.export_env import export_env
 from msrl_consistency.artifacts.selfcheck import self_check
-from msrl_consistency.localization import CellLocalizer
+from msrl_consistency.localization import CellLocalizer, localize
 
 ContractLike = PolicyContract | str | Path | Mapping[str, Any]
 CellLike = nn.Cell | str | Callable[[], nn.Cell]
@@ -186,7 +186,7 @@ def _export_cells(
 
 
 def _checker(options: ExportOptions) -> Callable[[Bundle, dict[str, nn.Cell]], dict[str, Any]]:
-    return lambda bundle, cells: self_check(bundle, cells, options.check_samples, options.check_seed)
+    return lambda bundle, cells: self_check(bundle, cells, options.check_samples, options.check_seed, localize)
 
 
 def _fresh(cells: UserCells, built: nn.Cell) -> nn.Cell:

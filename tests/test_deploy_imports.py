@@ -268,3 +268,13 @@ def test_the_training_package_registers_its_runtimes(name):
     from inference.runtimes.registry import RUNTIMES
 
     assert RUNTIMES[name].__module__.startswith("msrl_consistency.runtimes.")
+
+
+def test_every_deploy_sub_package_ships_with_the_deploy_distribution():
+    """``inference/pyproject.toml`` lists its packages by name (``package-dir`` maps the folder): a room missing there
+    imports in a checkout and is absent from ``pip install ./inference``."""
+    import tomllib
+
+    listed = set(tomllib.loads((DEPLOY / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    rooms = {module_name(init, DEPLOY) for init in DEPLOY.rglob("__init__.py") if "build" not in init.parts}
+    assert rooms - listed == set(), f"add to inference/pyproject.toml: {sorted(rooms - listed)}"

@@ -3,12 +3,13 @@
 Export calls this on the finished bundle before renaming it into place. A format that fails (it does not run in
 its runtime, or its outputs are not the Cell's) is reported with the graph, the format, the runtime and why, so
 the bundle writer can mark exactly that file as failed and keep the others. A graph whose outputs differ is
-localised on the rows that differ most (``localization.localize``): the reason names the first diverging layer.
+localised on the rows that differ most (the ``localize`` the caller hands in, ``localization.localize`` from the
+API; artifacts never import localisation, which builds on them): the reason names the first diverging layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,12 @@ from inference.runtimes.registry import create
 SELF_CHECK_RUNTIMES = {"mindir": "ms-mindir", "onnx": "onnxruntime", "ms": "lite"}
 
 
-def self_check(bundle: Bundle, cells: Mapping[str, Any], samples: int, seed: int) -> dict[str, Any]:
+Localize = Callable[..., Any]  # (cell, runtime, inputs, bundle, graph, tol) -> a localisation with ``line()``
+
+
+def self_check(
+    bundle: Bundle, cells: Mapping[str, Any], samples: int, seed: int, localize: Localize | None = None
+) -> dict[str, Any]:
     """Run every written graph on ``samples`` seeded observations against the Cell (graph mode) it came from.
 
     ``failures`` lists ``{"graph", "format", "runtime", "reason"}``, one per failing file (its first problem).
@@ -68,7 +74,7 @@ def self_check(bundle: Bundle, cells: Mapping[str, Any], samples: int, seed: int
                                f"elements off (max abs {cmp.max_abs:.3g})")  # fmt: skip
                     diverging = True
             if diverging:
-                problem += _localized(bundle, graph, cells[graph], runtime.name, inputs, expected, got, tol)
+                problem += _localized(localize, bundle, graph, cells[graph], runtime.name, inputs, expected, got, tol)
             if problem is not None:
                 failures.append({"graph": graph, "format": fmt, "runtime": runtime.name, "reason": problem})
             results.append({"graph": graph, "format": fmt, "runtime": runtime.name, "max_abs": worst,
@@ -89,13 +95,13 @@ LOCALIZE_ROWS = 16
 
 
 def _localized(
-    bundle: Bundle, graph: str, cell: Any, runtime: str, inputs: list[np.ndarray], expected: Mapping[str, np.ndarray],
-    got: Mapping[str, np.ndarray], tol: Tolerance,
+    localize: Localize | None, bundle: Bundle, graph: str, cell: Any, runtime: str, inputs: list[np.ndarray],
+    expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], tol: Tolerance,
 ) -> str:  # fmt: skip
     """``; first diverging layer: ...`` for ``runtime`` on the rows whose outputs differ most (or why it is not
     localised); never raises, the self-check's verdict stands either way."""
-    from msrl_consistency.localization import localize
-
+    if localize is None:
+        return ""
     error = np.zeros(len(inputs[0]))
     for name, ref in expected.items():
         if name in got and np.shape(got[name]) == np.shape(ref) and np.ndim(ref) and len(ref) == len(error):
