@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # Gymnasium is imported when episodes are played, not to read
 
 EPISODE_NOISE_STREAM = 13
 DEFAULT_HORIZON = 1000
-TEACHER_CHUNK = 8192  # rows per call when replaying a whole trace at once
 Policy = ModePolicy  # act(obs rows, noise | None) -> env actions, carrying its state; reset(batch) per episode
 
 
@@ -163,26 +162,19 @@ def teacher_forced_actions(
     """The actions ``policy`` takes on every observation of ``trace`` (``[T, K, ...]``), and for a policy that
     carries state, the states it was fed (``[T, K]`` rows): its own previous outputs, from its ``init``.
 
-    Without state, teacher forcing needs no order, so the whole trace goes through the runtime in a few large calls
-    instead of one call per step: a runtime's per-call cost, not its arithmetic, dominates thousands of small
-    calls. With state, it steps through the trace with all K episodes as one batch.
+    Step by step, all K episodes as one batch: the batch the reference acted in. A row's outputs move with the size
+    of its batch by a few ULP (GEMM blocking), and a sampled action carries that through ``std * noise``; replaying
+    the trace in other batches would judge that batch effect instead of the runtime.
     """
     steps, k = trace.alive.shape
-    if policy.contract.states:
-        policy.reset(k)
-        actions, states = [], []
-        for t in range(steps):
+    policy.reset(k)
+    actions, states = [], []
+    for t in range(steps):
+        INTERRUPTS.check()
+        if policy.contract.states:
             states.append(policy.state.copy())  # type: ignore[union-attr]
-            actions.append(np.asarray(policy.act(trace.obs[t], None if noise is None else noise[t])))
-        return np.asarray(actions), np.asarray(states)
-    obs = trace.obs.reshape(steps * k, *trace.obs.shape[2:])
-    flat_noise = None if noise is None else noise[:steps].reshape(steps * k, -1)
-    chunks = []
-    for start in range(0, len(obs), TEACHER_CHUNK):
-        rows = slice(start, start + TEACHER_CHUNK)
-        chunks.append(np.asarray(policy.act(obs[rows], None if flat_noise is None else flat_noise[rows])))
-    actions = np.concatenate(chunks)
-    return actions.reshape(steps, k, *actions.shape[1:]), None
+        actions.append(np.asarray(policy.act(trace.obs[t], None if noise is None else noise[t])))
+    return np.asarray(actions), (np.asarray(states) if policy.contract.states else None)
 
 
 def check_env_determinism(env: EnvSource, seed: int, steps: int = 200) -> str | None:
