@@ -61,6 +61,7 @@ class CapturedLayer:
     output: np.ndarray
     path: str = ""  # the full path from the exported Cell (``policy.normalizer``)
     role: str = ""  # "preprocessing" for the observation normaliser: a divergence there is a preprocessing fault
+    tail: tuple[str, ...] = ()  # types of the layer's sub-Cells without Parameters (a Dense's activation), in order
 
 
 def layer_cells(cell: nn.Cell) -> list[tuple[str, str, nn.Cell]]:
@@ -106,13 +107,14 @@ def capture_layers(cell: nn.Cell, inputs: Sequence[np.ndarray]) -> tuple[list[Ca
     handles = []
     for scope, path, sub in layer_cells(cell):
         params = tuple(p.name for p in sub.get_parameters(expand=False))
+        tail = tuple(type(c).__name__ for c in sub.name_cells().values()) if params else ()
 
         def hook(c: nn.Cell, _inputs: Any, output: Any, scope: str = scope, path: str = path,
-                 params: tuple[str, ...] = params) -> None:  # fmt: skip
+                 params: tuple[str, ...] = params, tail: tuple[str, ...] = tail) -> None:  # fmt: skip
             calls[scope] = calls.get(scope, 0) + 1
             name = scope if calls[scope] == 1 else f"{scope}#{calls[scope]}"
             first = output[0] if isinstance(output, tuple | list) else output
-            captured.append(CapturedLayer(name, type(c).__name__, params, first.asnumpy(), path, _role(c)))
+            captured.append(CapturedLayer(name, type(c).__name__, params, first.asnumpy(), path, _role(c), tail))
 
         handles.append(sub.register_forward_hook(hook))
     try:
@@ -143,6 +145,7 @@ def plan_layers(layers: Sequence[CapturedLayer], onnx_path: Path) -> LayerPlan:
             pos = _recurrent_output(nodes, layer.params, pos, own_inputs, {o.name for o in model.graph.output})
         tensor = None
         if pos is not None:
+            pos = _follow_tail(nodes, pos, layer.tail)
             pos = _follow_shape_ops(nodes, pos, ranks, layer.output.ndim)
             tensor, last_pos = nodes[pos][3][0], pos
         planned.append(PlannedLayer(layer.scope, layer.kind, tensor, why if tensor is None else "", layer.role))
@@ -211,6 +214,21 @@ def _recurrent_output(
         if not any(nodes[j][3][0] in reached for j in leaving if j != k):
             return k
     return leaving[0] if leaving else own_nodes[-1]
+
+
+def _follow_tail(nodes: Sequence[tuple], pos: int, tail: Sequence[str]) -> int:
+    """From a layer's last Parameter-reading node through the ops of its sub-Cells without Parameters (the
+    activation of an ``nn.Dense(..., activation=...)``), each the next node reading the output so far, when the
+    exporter left them unnamed: the layer's output is after its activation, as the Cell returns it."""
+    for kind in tail:
+        ops = OP_TYPES.get(kind)
+        if kind in IDENTITY_IN_EVAL or ops is None:
+            continue
+        following = next((k for k in range(pos + 1, len(nodes)) if nodes[pos][3][0] in nodes[k][2]), None)
+        if following is None or nodes[following][1] not in ops:
+            break
+        pos = following
+    return pos
 
 
 def _downstream(nodes: Sequence[tuple], start: int) -> list[int]:
