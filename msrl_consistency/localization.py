@@ -412,7 +412,7 @@ def record_layers(cell: nn.Cell, bundle: Bundle, graph: str, feeds: Any) -> dict
     import json
 
     rows = np.flatnonzero(feeds.finite & feeds.ordinary)[:GOLDEN_LAYER_ROWS]
-    inputs = [x[rows] for x in feeds.graph_inputs(bundle, graph)]
+    inputs = feeds.graph_inputs(bundle, graph, rows)
     cell.set_train(False)
     layers, _ = capture_layers(cell, inputs)
     with onnx_of(bundle, graph, cell) as onnx_path:

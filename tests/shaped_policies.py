@@ -226,7 +226,7 @@ class AtariCNN(nn.Cell):
 
 
 ATARI_CONTRACT = {
-    "input": {"obs": {"shape": [84, 84, 4], "dtype": "uint8"}},
+    "input": {"obs": [84, 84, 4], "dtype": "uint8"},
     "outputs": {"names": ["logits"]},
     "action": {"kind": "categorical", "logits": "logits"},
 }

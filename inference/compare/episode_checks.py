@@ -65,7 +65,8 @@ def teacher_forced_check(
     first = int(steps[0]) if len(steps) else None
     alive = int(trace.alive.sum())
     metrics = {"differing_actions": int(diff.sum()), "near_ties_forgiven": int(forgiven.sum()),
-               "first_divergent_step": first, "steps": alive}  # fmt: skip
+               "first_divergent_step": first, "steps": alive,
+               "bitwise_equal": bool(np.array_equal(got, trace.actions))}  # fmt: skip
     if not discrete:
         metrics.update(max_abs_action_diff=largest, action_atol=atol)
     name = f"episodes.teacher_forced.{mode}"

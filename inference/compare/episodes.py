@@ -106,16 +106,21 @@ def run_episodes(
             obs = contract.batch_observations([e.reset(seed=seed + k)[0] for k, e in enumerate(envs)])
         else:
             obs = follow.obs[0].copy()
-        obs_log, act_log, rew_log, alive_log, state_log = [], [], [], [], []
+        # The observations go straight into one array of the horizon's size: its pages are committed as steps
+        # fill them, so a short episode costs its own steps, and no list of frames is copied into it at the end.
+        obs_log = np.empty((horizon, *obs.shape), obs.dtype)
+        act_log, rew_log, alive_log, state_log = [], [], [], []
         alive = np.ones(episodes, bool)
         policy.reset(episodes)
+        steps = 0
         for t in range(horizon):
             if not alive.any():
                 break
             INTERRUPTS.check()
             fed = None if policy.state is None else policy.state.copy()
             actions = np.asarray(policy.act(obs, None if noise is None else noise[t]))
-            obs_log.append(obs.copy())
+            obs_log[t] = obs
+            steps = t + 1
             act_log.append(actions.copy())
             alive_log.append(alive.copy())
             state_log.append(fed)
@@ -141,7 +146,7 @@ def run_episodes(
             if e is not None:
                 e.close()
     states = np.asarray(state_log) if contract.states else None
-    return EpisodeTrace(np.asarray(obs_log), np.asarray(act_log), np.asarray(rew_log), np.asarray(alive_log), states)
+    return EpisodeTrace(obs_log[:steps], np.asarray(act_log), np.asarray(rew_log), np.asarray(alive_log), states)
 
 
 def _replay(env: EnvSource, policy: Policy, seed: int, follow: EpisodeTrace, steps: int, k: int) -> gym.Env:
@@ -228,7 +233,9 @@ def action_differences(ref: EpisodeTrace, got: EpisodeTrace, discrete: bool, ato
     both = ref.alive[:steps] & got.alive[:steps]
     diff = np.where(both, step_differences(ref.actions[:steps], got.actions[:steps], discrete), 0.0)
     diverged = diff > (0.5 if discrete else atol)
-    obs_differ = np.any((ref.obs[:steps] != got.obs[:steps]).reshape(*both.shape, -1), axis=-1) & both
+    obs_differ = np.zeros(both.shape, bool)
+    for t in range(steps):  # step by step: a frame-sized boolean per element of the whole trace is not needed
+        obs_differ[t] = np.any((ref.obs[t] != got.obs[t]).reshape(both.shape[1], -1), axis=-1) & both[t]
     episodes = diff.shape[1]
     first = [int(np.argmax(diverged[:, k])) if diverged[:, k].any() else None for k in range(episodes)]
     drift = [int(np.argmax(obs_differ[:, k])) if obs_differ[:, k].any() else None for k in range(episodes)]

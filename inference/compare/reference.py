@@ -14,6 +14,7 @@ import numpy as np
 from inference.bundle import Bundle
 from inference.compare import episodes as E
 from inference.compare.acting import ModePolicy, available_modes, check_batch, mode_policy
+from inference.compare.batches import infer_feeds, infer_rows, input_row_bytes
 from inference.compare.feeds import Feeds, comparison_feeds, seeded_feeds
 from inference.compare.inputs import Inputs
 from inference.compare.stats import Tolerance, compare_arrays, tolerance_for
@@ -87,20 +88,22 @@ def build_reference(
             traces[mode] = E.run_episodes(inputs.env, policy, episodes, seed, noise)
             if margins:
                 top2[mode] = np.stack(margins)
-    observed_state = None
+    observed_state, alive = None, None
     if inputs.recorded is not None:
         observed, label, observed_state = inputs.recorded, "recorded", inputs.recorded_state
-    elif traces:
+    elif traces:  # the visited rows, as a view of the trace (a copy of every frame visited would double it)
         trace = next(iter(traces.values()))
-        observed, label = trace.obs[trace.alive], "episode"
-        observed_state = None if trace.states is None else trace.states[trace.alive]
+        steps, k = trace.alive.shape
+        observed, label, alive = trace.obs.reshape(steps * k, *trace.obs.shape[2:]), "episode", trace.alive.ravel()
+        observed_state = None if trace.states is None else trace.states.reshape(steps * k)
     else:
         observed, label = None, "episode"
-    feeds = comparison_feeds(bundle, observations, seed, observed, label, OBS_STREAM, observed_state)
-    outputs = {g: runtimes[g].infer(*feeds.graph_inputs(bundle, g)) for g in bundle.graphs}
+    rows = None if alive is None else np.flatnonzero(alive)
+    feeds = comparison_feeds(bundle, observations, seed, observed, label, OBS_STREAM, observed_state, rows)
+    outputs = {g: infer_feeds(runtimes[g], bundle, g, feeds) for g in bundle.graphs}
     evidence = None
     if without_norm:
-        evidence = {g: rt.infer(*feeds.graph_inputs(bundle, g))[bundle.contract(g).action.distribution_output]
+        evidence = {g: infer_feeds(rt, bundle, g, feeds)[bundle.contract(g).action.distribution_output]
                     for g, rt in without_norm.items()}  # fmt: skip
     reference = Reference(feeds, outputs, traces, noises, seed, episodes, evidence, skipped_episodes=skipped, top2=top2)
     reference.input_scaled = _input_scaled(bundle, runtimes, feeds)
@@ -124,16 +127,18 @@ def _input_scaled(bundle: Bundle, runtimes: Mapping[str, Runtime], feeds: Feeds)
     graph = bundle.mode_graph("deterministic") or bundle.graphs[0]
     contract = bundle.contract(graph)
     decision = contract.action.distribution_output
-    inputs = feeds.graph_inputs(bundle, graph)
-    if contract.obs_dict or inputs[0].dtype.kind != "f":
+    if contract.obs_dict or np.dtype(contract.observations[0].dtype).kind != "f":
         return {}
-    rows = feeds.finite
-    scaled = {}
-    with np.errstate(over="ignore"):
-        for k in INPUT_SCALES:
-            feed = [(inputs[0][rows] * np.float32(k)).astype(inputs[0].dtype), *(x[rows] for x in inputs[1:])]
-            scaled[k] = runtimes[graph].infer(*feed)[decision]
-    return scaled
+    rows = np.flatnonzero(feeds.finite)
+
+    def scaled_inputs(k: float, at: np.ndarray) -> list[np.ndarray]:
+        x = feeds.graph_inputs(bundle, graph, rows[at])
+        with np.errstate(over="ignore"):
+            return [(x[0] * np.float32(k)).astype(x[0].dtype), *x[1:]]
+
+    width = input_row_bytes(bundle, graph)
+    return {k: infer_rows(runtimes[graph], len(rows), width, lambda at, k=k: scaled_inputs(k, at))[decision]
+            for k in INPUT_SCALES}  # fmt: skip
 
 
 def _margin_recorder(contract: PolicyContract, policy: ModePolicy) -> list[np.ndarray]:
@@ -157,7 +162,7 @@ def _margin_recorder(contract: PolicyContract, policy: ModePolicy) -> list[np.nd
 def changed_on_rerun(bundle: Bundle, graph: str, runtime: Runtime, feeds: Feeds) -> list[str]:
     """Outputs that differ when the same rows run twice (same batch, same bits expected): randomness inside the
     graph, which no other runtime can reproduce."""
-    rows = [x[:64] for x in feeds.graph_inputs(bundle, graph)]
+    rows = feeds.graph_inputs(bundle, graph, slice(0, 64))
     first, again = _infer(bundle, graph, runtime, rows), _infer(bundle, graph, runtime, rows)
     return [k for k, v in again.items() if not np.array_equal(v, first[k], equal_nan=True)]
 
@@ -176,8 +181,7 @@ def batch_coupling(
         return [], 0.0
     head, one = rows[:half], rows[half : 2 * half]
     other = rows[2 * half : 3 * half] if len(rows) >= 3 * half else head
-    inputs = feeds.graph_inputs(bundle, graph)
-    run = lambda idx: _infer(bundle, graph, runtime, [x[idx] for x in inputs])  # noqa: E731
+    run = lambda idx: _infer(bundle, graph, runtime, feeds.graph_inputs(bundle, graph, idx))  # noqa: E731
     first, second, alone = run(np.concatenate([head, one])), run(np.concatenate([head, other])), run(head)
     coupled, moved = [], 0.0
     for k, a in first.items():

@@ -18,6 +18,7 @@ import numpy as np
 from inference.bundle import Bundle, BundleError
 from inference.compare import episodes as E
 from inference.compare.acting import is_discrete, mode_policy
+from inference.compare.batches import infer_feeds
 from inference.compare.checks import Check
 from inference.compare.diagnose import not_repeatable, training_mode_ops
 from inference.compare.episode_checks import free_running_check, near_ties, teacher_forced_check
@@ -103,7 +104,7 @@ def check_runtime(
     diffs: dict[str, np.ndarray] = {}
     worst: dict[str, np.ndarray] = {}
     try:
-        got = {g: rt.infer(*ref.feeds.graph_inputs(bundle, g)) for g, rt in runtimes.items()}
+        got = {g: infer_feeds(rt, bundle, g, ref.feeds) for g, rt in runtimes.items()}  # the reference's batches
         comparisons = {}
         for graph in bundle.graphs:
             check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance, preset)
@@ -128,11 +129,20 @@ def check_runtime(
                                            tolerance)  # fmt: skip
             checks.append(teacher)
             assert inputs.env is not None
-            follow = trace if env_deterministic else None
-            own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, follow)
+            if env_deterministic and teacher.metrics["bitwise_equal"]:
+                # Every action bit for bit the reference's, on its observations, in its batches, from the same states:
+                # in an env that replays a seed exactly, this runtime's own episodes are the reference's.
+                own = trace
+            else:
+                own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, trace if env_deterministic
+                                     else None)  # fmt: skip
             diff = E.action_differences(trace, own, is_discrete(bundle), atol)
             diffs[mode] = diff["per_step_max"]
-            checks.append(free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset, margins))
+            free = free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset, margins)
+            if own is trace:
+                free.summary += (" (every teacher-forced action equals the reference's bit for bit and the env replays "
+                                 "a seed exactly, so the free run is the reference's own)")  # fmt: skip
+            checks.append(free)
     except RuntimeDied as exc:
         checks.append(_died(name, exc))
         info = {"status": "died", "reason": str(exc)}

@@ -17,6 +17,7 @@ import numpy as np
 from inference.bundle import MODES, Bundle, sha256_file
 from inference.compare import episodes as E
 from inference.compare.acting import available_modes
+from inference.compare.batches import infer_feeds
 from inference.compare.checks import Check, VerifyResult
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
@@ -159,7 +160,7 @@ def _localize(
     rows = report.worst_rows.get(graph, np.zeros(0, int))
     if not len(rows):
         return Localization(name, None, None, [], "not localized: no ordinary observation row to run on")
-    inputs = [x[rows] for x in reference.feeds.graph_inputs(bundle, graph)]
+    inputs = reference.feeds.graph_inputs(bundle, graph, rows)
     try:
         return localizer(name, graph, rows, inputs, tol)
     except Exception as exc:  # noqa: BLE001 - a layer search that fails is reported, the verdict stands
@@ -196,7 +197,7 @@ def _checkpoint_difference(
     found = None
     for graph in (deciding, *(g for g in bundle.graphs if g != deciding)):  # the first graph whose weights differ
         try:
-            here = compare(graph, [x[rows] for x in reference.feeds.graph_inputs(bundle, graph)])
+            here = compare(graph, reference.feeds.graph_inputs(bundle, graph, rows))
         except Exception as exc:  # noqa: BLE001 - a comparison that cannot run is said, the verdict stands
             here = Localization(CHECKPOINT, None, None, [], f"not localized: {first_line(exc)}", method="none")
         found = found or here
@@ -288,9 +289,8 @@ def _compiled_twin(
         return None, f"{REFERENCE} (ms-graph unavailable)"
     feeds = seeded_feeds(bundle, TWIN_PROBE, seed)
     twin = {g: create("ms-graph", source, g).open() for g in bundle.graphs}
-    for graph, rt in twin.items():
-        inputs = feeds.graph_inputs(bundle, graph)
-        want, got = ref[graph].infer(*inputs), rt.infer(*inputs)
+    for graph, rt in twin.items():  # in the feeds' chunks: the twin then compiles the batch sizes it plays and feeds
+        want, got = infer_feeds(ref[graph], bundle, graph, feeds), infer_feeds(rt, bundle, graph, feeds)
         if not all(np.array_equal(want[k], got[k], equal_nan=True) for k in want):
             for opened in twin.values():
                 opened.close()
