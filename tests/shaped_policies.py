@@ -277,3 +277,71 @@ class FrameStackEnv(gym.Env):
 
 def make_frame_env() -> FrameStackEnv:
     return FrameStackEnv()
+
+
+class DictRobotPolicy(nn.Cell):
+    """A robot arm's policy: 24 joint readings and a 64x64x3 uint8 wrist camera (a ``Dict`` observation), a small
+    CNN on the camera, a Gaussian over 6 joint velocities with a state-independent std."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 5, stride=2, pad_mode="valid", has_bias=True)
+        self.conv2 = nn.Conv2d(16, 32, 5, stride=2, pad_mode="valid", has_bias=True)
+        self.camera = nn.Dense(32 * 13 * 13, 128)
+        self.joints = nn.Dense(24, 64)
+        self.mu = nn.Dense(192, 6)
+        self.log_std = Parameter(Tensor(np.full([1, 6], -0.7, np.float32)), name="log_std")
+
+    def construct(self, joints: Tensor, camera: Tensor) -> tuple[Tensor, Tensor]:
+        x = ops.transpose(camera.astype(ms.float32) / 255.0, (0, 3, 1, 2))
+        x = ops.relu(self.conv2(ops.relu(self.conv1(x))))
+        h = ops.concat((ops.relu(self.camera(x.reshape(x.shape[0], -1))), ops.tanh(self.joints(joints))), -1)
+        mean = ops.tanh(self.mu(h))
+        return mean, ops.broadcast_to(ops.exp(self.log_std), mean.shape)
+
+
+DICT_ROBOT_CONTRACT = {
+    "input": {"obs": {"joints": [24], "camera": {"shape": [64, 64, 3], "dtype": "uint8"}}},
+    "outputs": {"names": ["mean", "std"]},
+    "action": {"kind": "gaussian", "mean": "mean", "std": "std", "squash": "clip", "low": [-1.0] * 6,
+               "high": [1.0] * 6},
+}  # fmt: skip
+
+
+def make_dict_robot() -> DictRobotPolicy:
+    ms.set_seed(59)
+    return DictRobotPolicy()
+
+
+class RobotEnv(gym.Env):
+    """Joint readings and a wrist camera seeing a target (a bright square) move as the joints do; deterministic under
+    a seed; episodes end at ``horizon`` steps."""
+
+    observation_space = gym.spaces.Dict({"joints": gym.spaces.Box(-np.pi, np.pi, (24,), np.float32),
+                                         "camera": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)})  # fmt: skip
+    action_space = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
+
+    def __init__(self, horizon: int = 200) -> None:
+        self.horizon = horizon
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        camera = np.zeros((64, 64, 3), np.uint8)
+        y, x = (np.clip(32 + 20 * np.sin(self.joints[:2]), 4, 59)).astype(int)
+        camera[y - 4 : y + 4, x - 4 : x + 4] = (255, 160, 40)
+        return {"joints": self.joints.astype(np.float32), "camera": camera}
+
+    def reset(self, *, seed=None, options=None):  # noqa: ANN001, ANN201
+        super().reset(seed=seed)
+        self.t = 0
+        self.joints = self.np_random.uniform(-1.0, 1.0, 24)
+        return self._observe(), {}
+
+    def step(self, action):  # noqa: ANN001, ANN201
+        self.t += 1
+        self.joints = np.clip(self.joints + 0.05 * np.resize(np.asarray(action, np.float64), 24), -np.pi, np.pi)
+        reward = -float(np.abs(self.joints[:2]).sum())
+        return self._observe(), reward, False, self.t >= self.horizon, {}
+
+
+def make_robot_env() -> RobotEnv:
+    return RobotEnv()
