@@ -55,6 +55,8 @@ def set_device(device: str = "cpu", device_id: int = 0) -> None:
     target = check_device(device)
     if _configured.get("device") == (target, device_id):
         return
+    if target == "CPU":
+        gemm_convolutions()
     if "device" in _configured:
         raise ValueError(f"device already set to {_configured['device']}; one device per process")
     try:
@@ -66,6 +68,18 @@ def set_device(device: str = "cpu", device_id: int = 0) -> None:
             raise ValueError(f"MindSpore already runs on {ms.get_context('device_target')}, not {device!r}: select the "
                              "device before running any Cell") from None  # fmt: skip
     _configured["device"] = (target, device_id)
+
+
+# oneDNN 3.10 (MindSpore 2.10's CPU convolutions) on a CPU with AVX-512 runs MindSpore's plain NCHW convolutions
+# through ``jit_uni_ncsp:conv+ref``, a reference inner loop: 30 ms per 84x84x4 frame for an Atari torso's first
+# convolution, where its GEMM path (``gemm:jit``, chosen up to AVX2) takes 0.7 ms (measured on a 2-core Xeon with
+# AVX-512/AMX; an MLP's speed is unchanged). A user's own ONEDNN_MAX_CPU_ISA is kept.
+ONEDNN_ISA = "AVX2"
+
+
+def gemm_convolutions() -> None:
+    """Cap oneDNN's instruction set at AVX2 (its GEMM convolutions) before its first kernel reads it."""
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", ONEDNN_ISA)
 
 
 def check_device(device: str) -> str:

@@ -47,8 +47,9 @@ OP_TYPES = {
 }  # fmt: skip
 IDENTITY_IN_EVAL = {"Dropout", "Dropout1d", "Dropout2d", "Identity"}
 # Cells the exporter writes as several parameter-reading ops plus gate arithmetic it leaves unnamed (a GRUCell: two
-# Gemms, Split, Sigmoid/Tanh, and the final ``h + z * (n - h)`` as anonymous Sub/Mul/Add).
-RECURRENT = {"GRUCell", "RNNCell"}
+# Gemms, Split, Sigmoid/Tanh, and the final ``h + z * (n - h)`` as anonymous Sub/Mul/Add; an LSTMCell: the same
+# gates, then ``c = f * c + i * g`` and ``h = o * tanh(c)``, both leaving it).
+RECURRENT = {"GRUCell", "RNNCell", "LSTMCell"}
 SHAPE_ONLY = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
 
 
@@ -59,34 +60,61 @@ class CapturedLayer:
     params: tuple[str, ...]
     output: np.ndarray
     path: str = ""  # the full path from the exported Cell (``policy.normalizer``)
+    role: str = ""  # "preprocessing" for the observation normaliser: a divergence there is a preprocessing fault
+    tail: tuple[str, ...] = ()  # types of the layer's sub-Cells without Parameters (a Dense's activation), in order
 
 
-def leaf_cells(cell: nn.Cell) -> list[tuple[str, str, nn.Cell]]:
-    """Every sub-Cell without children: (reported scope, full path, Cell); the scope drops the wrappers that hold
-    a single child."""
+def layer_cells(cell: nn.Cell) -> list[tuple[str, str, nn.Cell]]:
+    """Every layer of ``cell``: (reported scope, full path, Cell). A layer is a sub-Cell, at any depth, with Parameters
+    of its own (an ``nn.Dense(..., activation=...)``, each member of a ``SequentialCell`` of them) or without
+    children; the sub-Cells of a layer that hold no Parameters at all (its activation) are part of it. The scope
+    drops the wrappers that hold a single child."""
     root, prefix = cell, ""
     while len(children := list(root.name_cells().items())) == 1 and not list(root.get_parameters(expand=False)):
         name, root = children[0]
         prefix += f"{name}."
-    return [(name[len(prefix) :] if name.startswith(prefix) else name, name, sub)
-            for name, sub in cell.cells_and_names() if name and not sub.name_cells()]  # fmt: skip
+    layers, inside = [], []
+    for name, sub in cell.cells_and_names():
+        if not name or any(name.startswith(f"{outer}.") for outer in inside):
+            continue
+        own, children = list(sub.get_parameters(expand=False)), sub.name_cells()
+        if own and not any(list(c.get_parameters()) for c in children.values()):
+            inside.append(name)
+        if own or not children:
+            layers.append((name[len(prefix) :] if name.startswith(prefix) else name, name, sub))
+    return layers
+
+
+def outside_parameters(cell: nn.Cell) -> list[str]:
+    """The Cell's Parameters that belong to no layer (a ``log_std`` of the policy Cell itself): no layer output
+    shows them, so they are named as not compared (``ms-mindir`` compares them by name). A layer this graph never
+    calls (the critic of an actor's graph) is not part of the graph, and neither are its Parameters."""
+    inside = {p.name for _, _, sub in layer_cells(cell) for p in sub.get_parameters(expand=False)}
+    return [p.name for p in cell.get_parameters() if p.name not in inside]
+
+
+def _role(cell: nn.Cell) -> str:
+    from msrl_consistency.agent.preprocess import ObsNormalizer
+
+    return "preprocessing" if isinstance(cell, ObsNormalizer) else ""
 
 
 def capture_layers(cell: nn.Cell, inputs: Sequence[np.ndarray]) -> tuple[list[CapturedLayer], list[np.ndarray]]:
-    """Run ``cell`` once in PyNative on ``inputs``; every leaf layer's (first) output in call order, and the
-    Cell's own outputs. A layer called twice appears twice (``scope#2``)."""
+    """Run ``cell`` once in PyNative on ``inputs``; every layer's (first) output in call order (``layer_cells``),
+    and the Cell's own outputs. A layer called twice appears twice (``scope#2``)."""
     captured: list[CapturedLayer] = []
     calls: dict[str, int] = {}
     handles = []
-    for scope, path, sub in leaf_cells(cell):
+    for scope, path, sub in layer_cells(cell):
         params = tuple(p.name for p in sub.get_parameters(expand=False))
+        tail = tuple(type(c).__name__ for c in sub.name_cells().values()) if params else ()
 
         def hook(c: nn.Cell, _inputs: Any, output: Any, scope: str = scope, path: str = path,
-                 params: tuple[str, ...] = params) -> None:  # fmt: skip
+                 params: tuple[str, ...] = params, tail: tuple[str, ...] = tail) -> None:  # fmt: skip
             calls[scope] = calls.get(scope, 0) + 1
             name = scope if calls[scope] == 1 else f"{scope}#{calls[scope]}"
             first = output[0] if isinstance(output, tuple | list) else output
-            captured.append(CapturedLayer(name, type(c).__name__, params, first.asnumpy(), path))
+            captured.append(CapturedLayer(name, type(c).__name__, params, first.asnumpy(), path, _role(c), tail))
 
         handles.append(sub.register_forward_hook(hook))
     try:
@@ -117,9 +145,10 @@ def plan_layers(layers: Sequence[CapturedLayer], onnx_path: Path) -> LayerPlan:
             pos = _recurrent_output(nodes, layer.params, pos, own_inputs, {o.name for o in model.graph.output})
         tensor = None
         if pos is not None:
+            pos = _follow_tail(nodes, pos, layer.tail)
             pos = _follow_shape_ops(nodes, pos, ranks, layer.output.ndim)
             tensor, last_pos = nodes[pos][3][0], pos
-        planned.append(PlannedLayer(layer.scope, layer.kind, tensor, why if tensor is None else ""))
+        planned.append(PlannedLayer(layer.scope, layer.kind, tensor, why if tensor is None else "", layer.role))
     return LayerPlan(planned, nodes)
 
 
@@ -173,11 +202,33 @@ def _recurrent_output(
         own |= set(nodes[k][3])
         own_nodes.append(k)
     members = set(own_nodes)
-    for k in own_nodes:
-        out = nodes[k][3][0]
-        if out in graph_outputs or any(out in nodes[j][2] for j in range(k + 1, len(nodes)) if j not in members):
+    leaving = [k for k in own_nodes if (out := nodes[k][3][0]) in graph_outputs
+               or any(out in nodes[j][2] for j in range(k + 1, len(nodes)) if j not in members)]  # fmt: skip
+    # A cell carrying several states (an LSTMCell's c, then h = o * tanh(c)): its output is the one computed from the
+    # others, never an ancestor of another tensor that leaves it.
+    for k in leaving:
+        reached = set(nodes[k][3])
+        for j in sorted(members):
+            if j > k and reached & set(nodes[j][2]):
+                reached |= set(nodes[j][3])
+        if not any(nodes[j][3][0] in reached for j in leaving if j != k):
             return k
-    return own_nodes[-1]
+    return leaving[0] if leaving else own_nodes[-1]
+
+
+def _follow_tail(nodes: Sequence[tuple], pos: int, tail: Sequence[str]) -> int:
+    """From a layer's last Parameter-reading node through the ops of its sub-Cells without Parameters (the
+    activation of an ``nn.Dense(..., activation=...)``), each the next node reading the output so far, when the
+    exporter left them unnamed: the layer's output is after its activation, as the Cell returns it."""
+    for kind in tail:
+        ops = OP_TYPES.get(kind)
+        if kind in IDENTITY_IN_EVAL or ops is None:
+            continue
+        following = next((k for k in range(pos + 1, len(nodes)) if nodes[pos][3][0] in nodes[k][2]), None)
+        if following is None or nodes[following][1] not in ops:
+            break
+        pos = following
+    return pos
 
 
 def _downstream(nodes: Sequence[tuple], start: int) -> list[int]:
@@ -233,6 +284,7 @@ def localize(
         return mindir_parameters(cell, bundle.file(graph, "mindir"), layers)
     with onnx_of(bundle, graph, cell) as onnx_path:
         plan = plan_layers(layers, onnx_path)
+    plan.outside = outside_parameters(cell)
     reference = [layer.output for layer in layers]
     return localize_runtime(runtime, bundle, graph, plan, reference, observations, tolerance, device)
 
@@ -253,6 +305,22 @@ class CellLocalizer:
                "no per-layer outputs")  # fmt: skip
         return Localization(runtime, None, None, [], f"not localized: {why}", method="none")
 
+    def checkpoint_difference(self, graph: str, inputs: Sequence[np.ndarray]) -> Localization | None:
+        """The reference Cell's Parameters (from the checkpoint given) against those the bundle carries (the
+        checkpoint it was exported from: its MindIR's, else its ONNX graph's), layer by layer in call order on
+        ``inputs``: the first layer whose weights differ. None when the bundle carries no readable weights."""
+        cell = self.cells(graph)
+        cell.set_train(False)
+        layers, _ = capture_layers(cell, inputs)
+        for fmt, read in (("mindir", mindir_arrays), ("onnx", onnx_arrays)):
+            if self.bundle.has_file(graph, fmt):
+                where = f"the bundle's {self.bundle.graph(graph)['files'][fmt]['file']}"
+                loc = compare_parameters("checkpoint", cell, read(self.bundle.file(graph, fmt)), layers, where,
+                                         f"every layer's parameters equal {where}'s")  # fmt: skip
+                loc.method = f"parameters: the checkpoint given against {where} (what the bundle was exported with)"
+                return loc
+        return None
+
     def record(self, feeds: Any) -> dict[str, np.ndarray]:
         """The golden-file arrays that let a deploy box name the diverging layer (``record_layers``)."""
         graph = self.bundle.mode_graph("deterministic") or self.bundle.graphs[0]
@@ -262,35 +330,69 @@ class CellLocalizer:
 def mindir_parameters(cell: nn.Cell, mindir: Path, layers: Sequence[CapturedLayer]) -> Localization:
     """The MindIR's Parameters against the Cell's, layer by layer in call order: the first layer whose weights
     differ (MindSpore gives no per-layer outputs of a loaded MindIR on CPU)."""
+    loc = compare_parameters("ms-mindir", cell, mindir_arrays(mindir), layers, "the MindIR",
+                             "every layer's parameters equal the Cell's: the difference is in the graph's "
+                             "operations, not its weights")  # fmt: skip
+    loc.method = "parameters (a loaded MindIR gives no per-layer outputs on CPU)"
+    return loc
+
+
+def mindir_arrays(mindir: Path) -> dict[str, np.ndarray]:
+    """A MindIR's Parameters by the Cell's names."""
     from mindspore.train import mind_ir_pb2
 
     model = mind_ir_pb2.ModelProto()
     model.ParseFromString(Path(mindir).read_bytes())
-    stored = {p.name.rsplit(":", 1)[-1]: _tensor(p) for p in model.graph.parameter}
+    return {p.name.rsplit(":", 1)[-1]: _tensor(p) for p in model.graph.parameter}
+
+
+def onnx_arrays(onnx_path: Path) -> dict[str, np.ndarray]:
+    """An ONNX graph's initializers by name (the exporter keeps the Cell's Parameter names)."""
+    import onnx
+    from onnx import numpy_helper
+
+    return {i.name: numpy_helper.to_array(i) for i in onnx.load(str(onnx_path)).graph.initializer}
+
+
+def compare_parameters(
+    label: str, cell: nn.Cell, stored: Mapping[str, np.ndarray], layers: Sequence[CapturedLayer], where: str,
+    agreed: str,
+) -> Localization:  # fmt: skip
+    """The Cell's Parameters against ``stored`` (name → values, e.g. a MindIR's), exactly, layer by layer in call
+    order, then the Parameters outside every layer one by one: the first layer whose weights differ. A Parameter
+    ``stored`` lacks is listed as not compared, never passed. Values stored in float16 are compared with the Cell's
+    rounded to float16 (an fp16 export of the same weights is no difference)."""
     own = {p.name: p.asnumpy() for p in cell.get_parameters()}
+    groups = [(layer.scope, layer.kind, layer.params, layer.role) for layer in layers if layer.params]
+    groups += [(name, "Parameter", (name,), "") for name in outside_parameters(cell)]
     rows, first = [], None
-    for layer in layers:
-        if not layer.params:
-            continue
-        missing = [name for name in layer.params if name not in stored]
+    for scope, kind, params, role in groups:
+        missing = [name for name in params if name not in stored]
         if missing:
-            rows.append(LayerComparison(layer.scope, layer.kind, "unmatched", note=f"{missing[0]} not in the MindIR"))
+            rows.append(LayerComparison(scope, kind, "unmatched", note=f"{missing[0]} not in {where}", role=role))
             continue
         worst = None
-        for name in layer.params:
-            cmp = compare_arrays(name, own[name], stored[name].reshape(own[name].shape), Tolerance(0.0, 0.0))
-            if worst is None or cmp.max_abs > worst.max_abs:
+        for name in params:
+            mine, theirs = own[name], np.asarray(stored[name])
+            if theirs.size != mine.size:
+                worst = compare_arrays(name, mine, theirs, Tolerance(0.0, 0.0))  # a shape mismatch, said as such
+                break
+            if theirs.dtype == np.float16 and mine.dtype != np.float16:
+                mine = mine.astype(np.float16)
+            cmp = compare_arrays(name, mine.astype(np.float32), theirs.reshape(mine.shape).astype(np.float32),
+                                 Tolerance(0.0, 0.0))  # fmt: skip
+            if worst is None or not cmp.passed and (worst.passed or cmp.max_abs > worst.max_abs):
                 worst = cmp
-        row = LayerComparison(layer.scope, layer.kind, "pass" if worst.passed else "fail", worst.cosine,
-                              worst.max_abs, worst.max_rel, note="parameters")  # type: ignore[union-attr]  # fmt: skip
+        assert worst is not None
+        note = "parameters" if worst.passed else f"parameters: {worst.name} {worst.mismatches}/{worst.count} differ"
+        row = LayerComparison(scope, kind, "pass" if worst.passed else "fail", worst.cosine, worst.max_abs,
+                              worst.max_rel, note=note if not worst.shape_mismatch else worst.describe(), role=role)
         rows.append(row)
-        if not worst.passed and first is None:  # type: ignore[union-attr]
+        if not worst.passed and first is None:
             first = row
-    loc = conclude("ms-mindir", rows, first, agreed="every layer's parameters equal the Cell's: the difference is in "
-                   "the graph's operations, not its weights")  # fmt: skip
+    loc = conclude(label, rows, first, agreed=agreed)
     if first is not None:
-        loc.message = "; ".join(m for m in ("its parameters differ from the Cell's", loc.message) if m)
-    loc.method = "parameters (a loaded MindIR gives no per-layer outputs on CPU)"
+        loc.message = "; ".join(m for m in (f"its parameters differ from {where}'s", loc.message) if m)
     return loc
 
 
@@ -310,11 +412,12 @@ def record_layers(cell: nn.Cell, bundle: Bundle, graph: str, feeds: Any) -> dict
     import json
 
     rows = np.flatnonzero(feeds.finite & feeds.ordinary)[:GOLDEN_LAYER_ROWS]
-    inputs = [x[rows] for x in feeds.graph_inputs(bundle, graph)]
+    inputs = feeds.graph_inputs(bundle, graph, rows)
     cell.set_train(False)
     layers, _ = capture_layers(cell, inputs)
     with onnx_of(bundle, graph, cell) as onnx_path:
         plan = plan_layers(layers, onnx_path)
+    plan.outside = outside_parameters(cell)
     arrays = {"layers/graph": np.array(graph), "layers/plan": np.array(json.dumps(plan.to_dict())),
               "layers/rows": rows}  # fmt: skip
     arrays.update({f"layers/input/{k}": x for k, x in enumerate(inputs)})

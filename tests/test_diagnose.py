@@ -37,3 +37,66 @@ def test_structural_evidence_outranks_precision():
     other_checkpoint = evidence("fp16", param_ok=False)
     other_checkpoint.checkpoint_matches = False
     assert diagnose(other_checkpoint).stage == "provenance"
+
+
+def test_a_mismatch_never_reads_max_abs_0():
+    """Integer actions that differ and outputs that are NaN where the reference has numbers: said as such."""
+    import numpy as np
+
+    from inference.compare.stats import Tolerance, compare_arrays
+
+    tol = Tolerance(1e-4, 1e-4)
+    ints = compare_arrays("action", np.array([0, 1, 2, 1]), np.array([0, 2, 2, 3]), tol)
+    assert not ints.passed and ints.describe() == "action 2/4 integers differ (max |diff| 2)"
+    nan = compare_arrays("logits", np.ones((3, 2), np.float32), np.full((3, 2), np.nan, np.float32), tol)
+    assert not nan.passed and nan.describe() == "logits 6/6 (6 NaN where the other side has a number)"
+    mixed = compare_arrays("q", np.array([1.0, 2.0, 3.0]), np.array([1.0, np.nan, 3.5]), tol)
+    assert mixed.describe() == "q 2/3 (max abs 5.00e-01; 1 NaN where the other side has a number)"
+    for cmp in (ints, nan, mixed):
+        assert "(max abs 0" not in cmp.describe()
+
+
+def test_the_next_state_takes_its_batch_from_the_states_own_output():
+    """A state-independent ``log_std`` listed first ([1, A]) says nothing of the batch."""
+    import numpy as np
+
+    from inference.bundle.contract import ContractError, PolicyContract
+
+    contract = PolicyContract.from_dict({
+        "input": {"obs": [4]}, "state": {"h": {"shape": [8], "next": "h_next", "init": "zeros"}},
+        "outputs": {"names": ["log_std", "mean", "h_next"]},
+        "action": {"kind": "gaussian", "mean": "mean", "log_std": "log_std"},
+    })  # fmt: skip
+    h = np.arange(5 * 8, dtype=np.float32).reshape(5, 8)
+    state = contract.next_state({"log_std": np.zeros((1, 2), np.float32), "mean": np.zeros((5, 2)), "h_next": h})
+    assert state.shape == (5,) and np.array_equal(state["h"], h)
+    one = contract.next_state({"log_std": np.zeros((1, 8), np.float32), "mean": np.zeros((1, 2)), "h_next": h[:1]})
+    assert one.shape == (1,) and np.array_equal(one["h"], h[:1])
+    with pytest.raises(ContractError, match="'h_next' has shape \\[5, 7\\]"):
+        contract.next_state({"log_std": np.zeros((1, 2)), "mean": np.zeros((5, 2)), "h_next": h[:, :7]})
+
+
+@pytest.mark.parametrize(
+    ("ops", "cell_couples", "stage", "says"),
+    [
+        ([], None, "batch-coupled", "has no BatchNorm or Dropout"),
+        ([], True, "batch-coupled", "in the Cell as in"),
+        (["BatchNorm"], True, "batch-coupled", "BatchNorm in the graph is not the cause"),
+        (["BatchNorm"], False, "training-mode", "set_train(False)"),
+    ],
+)
+def test_a_row_that_depends_on_its_batch_is_training_mode_only_with_batchnorm_or_dropout(ops, cell_couples, stage,
+                                                                                          says):  # fmt: skip
+    from inference.compare.diagnose import not_repeatable
+
+    found = not_repeatable(ops, True, "the graph", cell_couples)
+    assert found.stage == stage and says in found.detail, found
+    assert "BatchNorm batch statistics would do this" not in found.detail
+
+
+def test_the_network_rule_never_says_preprocessing_is_ruled_out():
+    for matches in (True, None):
+        e = evidence(param_ok=False)
+        e.checkpoint_matches = matches
+        found = diagnose(e)
+        assert found.stage == "network" and "ruled out" not in found.detail, found

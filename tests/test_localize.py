@@ -187,3 +187,110 @@ def test_an_fp16_report_shows_where_the_error_grows(cartpole_ckpt, tmp_path):
     assert "the error appears at normalizer" in lite.message
     paths = write_reports(result, tmp_path / "report")
     assert "lite: every one of the" in paths["md"].read_text() and paths["layers"].is_file()
+
+
+# -- every layer, and nothing claimed that was not compared --------------------------------------------------------
+def test_dense_layers_with_an_activation_inside_nested_sequential_cells_are_named(tmp_path):
+    """A Dreamer-style ``FullyConnectedLayers`` (a SequentialCell of ``nn.Dense(..., activation=...)`` sharing one
+    activation) inside an actor: each Dense is a layer at its depth, compared after its activation, in every
+    runtime; ms-mindir's parameters name it instead of claiming every layer's weights equal the Cell's."""
+    import shaped_policies as sp
+
+    bundle = export_policy(nudge(sp.make_dreamer_style(), "fc.fc_layers.1.weight", 0.5), sp.DREAMER_CONTRACT,
+                           tmp_path / "bundle")  # fmt: skip
+    result = verify_policy(sp.make_dreamer_style(), None, bundle.root, options=VerifyOptions(**FAST, runtimes=RUNTIMES))
+    assert result.exit_code == 1
+    for name in RUNTIMES:
+        assert_named(result.localizations[name], "fc.fc_layers.1")
+    scopes = [r.scope for r in result.localizations["ms-mindir"].layers]
+    assert scopes == ["fc.fc_layers.0", "fc.fc_layers.1", "fc.fc_layers.2", "squeeze", "fc_out"], scopes
+
+
+def test_a_consistent_lstm_bundle_has_no_diverging_layer(tmp_path):
+    """An LSTMCell's output is the ``h`` that leaves it (``h = o * tanh(c)``), not the ``c`` computed before it."""
+    import shaped_policies as sp
+
+    bundle = export_policy(sp.make_lstm(), sp.LSTM_CONTRACT, tmp_path / "bundle")
+    options = VerifyOptions(**FAST, runtimes=RUNTIMES, localize="always")
+    result = verify_policy(sp.make_lstm(), None, bundle.root, options=options)
+    assert result.exit_code == 0, result.console_table(only_failed=True)
+    for name in RUNTIMES:
+        loc = result.localizations[name]
+        assert loc.first is None, loc.line()
+        if name != "ms-mindir":
+            assert next(r for r in loc.layers if r.scope == "lstm").status == "pass", loc.line()
+            assert "not compared" not in loc.message, loc.line()
+
+
+def test_a_parameter_outside_every_layer_is_compared_or_named(tmp_path):
+    """A ``log_std`` Parameter of the actor itself: ms-mindir compares it by name and names it; the runtimes that
+    compare layer outputs say they could not compare it, never that every layer agrees."""
+    import shaped_policies as sp
+
+    bundle = export_policy(nudge(sp.make_log_std_actor(), "log_std", 0.3), sp.LOG_STD_CONTRACT, tmp_path / "bundle")
+    result = verify_policy(sp.make_log_std_actor(), None, bundle.root,
+                           options=VerifyOptions(**FAST, runtimes=RUNTIMES, localize="always"))  # fmt: skip
+    assert result.exit_code == 1
+    assert result.localizations["ms-mindir"].first == "log_std", result.localizations["ms-mindir"].line()
+    for name in ("onnxruntime", "lite"):
+        loc = result.localizations[name]
+        assert loc.first is None and "not compared: Parameter log_std (outside every layer)" in loc.message, loc.line()
+        assert not loc.message.startswith("every one"), loc.line()
+
+
+def test_layouts_are_mapped_only_where_exact():
+    from inference.compare.localize import to_layout
+
+    nchw = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    assert np.array_equal(to_layout(nchw.transpose(0, 2, 3, 1), nchw), nchw)  # Lite's NHWC
+    assert np.array_equal(to_layout(nchw.reshape(2, 3, 20, 1), nchw.reshape(2, 3, 20)), nchw.reshape(2, 3, 20))
+    flat_nhwc = nchw.transpose(0, 2, 3, 1).reshape(2, -1)
+    assert to_layout(flat_nhwc, nchw) is None  # a reshape of a transposed tensor compares unrelated elements
+    assert to_layout(nchw.reshape(2, 60), nchw.reshape(2, 6, 10)) is None
+
+
+def test_a_fused_layer_whose_layout_cannot_be_mapped_is_unmatched_with_its_shapes():
+    from inference.compare.localize import Fused, LayerPlan, PlannedLayer, compare_layers
+    from inference.compare.stats import Tolerance
+
+    plan = LayerPlan([PlannedLayer("conv", "Conv2d", "t1"), PlannedLayer("head", "Dense", "t3")])
+    reference = [np.ones((2, 3, 4, 5), np.float32), np.ones((2, 2), np.float32)]
+    got = {"t2": np.ones((2, 61), np.float32), "t3": np.ones((2, 2), np.float32)}
+    fused = {"t1": Fused("k", "t2", (("Relu", ()),))}
+    loc = compare_layers("lite", plan, reference, got, Tolerance(1e-4, 1e-4), fused)
+    conv = loc.layers[0]
+    assert conv.status == "unmatched" and "[2, 61] (kernel output 't2') vs [2, 3, 4, 5]" in conv.note, conv
+    assert loc.first is None and "not compared: conv" in loc.message, loc.message
+
+
+def test_a_claim_never_covers_a_layer_that_was_not_compared():
+    from inference.compare.localize import LayerComparison, conclude
+
+    rows = [LayerComparison("a", "Dense", "pass", 1.0, 0.0, 0.0), LayerComparison("b", "Dense", "unmatched")]
+    loc = conclude("ms-mindir", rows, None, agreed="every layer's parameters equal the Cell's")
+    assert not loc.message.startswith("every") and "not compared: b" in loc.message, loc.message
+
+
+def test_a_changed_clip_bound_of_the_normaliser_is_preprocessing(cartpole_bundle, cartpole_ckpt, tmp_path):
+    """The ONNX graph's normaliser clips at 1 instead of 10: the outputs alone say "network"; the first diverging
+    layer is the normaliser, so the diagnosis is preprocessing (never "preprocessing is ruled out" beside it)."""
+    import onnx
+    from onnx import numpy_helper
+
+    root = tmp_path / "bundle"
+    shutil.copytree(cartpole_bundle.root, root)
+    model = onnx.load(str(root / "policy.onnx"))
+    clip = next(n for n in model.graph.node if n.op_type == "Clip")
+    for init in model.graph.initializer:
+        if init.name in clip.input[1:]:
+            init.CopyFrom(numpy_helper.from_array(np.sign(numpy_helper.to_array(init)).astype(np.float32), init.name))
+    onnx.save(model, str(root / "policy.onnx"))
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["graphs"]["policy"]["files"]["onnx"]["sha256"] = sha256_file(root / "policy.onnx")
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    result = verify_run(load_bundle(root), cartpole_ckpt, VerifyOptions(**FAST, runtimes=("onnxruntime",)))
+    assert result.exit_code == 1
+    assert result.localizations["onnxruntime"].first == "normalizer", result.localizations["onnxruntime"].line()
+    diagnosed = {c.diagnosis["stage"] for c in result.failed if c.diagnosis}
+    assert diagnosed == {"preprocessing"}, result.console_table(only_failed=True)
+    assert all("ruled out" not in c.diagnosis["detail"] for c in result.failed if c.diagnosis)

@@ -214,10 +214,15 @@ class PolicyContract:
         """The states to feed at the next step, from this step's outputs."""
         if not self.states:
             return None
-        batch = len(next(iter(outputs.values())))
+        nexts = {s.name: np.asarray(outputs[s.next], s.dtype) for s in self.states}
+        first = nexts[self.states[0].name]  # the batch from a state's own output (other outputs may ignore it)
+        batch = first.shape[0] if first.ndim else 1
         rows = np.zeros(batch, state_dtype(self.states))
         for s in self.states:
-            rows[s.name] = np.asarray(outputs[s.next], s.dtype).reshape(batch, *s.shape)
+            if nexts[s.name].size != batch * int(np.prod(s.shape, dtype=np.int64)):
+                raise ContractError(f"output {s.next!r} has shape {list(nexts[s.name].shape)}: not {batch} rows of "
+                                    f"state {s.name!r} {list(s.shape)}")  # fmt: skip
+            rows[s.name] = nexts[s.name].reshape(batch, *s.shape)
         return rows
 
     # -- checks -------------------------------------------------------------------------------------

@@ -10,13 +10,13 @@ differ between them is what their graphs compute.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from inference.bundle import MODES, Bundle
 from inference.bundle.contract import PolicyContract
-from inference.runtimes.base import Runtime
+from inference.runtimes.base import InferenceFailed, Runtime
 
 
 def available_modes(bundle: Bundle) -> dict[str, str]:
@@ -33,7 +33,10 @@ class ModePolicy:
         if graph is None:
             raise ValueError(f"bundle {bundle.root} has no {mode} mode")
         self.mode, self.contract, self.runtime = mode, bundle.contract(graph), runtimes[graph]
+        self.declared = {o["name"]: tuple(o["shape"]) for o in bundle.graph(graph)["outputs"]}
         self.state: np.ndarray | None = None
+        # called with every call's outputs and noise (the reference records its decision margins as it acts)
+        self.on_outputs: Callable[[Mapping[str, np.ndarray], np.ndarray | None], None] | None = None
 
     def reset(self, batch: int) -> None:
         self.state = self.contract.initial_state(batch)
@@ -44,16 +47,36 @@ class ModePolicy:
         c = self.contract
         if c.states and (self.state is None or len(self.state) != len(obs)):
             self.reset(len(obs))
-        return self.runtime.infer(*c.obs_inputs(obs), *c.noise_feed(self.mode, len(obs), noise),
-                                  *c.state_inputs(self.state))  # fmt: skip
+        outputs = self.runtime.infer(*c.obs_inputs(obs), *c.noise_feed(self.mode, len(obs), noise),
+                                     *c.state_inputs(self.state))  # fmt: skip
+        check_batch(getattr(self.runtime, "name", "the runtime"), self.declared, outputs, len(obs))
+        return outputs
 
     def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
         """The env actions for ``obs``; the state moves on to this step's ``next`` outputs."""
         outputs = self.outputs(obs, noise)
+        if self.on_outputs is not None:
+            self.on_outputs(outputs, noise)
         self.state = self.contract.next_state(outputs)
         return self.contract.mode_action(outputs, self.mode, noise)
 
     __call__ = act
+
+
+class WrongBatch(InferenceFailed):
+    """A runtime answered with another batch than it was fed (a dynamic-batch graph that kept an earlier call's)."""
+
+
+def check_batch(runtime: str, declared: Mapping[str, tuple[int, ...]], outputs: Mapping[str, np.ndarray],
+                batch: int) -> None:  # fmt: skip
+    """Every output the graph declares batched (``-1`` first) has ``batch`` rows, else ``WrongBatch`` with the
+    shapes: a failure of that runtime, with its evidence, never a reshape error further on."""
+    for name, shape in declared.items():
+        got = outputs.get(name)
+        if got is not None and shape[:1] == (-1,) and np.ndim(got) and np.shape(got)[0] != batch:
+            raise WrongBatch(f"{runtime} returned output {name!r} of shape {list(np.shape(got))} for a batch of "
+                             f"{batch} (the graph declares {list(shape)}): the graph does not follow the batch it is "
+                             "fed (a dynamic batch fixed at an earlier call's, or a shape frozen at export)")
 
 
 def mode_policy(bundle: Bundle, runtimes: Mapping[str, Runtime], mode: str) -> ModePolicy:

@@ -5,7 +5,8 @@ reference Cell: preprocessing (does the runtime match the policy *without* its n
 observations scaled by 255 or 1/255?), network (actor and critic outputs), post-processing (same logits/mean,
 different action; an action that equals the raw mean or the unsquashed sample), sampling (deterministic outputs
 agree, sampled actions do not under the same noise), precision (a half-precision export), training mode (a graph
-that is not repeatable or depends on its batch) and provenance (another checkpoint). A rule names a stage only
+with BatchNorm/Dropout that is not repeatable or depends on its batch), batch coupling (a row that depends on
+the other rows of its batch without them) and provenance (another checkpoint). A rule names a stage only
 when its evidence says so; the network rule never claims weights differ when the bundle says it was exported
 from this very checkpoint.
 """
@@ -19,8 +20,8 @@ import numpy as np
 
 @dataclass
 class Diagnosis:
-    # provenance | preprocessing | network | postprocessing | sampling | state | precision | training-mode | version |
-    # runtime | unknown
+    # provenance | preprocessing | network | postprocessing | sampling | state | precision | training-mode |
+    # batch-coupled | version | runtime | unknown
     stage: str
     detail: str
 
@@ -75,11 +76,13 @@ def diagnose(e: Evidence) -> Diagnosis:
             return Diagnosis("precision", f"an fp16 export: max relative difference {e.max_rel_param:.1e}, cosine "
                              f"{e.cosine_param:.6f}; use the fp16 tolerance preset or export fp32")  # fmt: skip
         which = "actor" if e.value_ok else "actor and critic"
+        tested = ("the outputs are neither the policy's without its observation normalisation nor on inputs scaled "
+                  "x255 or /255")  # fmt: skip
         if e.checkpoint_matches:
             return Diagnosis("network", f"{which} outputs differ although the bundle was exported from this "
-                             "checkpoint and preprocessing is ruled out: the graph computes something other than the "
-                             "Cell (a changed layer, preprocessing inside the Cell, another architecture)")  # fmt: skip
-        return Diagnosis("network", f"{which} outputs differ with preprocessing ruled out: weights or layers differ")
+                             f"checkpoint; {tested}: the graph computes something other than the Cell (a changed "
+                             "layer or constant, preprocessing inside the Cell, another architecture)")  # fmt: skip
+        return Diagnosis("network", f"{which} outputs differ; {tested}: weights, constants or layers differ")
     if not e.action_ok:
         if e.raw_mean_action:
             return Diagnosis("postprocessing", "actions equal the raw mean: scaling to the action bounds is missing")
@@ -116,15 +119,31 @@ def training_mode_ops(graph_file: bytes) -> list[str]:
     return [op.decode() for op in TRAINING_MODE_OPS if op in graph_file]
 
 
-def not_repeatable(ops: list[str], batch_dependent: bool, what: str) -> Diagnosis:
-    """A runtime whose graph gives other outputs for the same input, or for the same row in another batch."""
+def not_repeatable(ops: list[str], batch_dependent: bool, what: str, cell_couples: bool | None = None) -> Diagnosis:
+    """A runtime whose graph gives other outputs for the same input, or for the same row among other rows.
+
+    A row that depends on the other rows of its batch is training mode only where the graph has BatchNorm or
+    Dropout and the Cell (in eval mode) does not couple rows itself; otherwise the network couples rows (a reduction
+    over the batch axis). ``cell_couples``: whether the reference Cell's rows depend on each other the same way
+    (None: not measured)."""
+    if batch_dependent and (cell_couples or not ops):
+        symptom = "outputs of a row depend on the other rows of its batch"
+        training = f" ({', '.join(ops)} in the graph is not the cause: the Cell in eval mode does the same)" * bool(ops)
+        if cell_couples:
+            return Diagnosis("batch-coupled", f"{symptom}, in the Cell as in {what}{training}: the network couples "
+                             "its rows (a reduction over the batch axis, e.g. a mean or max with no axis or over axis "
+                             "0), so one observation's action depends on what else is in its batch; reduce over the "
+                             "feature axes only")  # fmt: skip
+        where = "; the Cell's own rows were not tested" if cell_couples is None else ", while the Cell's do not"
+        return Diagnosis("batch-coupled", f"{symptom} and {what} has no BatchNorm or Dropout{where}: the graph couples "
+                         "its rows (a reduction over the batch axis, e.g. a mean or max with no axis, or a shape "
+                         "frozen at export)")  # fmt: skip
     symptom = "outputs of a row depend on the other rows of its batch" if batch_dependent else (
         "the same input gives different outputs"
     )  # fmt: skip
-    if ops or batch_dependent:
-        found = f"the graph contains {', '.join(ops)}" if ops else "BatchNorm batch statistics would do this"
-        return Diagnosis("training-mode", f"{symptom} and {found}: {what} was exported while the Cell was in "
-                         "training mode (call set_train(False) before export, in a process that never compiled it "
-                         "in training mode); the reference was put in eval mode")  # fmt: skip
+    if ops:
+        return Diagnosis("training-mode", f"{symptom} and the graph contains {', '.join(ops)}: {what} was exported "
+                         "while the Cell was in training mode (call set_train(False) before export, in a process that "
+                         "never compiled it in training mode); the reference was put in eval mode")  # fmt: skip
     return Diagnosis("sampling", f"{symptom}: sampling inside the graph cannot be reproduced by another runtime; "
                      "take the noise as an input")  # fmt: skip

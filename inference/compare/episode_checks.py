@@ -53,15 +53,22 @@ def teacher_forced_check(
         diff = differs.any(-1)
         ties = None if near_tie is None else (near_tie if near_tie.ndim == 3 else near_tie[..., None])
         forgiven = diff & (~differs | ties).all(-1) if ties is not None else np.zeros_like(diff)
+        magnitude = ""
     else:
-        diff = (E.step_differences(trace.actions, got, discrete) > atol) & trace.alive
+        moved = np.where(trace.alive, E.step_differences(trace.actions, got, discrete), 0.0)
+        diff = (moved > atol) & trace.alive
         forgiven = np.zeros_like(diff)
+        largest = float(moved.max(initial=0.0))
+        magnitude = f" by more than {atol:.1e} (max |diff| {largest:.2e})"
     unexplained = diff & ~forgiven
     steps = np.flatnonzero(diff.any(1))
     first = int(steps[0]) if len(steps) else None
     alive = int(trace.alive.sum())
     metrics = {"differing_actions": int(diff.sum()), "near_ties_forgiven": int(forgiven.sum()),
-               "first_divergent_step": first, "steps": alive}  # fmt: skip
+               "first_divergent_step": first, "steps": alive,
+               "bitwise_equal": bool(np.array_equal(got, trace.actions))}  # fmt: skip
+    if not discrete:
+        metrics.update(max_abs_action_diff=largest, action_atol=atol)
     name = f"episodes.teacher_forced.{mode}"
     drift = state_divergence(policy.contract, trace, states, tolerance or {})
     if drift:
@@ -72,9 +79,13 @@ def teacher_forced_check(
                       f"{drift['first_divergent_step']} (max |diff| {drift['max_abs']:.2e})")  # fmt: skip
     if not diff.any() and not state_note:
         agree = f"all {alive} actions agree on the reference's observations"
+        agree += f" (max |diff| {largest:.2e})" if not discrete else ""
         agree += f", and the carried state within tolerance (max |diff| {drift['max_abs']:.2e})" if drift else ""
         return Check(runtime, name, "pass", agree, metrics)
-    summary = f"{int(diff.sum())} of {alive} actions differ" + (f", first at step {first}" if diff.any() else "")
+    summary = f"{int(diff.sum())} of {alive} actions differ" + (magnitude if diff.any() else "")
+    if discrete and diff.any():
+        summary += f" ({int(forgiven.sum())} at near-ties of the reference's scores)"
+    summary += f", first at step {first}" if diff.any() else ""
     if not unexplained.any() and forgiven.sum() <= max_rate * alive and not state_note:
         summary += "; every one at a near-tie of the reference's scores (allowed by the preset)"
         return Check(runtime, name, "pass", summary, metrics)

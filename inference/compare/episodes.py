@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # Gymnasium is imported when episodes are played, not to read
 
 EPISODE_NOISE_STREAM = 13
 DEFAULT_HORIZON = 1000
-TEACHER_CHUNK = 8192  # rows per call when replaying a whole trace at once
 Policy = ModePolicy  # act(obs rows, noise | None) -> env actions, carrying its state; reset(batch) per episode
 
 
@@ -130,16 +129,21 @@ def run_episodes(
             obs = contract.batch_observations([e.reset(seed=seed + k)[0] for k, e in enumerate(envs)])
         else:
             obs = follow.obs[0].copy()
-        obs_log, act_log, rew_log, alive_log, state_log = [], [], [], [], []
+        # The observations go straight into one array of the horizon's size: its pages are committed as steps
+        # fill them, so a short episode costs its own steps, and no list of frames is copied into it at the end.
+        obs_log = np.empty((horizon, *obs.shape), obs.dtype)
+        act_log, rew_log, alive_log, state_log = [], [], [], []
         alive = np.ones(episodes, bool)
         policy.reset(episodes)
+        steps = 0
         for t in range(horizon):
             if not alive.any():
                 break
             INTERRUPTS.check()
             fed = None if policy.state is None else policy.state.copy()
             actions = np.asarray(policy.act(obs, None if noise is None else noise[t]))
-            obs_log.append(obs.copy())
+            obs_log[t] = obs
+            steps = t + 1
             act_log.append(actions.copy())
             alive_log.append(alive.copy())
             state_log.append(fed)
@@ -165,7 +169,7 @@ def run_episodes(
             if e is not None:
                 e.close()
     states = np.asarray(state_log) if contract.states else None
-    return EpisodeTrace(np.asarray(obs_log), np.asarray(act_log), np.asarray(rew_log), np.asarray(alive_log), states)
+    return EpisodeTrace(obs_log[:steps], np.asarray(act_log), np.asarray(rew_log), np.asarray(alive_log), states)
 
 
 def _replay(env: EnvSource, policy: Policy, seed: int, follow: EpisodeTrace, steps: int, k: int) -> gym.Env:
@@ -186,26 +190,19 @@ def teacher_forced_actions(
     """The actions ``policy`` takes on every observation of ``trace`` (``[T, K, ...]``), and for a policy that
     carries state, the states it was fed (``[T, K]`` rows): its own previous outputs, from its ``init``.
 
-    Without state, teacher forcing needs no order, so the whole trace goes through the runtime in a few large calls
-    instead of one call per step: a runtime's per-call cost, not its arithmetic, dominates thousands of small
-    calls. With state, it steps through the trace with all K episodes as one batch.
+    Step by step, all K episodes as one batch: the batch the reference acted in. A row's outputs move with the size
+    of its batch by a few ULP (GEMM blocking), and a sampled action carries that through ``std * noise``; replaying
+    the trace in other batches would judge that batch effect instead of the runtime.
     """
     steps, k = trace.alive.shape
-    if policy.contract.states:
-        policy.reset(k)
-        actions, states = [], []
-        for t in range(steps):
+    policy.reset(k)
+    actions, states = [], []
+    for t in range(steps):
+        INTERRUPTS.check()
+        if policy.contract.states:
             states.append(policy.state.copy())  # type: ignore[union-attr]
-            actions.append(np.asarray(policy.act(trace.obs[t], None if noise is None else noise[t])))
-        return np.asarray(actions), np.asarray(states)
-    obs = trace.obs.reshape(steps * k, *trace.obs.shape[2:])
-    flat_noise = None if noise is None else noise[:steps].reshape(steps * k, -1)
-    chunks = []
-    for start in range(0, len(obs), TEACHER_CHUNK):
-        rows = slice(start, start + TEACHER_CHUNK)
-        chunks.append(np.asarray(policy.act(obs[rows], None if flat_noise is None else flat_noise[rows])))
-    actions = np.concatenate(chunks)
-    return actions.reshape(steps, k, *actions.shape[1:]), None
+        actions.append(np.asarray(policy.act(trace.obs[t], None if noise is None else noise[t])))
+    return np.asarray(actions), (np.asarray(states) if policy.contract.states else None)
 
 
 def check_env_determinism(env: EnvSource, seed: int, steps: int = 200) -> str | None:
@@ -259,7 +256,9 @@ def action_differences(ref: EpisodeTrace, got: EpisodeTrace, discrete: bool, ato
     both = ref.alive[:steps] & got.alive[:steps]
     diff = np.where(both, step_differences(ref.actions[:steps], got.actions[:steps], discrete), 0.0)
     diverged = diff > (0.5 if discrete else atol)
-    obs_differ = np.any((ref.obs[:steps] != got.obs[:steps]).reshape(*both.shape, -1), axis=-1) & both
+    obs_differ = np.zeros(both.shape, bool)
+    for t in range(steps):  # step by step: a frame-sized boolean per element of the whole trace is not needed
+        obs_differ[t] = np.any((ref.obs[t] != got.obs[t]).reshape(both.shape[1], -1), axis=-1) & both[t]
     episodes = diff.shape[1]
     first = [int(np.argmax(diverged[:, k])) if diverged[:, k].any() else None for k in range(episodes)]
     drift = [int(np.argmax(obs_differ[:, k])) if obs_differ[:, k].any() else None for k in range(episodes)]

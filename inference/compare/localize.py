@@ -38,6 +38,7 @@ class PlannedLayer:
     kind: str
     tensor: str | None = None
     why: str = ""
+    role: str = ""  # "preprocessing": the observation normaliser
 
 
 Node = tuple[str, str, tuple[str, ...], tuple[str, ...], dict[str, float]]  # name, op, inputs, outputs, attributes
@@ -50,14 +51,16 @@ class LayerPlan:
 
     layers: list[PlannedLayer]
     nodes: list[Node] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)  # the Cell's Parameters in no layer: not compared, but named
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": [asdict(layer) for layer in self.layers], "nodes": [list(n) for n in self.nodes]}
+        return {"layers": [asdict(layer) for layer in self.layers], "nodes": [list(n) for n in self.nodes],
+                "outside": list(self.outside)}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LayerPlan:
         nodes = [(n[0], n[1], tuple(n[2]), tuple(n[3]), dict(n[4])) for n in data.get("nodes", [])]
-        return cls([PlannedLayer(**layer) for layer in data["layers"]], nodes)
+        return cls([PlannedLayer(**layer) for layer in data["layers"]], nodes, list(data.get("outside", [])))
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class LayerComparison:
     max_abs: float | None = None
     max_rel: float | None = None
     note: str = ""
+    role: str = ""  # "preprocessing": the observation normaliser
 
 
 @dataclass
@@ -106,6 +110,11 @@ class Localization:
     layers: list[LayerComparison]
     message: str
     method: str = "layer outputs"
+
+    @property
+    def first_role(self) -> str:
+        """The role of the first diverging layer ("preprocessing" for the observation normaliser; "" otherwise)."""
+        return next((c.role for c in self.layers if c.scope == self.first), "") if self.first else ""
 
     def line(self) -> str:
         if self.first is None:
@@ -129,53 +138,69 @@ def compare_layers(
     rows: list[LayerComparison] = []
     first = None
     for layer, want in zip(plan.layers, reference, strict=True):
-        if layer.tensor is None:
-            rows.append(LayerComparison(layer.scope, layer.kind, "unmatched", note=layer.why))
-            continue
-        note, tensor = "", layer.tensor
-        if tensor not in got and fused and tensor in fused:
-            f = fused[tensor]
-            if not all(op in ACTIVATIONS for op, _ in f.tail) or f.output not in got:
-                rows.append(LayerComparison(layer.scope, layer.kind, "fused", note=f"fused into kernel {f.kernel}"))
-                continue
-            for op, attrs in f.tail:  # the reference carried to the fused kernel's output
-                want = ACTIVATIONS[op](np.asarray(want, np.float64), dict(attrs)).astype(np.float32)
-            note = f"fused with {'+'.join(op for op, _ in f.tail)} in kernel {f.kernel}: compared at its output"
-            tensor = f.output
-        if tensor not in got:
-            rows.append(LayerComparison(layer.scope, layer.kind, "unmatched", note=f"no output {tensor!r} here"))
-            continue
-        value = to_layout(np.asarray(got[tensor]), np.asarray(want))
-        if value is None:
-            rows.append(LayerComparison(layer.scope, layer.kind, "unmatched",
-                                        note=f"shape {list(np.shape(got[layer.tensor]))} vs {list(np.shape(want))}"))
-            continue
-        with np.errstate(all="ignore"):
-            cmp = compare_arrays(layer.scope, want, value, tol)
-        row = LayerComparison(layer.scope, layer.kind, "pass" if cmp.passed else "fail", cmp.cosine, cmp.max_abs,
-                              cmp.max_rel, note)  # fmt: skip
+        row = _compare_layer(layer, want, got, tol, fused or {})
         rows.append(row)
-        if not cmp.passed and first is None:
+        if row.status == "fail" and first is None:
             first = row
-    return conclude(runtime, rows, first)
+    return conclude(runtime, rows, first, outside=plan.outside)
+
+
+def _compare_layer(
+    layer: PlannedLayer, want: np.ndarray, got: Mapping[str, np.ndarray], tol: Tolerance, fused: Mapping[str, Fused]
+) -> LayerComparison:  # fmt: skip
+    """One planned layer against the runtime's value of its tensor (or of the kernel that fused it away)."""
+    unmatched = lambda note: LayerComparison(layer.scope, layer.kind, "unmatched", note=note, role=layer.role)  # noqa: E731
+    if layer.tensor is None:
+        return unmatched(layer.why)
+    note, tensor = "", layer.tensor
+    if tensor not in got and tensor in fused:
+        f = fused[tensor]
+        if not all(op in ACTIVATIONS for op, _ in f.tail) or f.output not in got:
+            return LayerComparison(layer.scope, layer.kind, "fused", note=f"fused into kernel {f.kernel}",
+                                   role=layer.role)  # fmt: skip
+        for op, attrs in f.tail:  # the reference carried to the fused kernel's output
+            want = ACTIVATIONS[op](np.asarray(want, np.float64), dict(attrs)).astype(np.float32)
+        note = f"fused with {'+'.join(op for op, _ in f.tail)} in kernel {f.kernel}: compared at its output"
+        tensor = f.output
+    if tensor not in got:
+        return unmatched(f"no output {tensor!r} here")
+    value = to_layout(np.asarray(got[tensor]), np.asarray(want))
+    if value is None:
+        where = f" (kernel output {tensor!r})" if tensor != layer.tensor else ""
+        return unmatched(f"shape {list(np.shape(got[tensor]))}{where} vs {list(np.shape(want))}: no exact layout "
+                         "mapping")  # fmt: skip
+    with np.errstate(all="ignore"):
+        cmp = compare_arrays(layer.scope, want, value, tol)
+    return LayerComparison(layer.scope, layer.kind, "pass" if cmp.passed else "fail", cmp.cosine, cmp.max_abs,
+                           cmp.max_rel, note, layer.role)  # fmt: skip
 
 
 def conclude(
-    runtime: str, rows: list[LayerComparison], first: LayerComparison | None, agreed: str | None = None
-) -> Localization:
+    runtime: str, rows: list[LayerComparison], first: LayerComparison | None, agreed: str | None = None,
+    outside: Sequence[str] = (),
+) -> Localization:  # fmt: skip
     """The localisation from the per-layer rows: the first diverging layer (the rows up to it and ``AFTER_FIRST``
     after it), naming the layers before it that could not be compared; or, when none diverges, ``agreed`` (default:
-    how many matched layers agree and where an error within tolerance grows)."""
+    how many matched layers agree and where an error within tolerance grows). Either way, the layers that could not
+    be compared and the Cell's Parameters outside every layer (``outside``) are named: a claim never covers them."""
+    skipped = [r.scope for r in rows if r.status not in ("pass", "fail") and r.note != IDENTITY_IN_EVAL_NOTE]
+    loose = [f"Parameter {name} (outside every layer)" for name in outside]
     if first is None:
         compared = sum(r.status in ("pass", "fail") for r in rows)
-        why = agreed or ((f"every one of the {compared} matched layers agrees within tolerance{_growth(rows)}")
-                         if compared else "no layer could be matched in this runtime")  # fmt: skip
+        if not compared:
+            why = "no layer could be matched in this runtime"
+        elif skipped or loose:
+            why = (f"the {compared} layers compared agree within tolerance{_growth(rows)}; not compared: "
+                   f"{', '.join(skipped + loose)}, so the difference may be there")  # fmt: skip
+        else:
+            why = agreed or f"every one of the {compared} matched layers agrees within tolerance{_growth(rows)}"
         return Localization(runtime, None, None, rows, why)
     at = rows.index(first)
     blind = [r.scope for r in rows[:at] if r.status not in ("pass", "fail") and r.note != IDENTITY_IN_EVAL_NOTE]
     caveat = (f"{', '.join(blind)} before it could not be compared here, so the divergence may start there"
               if blind else "")  # fmt: skip
-    message = "; ".join(m for m in (first.note, caveat) if m)
+    also = f"not compared: {', '.join(loose)}" if loose else ""
+    message = "; ".join(m for m in (first.note, caveat, also) if m)
     return Localization(runtime, first.scope, first.kind, rows[: at + 1 + AFTER_FIRST], message)
 
 
@@ -256,12 +281,14 @@ def _tap_runner(runtime: str, bundle: Any, graph: str, device: str) -> Any:
 
 
 def to_layout(value: np.ndarray, like: np.ndarray) -> np.ndarray | None:
-    """``value`` in ``like``'s layout: as it is, or an NHWC tensor (Lite's convolutions) as NCHW; None if neither."""
+    """``value`` in ``like``'s layout, only where the mapping is exact: as it is; an NHWC tensor (Lite's
+    convolutions) as NCHW; or a reshape that only adds or drops axes of size 1 (the elements keep their order).
+    None otherwise: reshaping a tensor whose axes are ordered otherwise would compare unrelated elements."""
     if value.shape == like.shape:
         return value
     if value.ndim == 4 and like.ndim == 4 and value.shape == (like.shape[0], *like.shape[2:], like.shape[1]):
         return np.transpose(value, (0, 3, 1, 2))
-    if value.size == like.size and value.shape[:1] == like.shape[:1]:
+    if [d for d in value.shape if d != 1] == [d for d in like.shape if d != 1]:
         return value.reshape(like.shape)
     return None
 

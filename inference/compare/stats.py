@@ -205,7 +205,14 @@ class ArrayComparison:
         """One phrase for a failure: a shape mismatch is said as such, never as an infinite difference."""
         if self.shape_mismatch:
             return f"{self.name} has shape {self.shape_mismatch}"
-        return f"{self.name} {self.mismatches}/{self.count} (max abs {self.max_abs:.2e})"
+        if self.exact:
+            return f"{self.name} {self.mismatches}/{self.count} integers differ (max |diff| {self.max_abs:g})"
+        parts = []
+        if self.mismatches > self.nan_mismatches:
+            parts.append(f"max abs {self.max_abs:.2e}")
+        if self.nan_mismatches:
+            parts.append(f"{self.nan_mismatches} NaN where the other side has a number")
+        return f"{self.name} {self.mismatches}/{self.count} ({'; '.join(parts)})"
 
 
 def compare_arrays(
@@ -218,9 +225,12 @@ def compare_arrays(
         return ArrayComparison(name, False, int(ref.size), False, int(ref.size), None, shape_mismatch=mismatch,
                                tolerance=tol.describe())  # fmt: skip
     if np.issubdtype(ref.dtype, np.integer) or np.issubdtype(got.dtype, np.integer):
-        diff = (ref.astype(np.int64) != got.astype(np.int64)).ravel()
+        gap = np.abs(ref.astype(np.float64) - got.astype(np.float64)).ravel()  # NaN in a float side never matches
+        diff = ~(gap == 0)
         first = int(np.argmax(diff)) if diff.any() else None
-        return ArrayComparison(name, not diff.any(), int(ref.size), True, int(diff.sum()), first)
+        largest = float(np.nan_to_num(gap, nan=np.inf).max(initial=0.0))
+        return ArrayComparison(name, not diff.any(), int(ref.size), True, int(diff.sum()), first, max_abs=largest,
+                               required_atol=largest)  # fmt: skip
 
     r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
     nan_r, nan_g = np.isnan(r), np.isnan(g)

@@ -18,6 +18,7 @@ from inference.bundle import MODES, Bundle, sha256_file
 from inference.bundle.spaces import check_env_spaces
 from inference.compare import episodes as E
 from inference.compare.acting import available_modes
+from inference.compare.batches import infer_feeds
 from inference.compare.checks import Check, VerifyResult
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
@@ -86,6 +87,11 @@ def verify(
         checks += [Check(n, "comparison", "skip", "skipped: the reference is not reproducible") for n in names]
         return VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe())
     checks += logits_that_are_probabilities(bundle, reference)
+    if checkpoint_matches is False and localizer is not None:
+        found = _checkpoint_difference(localizer, bundle, reference, checks)
+        if found is not None:
+            localizations[CHECKPOINT] = found
+            progress(found.line())
     if reference.skipped_episodes:
         checks.append(Check("inputs", "episodes", "skip", reference.skipped_episodes))
     for mode in (set(MODES) - set(available_modes(bundle))) if not reference.skipped_episodes else ():
@@ -126,6 +132,9 @@ def verify(
         if localizer is not None and _wants_localization(options.localize, report, bundle, name):
             localizations[name] = _localize(localizer, bundle, reference, report, name, tolerance_for(preset, name))
             progress(localizations[name].line())
+            _preprocessing_first(localizations[name], report.checks)
+    if CHECKPOINT in localizations:
+        _name_the_layer(localizations[CHECKPOINT], checks)
     checks.extend(version_checks(bundle, runtimes))
     result = VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe(),
                           localizations)  # fmt: skip
@@ -153,11 +162,71 @@ def _localize(
     rows = report.worst_rows.get(graph, np.zeros(0, int))
     if not len(rows):
         return Localization(name, None, None, [], "not localized: no ordinary observation row to run on")
-    inputs = [x[rows] for x in reference.feeds.graph_inputs(bundle, graph)]
+    inputs = reference.feeds.graph_inputs(bundle, graph, rows)
     try:
         return localizer(name, graph, rows, inputs, tol)
     except Exception as exc:  # noqa: BLE001 - a layer search that fails is reported, the verdict stands
         return Localization(name, None, None, [], f"not localized: {first_line(exc)}", method="none")
+
+
+def _preprocessing_first(found: Localization, checks: list[Check]) -> None:
+    """The first diverging layer is the observation normaliser: the failures the outputs alone called "network" are
+    preprocessing (a clip bound, mean or variance the graph holds otherwise than the Cell)."""
+    if found.first_role != "preprocessing":
+        return
+    detail = (f"the first diverging layer is {found.first} ({found.first_kind}), the observation normaliser: the graph "
+              "normalises or clips observations otherwise than the Cell (a changed clip bound, mean or variance)")
+    for c in checks:
+        if c.status == "fail" and c.diagnosis and c.diagnosis.get("stage") == "network":
+            c.diagnosis = {"stage": "preprocessing", "detail": detail}
+
+
+CHECKPOINT = "checkpoint"  # the localisation of a checkpoint other than the bundle's source: its differing layer
+
+
+def _checkpoint_difference(
+    localizer: Localizer, bundle: Bundle, reference: Reference, checks: list[Check]
+) -> Localization | None:
+    """The checkpoint given is not the one the bundle was exported from: its Parameters against those the bundle
+    carries, layer by layer, so the provenance check names what changed (not only that the hash differs)."""
+    compare = getattr(localizer, "checkpoint_difference", None)
+    if compare is None:
+        return None
+    deciding = bundle.mode_graph("deterministic") or bundle.graphs[0]
+    rows = np.flatnonzero(reference.feeds.finite & reference.feeds.ordinary)[:8]
+    if not len(rows):
+        rows = np.arange(min(8, len(reference.feeds)))
+    found = None
+    for graph in (deciding, *(g for g in bundle.graphs if g != deciding)):  # the first graph whose weights differ
+        try:
+            here = compare(graph, reference.feeds.graph_inputs(bundle, graph, rows))
+        except Exception as exc:  # noqa: BLE001 - a comparison that cannot run is said, the verdict stands
+            here = Localization(CHECKPOINT, None, None, [], f"not localized: {first_line(exc)}", method="none")
+        found = found or here
+        if here is not None and here.first is not None:
+            found = here
+            break
+    if found is None:
+        return None
+    provenance = next(c for c in checks if c.name == "provenance")
+    if found.first is not None:
+        head = next(r for r in found.layers if r.scope == found.first)
+        provenance.summary += (f"; first differing layer: {found.first} ({found.first_kind}), {head.note}, max abs "
+                               f"{head.max_abs:.2e}")  # fmt: skip
+    else:
+        provenance.summary += f"; its parameters against the bundle's: {found.message}"
+    provenance.metrics["first_differing_layer"] = found.first
+    return found
+
+
+def _name_the_layer(found: Localization, checks: list[Check]) -> None:
+    """A failure diagnosed as provenance names the checkpoint's first differing layer."""
+    if found.first is None:
+        return
+    for c in checks:
+        if c.diagnosis and c.diagnosis.get("stage") == "provenance" and found.first not in c.diagnosis["detail"]:
+            c.diagnosis = {**c.diagnosis, "detail": f"{c.diagnosis['detail']}; first differing layer: {found.first} "
+                           f"({found.first_kind})"}  # fmt: skip
 
 
 def logits_that_are_probabilities(bundle: Bundle, reference: Reference) -> list[Check]:
@@ -222,9 +291,8 @@ def _compiled_twin(
         return None, f"{REFERENCE} (ms-graph unavailable)"
     feeds = seeded_feeds(bundle, TWIN_PROBE, seed)
     twin = {g: create("ms-graph", source, g).open() for g in bundle.graphs}
-    for graph, rt in twin.items():
-        inputs = feeds.graph_inputs(bundle, graph)
-        want, got = ref[graph].infer(*inputs), rt.infer(*inputs)
+    for graph, rt in twin.items():  # in the feeds' chunks: the twin then compiles the batch sizes it plays and feeds
+        want, got = infer_feeds(ref[graph], bundle, graph, feeds), infer_feeds(rt, bundle, graph, feeds)
         if not all(np.array_equal(want[k], got[k], equal_nan=True) for k in want):
             for opened in twin.values():
                 opened.close()

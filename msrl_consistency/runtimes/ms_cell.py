@@ -55,6 +55,14 @@ class MsCellRuntime(Runtime):
             outs = self.cell(*[Tensor(a) for a in arrays])
         return [o.asnumpy() for o in compat.as_tuple(outs)]
 
+    def _unload(self) -> None:
+        """Drop the Cell and its compiled graphs: MindSpore returns their buffers to its pool for the next runtime
+        (a CNN's graph holds hundreds of MB per batch size it ran)."""
+        import gc
+
+        self.cell = None
+        gc.collect()
+
     def versions(self) -> dict[str, str]:
         from msrl_consistency import compat
 

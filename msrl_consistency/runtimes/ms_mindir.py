@@ -33,6 +33,14 @@ class MsMindirRuntime(Runtime):
 
         return [o.asnumpy() for o in compat.as_tuple(self.cell(*[Tensor(a) for a in arrays]))]
 
+    def _unload(self) -> None:
+        """Drop the Cell and its compiled graphs: MindSpore returns their buffers to its pool for the next runtime
+        (a CNN's graph holds hundreds of MB per batch size it ran)."""
+        import gc
+
+        self.cell = None
+        gc.collect()
+
     def versions(self) -> dict[str, str]:
         from msrl_consistency import compat
 
