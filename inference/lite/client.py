@@ -59,6 +59,7 @@ from inference.lite.common import (
     RunnerCrashed,
     RunnerTimeout,
     RunnerUnavailable,
+    lite_precision_args,
     load_refusal,
     runner_path,
 )
@@ -121,7 +122,9 @@ class LiteRunner:
     deploy loop survives one bad request. ``max_restarts`` bounds restarts in a row without a served request.
     ``max_rows`` caps the batch a request may carry (the runner refuses more, see the module docstring).
     ``inline`` runs the graph on the runner's serving thread (True) or Lite's actor thread (False); None: as
-    ``MSRL_LITE_INLINE`` and the build's default say (inference/lite/runner/inline_run.h).
+    ``MSRL_LITE_INLINE`` and the build's default say (inference/lite/runner/inline_run.h). ``precision_mode`` and
+    ``config``: Lite's precision mode and runtime configuration; None: those of the model's bundle
+    (``common.lite_precision_args``; an Ascend run without a mode is refused).
     """
 
     def __init__(
@@ -137,6 +140,8 @@ class LiteRunner:
         max_rows: int = DEFAULT_MAX_ROWS,
         max_restarts: int = 3,
         inline: bool | None = None,
+        precision_mode: str | None = None,
+        config: str | None = None,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
@@ -162,6 +167,7 @@ class LiteRunner:
                 f"Lite runner not found or not executable: {exe} (build it: bash inference/lite/build_lite.sh)"
             )
         self.runner = exe
+        self.precision_mode, self.config = lite_precision_args(model_path, device, precision_mode, config)
         self._cmd = [
             str(exe),
             "--model",
@@ -174,6 +180,8 @@ class LiteRunner:
             str(threads),
             "--max-rows",
             str(max_rows),
+            *(["--precision-mode", self.precision_mode] if self.precision_mode else []),
+            *(["--config", self.config] if self.config else []),
         ]
         self._start()
         self.lite_version: str = self._hello["lite_version"]
