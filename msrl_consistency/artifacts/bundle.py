@@ -23,8 +23,16 @@ from inference.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION, Bundle, load_bund
 from inference.bundle.contract import PolicyContract
 from inference.bundle.files import replace_dir, sha256_file, write_json_atomic
 from inference.bundle.mindir import mindir_version
-from inference.bundle.precision import ASCEND_TARGETS, CONVERTER_CONFIG, TARGETS, check_mode, computes_in, \
-    converter_config, how_to_choose, refusal
+from inference.bundle.precision import (
+    ASCEND_TARGETS,
+    CONVERTER_CONFIG,
+    TARGETS,
+    check_mode,
+    computes_in,
+    converter_config,
+    how_to_choose,
+    refusal,
+)
 from inference.errors import INTERRUPTS, MsrlError, UsageError, first_line
 from msrl_consistency import __version__, compat
 from msrl_consistency.agent import ActorCritic
