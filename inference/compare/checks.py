@@ -103,7 +103,22 @@ class VerifyResult:
                 if name not in named and info.get("status") not in ("ran", "reference")]  # fmt: skip
         if idle and not only_failed:
             lines.append("\nnot compared here: " + "; ".join(idle))
+        if not only_failed:
+            lines += self._precision_lines()
         if self.localizations:
             lines.append("")
             lines += [loc.line() for loc in self.localizations.values()]
         return "\n".join(lines) + f"\n\n{self.verdict_line()}"
+
+    def _precision_lines(self) -> list[str]:
+        """What each compared runtime computes in and was judged with; the batch-invariance matrix."""
+        from inference.compare.batch_invariance import describe
+
+        lines = []
+        for name, info in self.runtimes.items():
+            p = info.get("precision")
+            if p and info.get("status") == "ran":
+                lines.append(f"{name}: computes in {p['computes_in']} (judged as {p['judged_as']}): {p['why']}")
+            if info.get("batch_invariance"):
+                lines.append(f"{name}: batch invariance: {describe(info['batch_invariance'])}")
+        return ["", *lines] if lines else []

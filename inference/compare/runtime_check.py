@@ -19,11 +19,13 @@ from inference.bundle import Bundle, BundleError
 from inference.bundle.contract import PolicyContract
 from inference.compare import episodes as E
 from inference.compare.acting import is_discrete, mode_policy
+from inference.compare.batch_invariance import batch_invariance
 from inference.compare.checks import Check
 from inference.compare.diagnose import not_repeatable, training_mode_ops
 from inference.compare.episode_checks import free_running_check, near_ties, teacher_forced_check
 from inference.compare.evidence import action_atol, gather_diagnosis, same_shape, select_rows, take_rows
 from inference.compare.feeds import Feeds
+from inference.compare.policy_bounds import PolicyBounds, policy_check
 from inference.compare.policy_level import policy_metrics
 from inference.compare.reference import Inputs, Reference, changed_on_rerun
 from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays, score_allowance
@@ -63,6 +65,7 @@ def check_runtime(
     checkpoint_matches: bool | None,
     env_deterministic: bool = False,
     asked: bool = True,
+    policy: PolicyBounds | None = None,
 ) -> RuntimeReport:
     """Open, compare, close. ``tolerance`` maps every output name to its tolerance for this runtime; ``preset``
     says what else the tolerance promises (the flip rate, episodes judged by their returns).
@@ -70,7 +73,8 @@ def check_runtime(
     ``env_deterministic`` (the env passed its determinism check) lets free-running episodes skip the env steps
     where the runtime acts exactly like the reference (``episodes.run_episodes(follow=...)``): same results.
     ``asked``: the user named this runtime; a format version it cannot read is then a warning (a failure when
-    ``required``), otherwise a fact in the runtimes section only.
+    ``required``), otherwise a fact in the runtimes section only. ``policy``: the policy-level bounds of its
+    precision (``policy_bounds``), judged as ``policy.<graph>`` checks.
     """
     from inference.runtimes.lite import IncompatibleModel
 
@@ -108,10 +112,13 @@ def check_runtime(
         for graph in bundle.graphs:
             check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance, preset)
             checks.append(check)
+            gate = policy_check(name, graph, bundle, ref, got[graph], policy, preset.name) if policy else None
+            checks += [gate] if gate is not None else []
         info["nan_propagation"] = _nan_facts(ref, got)
         worst = {g: _worst_rows(bundle, g, ref, got[g]) for g in bundle.graphs}
         repeat = _repeat_check(name, bundle, runtimes, ref.feeds, tolerance)
         checks.append(repeat)
+        info["batch_invariance"] = batch_invariance(bundle, runtimes, ref.feeds)
         failed = [c for c in checks if c.name.startswith("observations.") and c.status == "fail"]
         if failed:
             diagnosis = repeat.diagnosis or gather_diagnosis(

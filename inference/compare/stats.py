@@ -167,6 +167,13 @@ def _ordered(x: np.ndarray) -> np.ndarray:
     return np.where(i < 0, -(i & 0x7FFFFFFF), i)
 
 
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
+    """The largest float32 ULP distance between two same-shaped arrays, over the elements finite in both."""
+    a, b = np.asarray(a, np.float32).ravel(), np.asarray(b, np.float32).ravel()
+    both = np.isfinite(a) & np.isfinite(b)
+    return int(np.abs(_ordered(a[both]) - _ordered(b[both])).max(initial=0))
+
+
 @dataclass
 class ArrayComparison:
     """How far ``got`` is from ``ref`` for one output."""

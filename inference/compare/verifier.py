@@ -19,13 +19,14 @@ from inference.bundle.spaces import check_env_spaces
 from inference.compare import episodes as E
 from inference.compare.acting import available_modes
 from inference.compare.checks import Check, VerifyResult
+from inference.compare.device_precision import LITE_RUNTIMES, OPT_IN, emulation_wanted, judgement
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
 from inference.compare.localize import Localization, Localizer
 from inference.compare.options import LOCALIZE_STAGES, VerifyOptions
 from inference.compare.reference import REFERENCE, Reference, build_reference
 from inference.compare.runtime_check import IN_GRAPH_RANDOMNESS, RuntimeReport, check_runtime
-from inference.compare.stats import PRESETS, Tolerance, tolerance_for
+from inference.compare.stats import Tolerance
 from inference.compare.versions import version_checks
 from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
 from inference.runtimes.base import CellProvider, Runtime, RuntimeSource
@@ -50,9 +51,11 @@ def verify(
     (the training side's, or a golden file's recorded layers) names the first diverging layer of a runtime as
     ``options.localize`` says.
     """
-    preset = options.validate(bundle)
+    options.validate(bundle)
     source = RuntimeSource(bundle, cells, options.device, options.device_id)
-    for name in options.required:  # fail fast, before minutes of comparisons
+    emulate = ("emulated-fp16",) if emulation_wanted(bundle, options.emulate, options.device) else ()
+    required = (*options.required, *(emulate if options.emulate else ()))
+    for name in required:  # fail fast, before minutes of comparisons
         reason = RUNTIMES[name].why_not(source)
         if reason:
             raise RuntimeUnavailable(f"required runtime {name} is unavailable: {reason}")
@@ -76,8 +79,11 @@ def verify(
         reference = _build_reference(bundle, source, inputs, options)
         runtimes[REFERENCE] = {"status": "reference"}
     episode_diffs: dict[str, dict[str, np.ndarray]] = {}
-    names = [n for n in (options.runtimes or RUNTIMES) if n != REFERENCE or reference.origin != REFERENCE]
-    names += [n for n in options.required if n not in names]
+    default = [n for n in RUNTIMES if n not in OPT_IN]
+    names = [n for n in (options.runtimes or default) if n != REFERENCE or reference.origin != REFERENCE]
+    names += [n for n in (*required, *emulate) if n not in names]
+    if options.device == "ascend" and set(names) & set(LITE_RUNTIMES):  # Lite's precision mode: the bundle's, or none
+        _precision_mode_named(bundle)
     if reference.repeat_differs:
         detail = "; ".join(f"{g}: {', '.join(outs)}" for g, outs in reference.repeat_differs.items())
         checks.append(Check(REFERENCE, "repeatability", "fail", f"the policy Cell gives different outputs for the "
@@ -102,7 +108,7 @@ def verify(
         reason = RUNTIMES[name].why_not(source)
         selected[name] = reason or {g: create(name, source, g) for g in bundle.graphs}
     selected.update(extra_runtimes or {})
-    asked = set(options.runtimes or ()) | set(options.required)  # named by the user: what happens to each is a check
+    asked = set(options.runtimes or ()) | set(required)  # named by the user: what happens to each is a check
     for name, graph_runtimes in selected.items():
         INTERRUPTS.check()
         started = time.perf_counter()
@@ -112,18 +118,19 @@ def verify(
                 checks.append(Check(name, "available", "skip", f"unavailable: {graph_runtimes}"))
             progress(f"{name}: unavailable")
             continue
-        tol_default = tolerance_for(preset, name)
+        judged = judgement(bundle, name, options.device, options.tolerance)
         outputs = {o["name"] for g in bundle.graphs for o in bundle.graph(g)["outputs"]}
-        tolerance = {o: options.overrides.get(o, tol_default) for o in outputs}
+        tolerance = {o: options.overrides.get(o, judged.tolerance) for o in outputs}
         report = check_runtime(
-            name, graph_runtimes, bundle, reference, inputs, tolerance, PRESETS[preset], name in options.required,
-            checkpoint_matches, env_deterministic, asked=name in asked,
+            name, graph_runtimes, bundle, reference, inputs, tolerance, judged.preset, name in required,
+            checkpoint_matches, env_deterministic, asked=name in asked, policy=judged.policy,
         )  # fmt: skip
         runtimes[name], episode_diffs[name] = report.info, report.episode_diffs
+        runtimes[name]["precision"] = judged.info
         checks += report.checks
         progress(f"{name}: {report.info['status']} ({time.perf_counter() - started:.1f} s)")
         if localizer is not None and _wants_localization(options.localize, report, bundle, name):
-            localizations[name] = _localize(localizer, bundle, reference, report, name, tolerance_for(preset, name))
+            localizations[name] = _localize(localizer, bundle, reference, report, name, judged.tolerance)
             progress(localizations[name].line())
     checks.extend(version_checks(bundle, runtimes))
     result = VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe(),
@@ -137,7 +144,10 @@ def _wants_localization(mode: str, report: RuntimeReport, bundle: Bundle, name: 
     if mode == "never" or report.info.get("status") != "ran":
         return False
     stages = {c.diagnosis["stage"] for c in report.checks if c.status == "fail" and c.diagnosis}
-    return mode == "always" or bool(stages & LOCALIZE_STAGES) or (bundle.precision == "fp16" and name == "lite")
+    lowered = name == "emulated-fp16" or (name == "lite" and bundle.plan is not None)  # where a precision breaks
+    failed = any(c.status == "fail" for c in report.checks)
+    return mode == "always" or bool(stages & LOCALIZE_STAGES) or (bundle.precision == "fp16" and name == "lite") or \
+        (lowered and failed)  # fmt: skip
 
 
 def _localize(
@@ -156,6 +166,18 @@ def _localize(
         return localizer(name, graph, rows, inputs, tol)
     except Exception as exc:  # noqa: BLE001 - a layer search that fails is reported, the verdict stands
         return Localization(name, None, None, [], f"not localized: {first_line(exc)}", method="none")
+
+
+def _precision_mode_named(bundle: Bundle) -> None:
+    """Lite on Ascend runs with the bundle's precision mode; a bundle naming none is refused (exit 2, one line)."""
+    import platform
+
+    from inference.bundle.precision import PrecisionModeMissing, lite_precision
+
+    try:
+        lite_precision(bundle.manifest, "ascend", platform.machine(), f"bundle {bundle.root}")
+    except PrecisionModeMissing as exc:
+        raise UsageError(str(exc)) from None
 
 
 def logits_that_are_probabilities(bundle: Bundle, reference: Reference) -> list[Check]:

@@ -22,6 +22,7 @@ _BUILTIN = {
     "lite-mindir": "inference.runtimes.lite:LiteMindirRuntime",
     "lite-python": "inference.runtimes.lite_python:LitePythonRuntime",
     "onnxruntime": "inference.runtimes.onnxrt:OnnxRuntime",
+    "emulated-fp16": "inference.runtimes.emulated:EmulatedFp16Runtime",  # opt-in: compare.device_precision.OPT_IN
 }
 
 # Name → a Runtime class, or ``MODULE:CLASS`` imported on first use (registering must not import MindSpore);
