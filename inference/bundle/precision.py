@@ -82,12 +82,24 @@ def plan_of(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def config_files(manifest: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """The Lite configuration files the manifest's target names, as (field, entry)."""
+    """The Lite configuration files the manifest names (the target's, and each ``.ms`` file's), as (field, entry)."""
     target = manifest.get("target")
-    if not isinstance(target, dict):
-        return []
-    return [(f"target.{key}", target[key]) for key in ("converter_config", "runtime_config")
-            if isinstance(target.get(key), dict)]  # fmt: skip
+    found = [("target.converter_config", target["converter_config"])] if isinstance(target, dict) and \
+        isinstance(target.get("converter_config"), dict) else []  # fmt: skip
+    for name, graph in (manifest.get("graphs") or {}).items():
+        entry = ((graph.get("files") or {}).get("ms") or {}) if isinstance(graph, dict) else {}
+        found += [(f"graphs.{name}.files.ms.{key}", entry[key]) for key in ("converter_config", "runtime_config")
+                  if isinstance(entry.get(key), dict)]  # fmt: skip
+    return found
+
+
+def file_entry(manifest: Mapping[str, Any], file_name: str) -> dict[str, Any]:
+    """The manifest's entry of one graph file (``{}`` when it names none)."""
+    for graph in (manifest.get("graphs") or {}).values():
+        for entry in ((graph.get("files") or {}).values() if isinstance(graph, dict) else ()):
+            if isinstance(entry, dict) and entry.get("file") == file_name:
+                return entry
+    return {}
 
 
 def cpu_fp16_honoured(arch: str | None) -> bool:
@@ -147,9 +159,7 @@ def bundle_of_model(model_path: str | Path) -> Mapping[str, Any] | None:
         data = json.loads(manifest.read_text())
     except (OSError, ValueError):
         return None
-    files = {e.get("file") for g in (data.get("graphs") or {}).values() if isinstance(g, dict)
-             for e in (g.get("files") or {}).values() if isinstance(e, dict)}  # fmt: skip
-    return data if path.name in files else None
+    return data if isinstance(data, dict) and file_entry(data, path.name) else None
 
 
 def converter_config(target: str, mode: str | None, sections: Mapping[str, Mapping[str, Any]] | None = None) -> str:

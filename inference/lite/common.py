@@ -103,13 +103,7 @@ def lite_precision_args(
     ``ModelLoadError`` naming the default and how to choose. Returns ``(mode, config)``, ``""`` for none."""
     import platform
 
-    from inference.bundle.precision import (
-        RUNTIME_CONFIG,
-        PrecisionModeMissing,
-        bundle_of_model,
-        lite_precision,
-        refusal,
-    )
+    from inference.bundle.precision import PrecisionModeMissing, bundle_of_model, file_entry, lite_precision, refusal
 
     if precision_mode is not None:
         return precision_mode, config or ""
@@ -122,9 +116,9 @@ def lite_precision_args(
         chosen = lite_precision(manifest, device, platform.machine(), f"the bundle of {Path(model_path).name}")
     except PrecisionModeMissing as exc:
         raise ModelLoadError(str(exc)) from None
-    runtime = (manifest.get("target") or {}).get("runtime_config") or {}
+    runtime = file_entry(manifest, Path(model_path).name).get("runtime_config") or {}
     if config is None and chosen.precision_mode == "enforce_fp16" and device == "cpu" and runtime.get("file"):
-        config = str(Path(model_path).with_name(runtime.get("file", RUNTIME_CONFIG)))
+        config = str(Path(model_path).with_name(runtime["file"]))
     return chosen.precision_mode or "", config or ""
 
 

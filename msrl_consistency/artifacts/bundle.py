@@ -213,6 +213,8 @@ def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions, config: 
             if onnx_path is None:
                 raise G.ConversionError(f"the .ms is converted from the ONNX graph, which failed: {onnx_failure}")
             files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms"), fp16_weights=fp16, config=config))
+            if config is not None:
+                files["ms"]["converter_config"] = {"file": config.name, "sha256": sha256_file(config)}
             if fp16:
                 files["ms"]["weights"] = "float16"
         except G.ConverterUnavailable as exc:
