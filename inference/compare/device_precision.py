@@ -38,7 +38,7 @@ def plan_preset(plan: dict[str, Any]) -> tuple[Preset, PolicyBounds]:
     bounds = PolicyBounds.from_dict({**PLAN_BOUNDS.to_dict(), **(plan.get("bounds") or {})})
     tol = Tolerance(**{k: float(v) for k, v in plan["tolerance"].items() if k in ("atol", "rtol", "scale")})
     preset = Preset("plan", tol, max_flip_rate=bounds.flip_rate_ucb or 0.0, free_running="returns",
-                    return_tolerance=bounds.return_difference or 0.05)  # fmt: skip
+                    return_tolerance=bounds.return_difference or 0.05, judge_edges=False)  # fmt: skip
     return preset, bounds
 
 

@@ -67,6 +67,7 @@ def gate_metrics(
     out: dict[str, Any] = {"rows": int(rows.sum())}
     if "log_ratio" in metrics and metrics["log_ratio"].get("count"):
         out["mismatch"] = metrics["log_ratio"]["mismatch"]
+        out["log_ratio"] = {k: metrics["log_ratio"]["quantiles"][k] for k in ("p1", "p50", "p99")}
     if contract.action.is_discrete:
         ra = np.asarray(contract.env_action(r)).reshape(int(rows.sum()), -1)
         ga = np.asarray(contract.env_action(g)).reshape(int(rows.sum()), -1)
@@ -113,6 +114,18 @@ def describe(metrics: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def plan_culprit(plan: Mapping[str, Any]) -> str:
+    """The lowered layers of a plan that broke the bounds when lowered alone (the plan's measured sensitivity), most
+    sensitive first: the layers to keep."""
+    lowered = [layer for layer in plan.get("layers", []) if layer.get("precision") != "fp32"]
+    bad = sorted((layer for layer in lowered if not (layer.get("sensitivity") or {}).get("ok", True)),
+                 key=lambda layer: -float((layer.get("sensitivity") or {}).get("badness") or 0.0))  # fmt: skip
+    if not bad:
+        return ""
+    names = ", ".join(f"{layer['scope']} (alone: badness {layer['sensitivity'].get('badness')})" for layer in bad)
+    return f"; lowered here although it breaks the bounds alone: {names}"
+
+
 def policy_check(
     runtime: str, graph: str, bundle: Any, ref: Any, got: Mapping[str, np.ndarray], bounds: PolicyBounds,
     preset: str,
@@ -128,8 +141,9 @@ def policy_check(
     broken = judge(metrics, bounds)
     text = describe(metrics)
     if broken:
+        culprit = plan_culprit(bundle.plan) if preset == "plan" and bundle.plan else ""
         return Check(runtime, f"policy.{graph}", "fail", f"the policy moved beyond the {preset} bounds: "
-                     f"{'; '.join(broken)} ({text})", metrics,
+                     f"{'; '.join(broken)} ({text}){culprit}", metrics,
                      {"stage": "precision" if preset != "fp32" else "network",
                       "detail": "the runtime's action distribution differs from the reference's beyond what its "
                       "precision allows"})  # fmt: skip

@@ -196,7 +196,7 @@ def _compare_outputs(
 ) -> tuple[Check, dict[str, ArrayComparison]]:  # fmt: skip
     """Every output of ``graph`` on the finite feeds, the discrete action judged as flips, and the contract's
     policy-level metrics. A log-prob of a flipped sampled action is the flip's consequence, counted once (as it)."""
-    finite = ref.feeds.finite
+    finite = ref.feeds.finite if preset.judge_edges else ref.feeds.finite & ref.feeds.ordinary
     pooled = ref.feeds.ordinary[finite]
     expected = ref.outputs[graph]
     contract = bundle.contract(graph)
