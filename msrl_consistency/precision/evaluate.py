@@ -142,7 +142,7 @@ def _badness(metrics: Mapping[str, Any], bounds: PolicyBounds) -> float:
     if m.get("k3_kl") is not None:
         worst = max(worst, m["k3_kl"] / bounds.k3_kl)
     if metrics.get("flips") and bounds.flip_rate_ucb:
-        worst = max(worst, metrics["flips"]["rate"] / bounds.flip_rate_ucb)
+        worst = max(worst, metrics["flips"]["ucb"] / bounds.flip_rate_ucb)
     shift = (metrics.get("mean_shift_in_std") or {}).get("p99")
     if shift is not None:
         worst = max(worst, shift / bounds.mean_shift_in_std)

@@ -54,10 +54,12 @@ def search(layers: Sequence[Layer], evaluate: Callable[[frozenset[str]], Evaluat
     sensitivity = {}
     for scope in scopes:
         sensitivity[scope] = judge(every - {scope})
-        progress(f"{scope} lowered alone: {'within' if sensitivity[scope].ok else 'beyond'} the bounds "
-                 f"(badness {sensitivity[scope].badness:.3g})")  # fmt: skip
+        s = sensitivity[scope]
+        progress(f"{scope} lowered alone: {'within' if s.ok else 'beyond'} the bounds (badness {s.badness:.3g})"
+                 + (f": {'; '.join(s.broken)}" if s.broken else ""))  # fmt: skip
     lowest = judge(frozenset())
-    progress(f"every layer lowered: {'within' if lowest.ok else 'beyond'} the bounds (badness {lowest.badness:.3g})")
+    progress(f"every layer lowered: {'within' if lowest.ok else 'beyond'} the bounds (badness {lowest.badness:.3g})"
+             + (f": {'; '.join(lowest.broken)}" if lowest.broken else ""))  # fmt: skip
     if lowest.ok:
         return SearchResult(frozenset(), lowest, lowest, sensitivity, "every layer lowered is within the bounds",
                             count, tried)  # fmt: skip
