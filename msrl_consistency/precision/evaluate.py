@@ -46,7 +46,7 @@ class Evaluation:
     kept: frozenset[str]
     graphs: dict[str, dict[str, Any]]
     returns: dict[str, dict[str, float]]
-    errors: dict[str, float]  # output -> max |Δ| / the output's largest magnitude, over the states
+    errors: dict[str, float]  # output -> max |Δ| / the output's largest magnitude, on the states where actions agree
     broken: list[str]
     badness: float
 
@@ -106,8 +106,12 @@ def evaluate(
         contract = bundle.contract(graph)
         metrics = gate_metrics(contract, want, got, states.noise.get(graph), rows)
         graphs[graph] = metrics
+        agree = np.ones(len(states.obs), bool)
+        if contract.action.is_discrete:  # a flipped action's outputs (its log-prob) are the flip's: counted as a flip
+            ra, ga = np.asarray(contract.env_action(want)), np.asarray(contract.env_action(got))
+            agree = (ra.reshape(len(ra), -1) == ga.reshape(len(ga), -1)).all(1)
         for name, w in want.items():
-            w64, g64 = np.asarray(w, np.float64), np.asarray(got[name], np.float64)
+            w64, g64 = np.asarray(w, np.float64)[agree], np.asarray(got[name], np.float64)[agree]
             if w64.dtype.kind == "f" and w64.shape == g64.shape and w64.size:
                 scale = float(np.abs(w64[np.isfinite(w64)]).max(initial=0.0)) or 1.0
                 diff = np.abs(w64 - g64)

@@ -69,9 +69,11 @@ def _spread(rows: np.ndarray, n: int) -> np.ndarray:
     return rows[np.linspace(0, len(rows) - 1, min(n, len(rows))).astype(int)] if len(rows) else rows
 
 
-def collect_states(bundle: Bundle, args: argparse.Namespace, env: E.EnvSource | None) -> tuple[States, np.ndarray]:
-    """The evaluation states and the calibration rows: a field recording's observations (first half calibrates,
-    second half evaluates), else states the float32 policy visits in seeded episodes (disjoint seeds)."""
+def collect_states(bundle: Bundle, args: argparse.Namespace, env: E.EnvSource | None) \
+        -> tuple[States, np.ndarray, str]:  # fmt: skip
+    """The evaluation states, the calibration rows and where those came from: a field recording's observations
+    (first half calibrates, second half evaluates), else states the float32 policy visits in seeded episodes
+    (disjoint seeds)."""
     rng = np.random.default_rng([args.seed, 7])
     if args.recording:
         from inference.bundle.recording import read_recording
@@ -85,7 +87,9 @@ def collect_states(bundle: Bundle, args: argparse.Namespace, env: E.EnvSource | 
             raise UsageError(f"the recording holds {len(rows)} finite observations; a plan needs at least 128")
         half = len(rows) // 2
         calibration, evaluation = _spread(rows[:half], CALIBRATION_SIZE), _spread(rows[half:], args.states)
-        source = f"field recording {', '.join(map(str, args.recording))} ({len(rows)} observations)"
+        where = f"field recording {', '.join(map(str, args.recording))}"
+        source = f"{where}: its second half ({len(rows) - half} observations)"
+        calibrated = f"{where}: its first half ({half} observations)"
     else:
         if env is None:
             raise UsageError("no env to visit states in: pass --env-id or --env (or --recording)")
@@ -97,12 +101,13 @@ def collect_states(bundle: Bundle, args: argparse.Namespace, env: E.EnvSource | 
             evaluation = _spread(_visited(bundle, fp32, env, 16, args.seed + EVALUATION_SEED), args.states)
         finally:
             close(fp32)
-        source = (f"states the float32 policy visits in seeded episodes of {env.label} (calibration: seeds "
-                  f"{args.seed + CALIBRATION_SEED}.., evaluation: seeds {args.seed + EVALUATION_SEED}..)")  # fmt: skip
+        visits = f"states the float32 policy visits in seeded episodes of {env.label}"
+        source = f"{visits} (16 episodes, seeds {args.seed + EVALUATION_SEED}..)"
+        calibrated = f"{visits} (8 other episodes, seeds {args.seed + CALIBRATION_SEED}..)"
     noise = {g: bundle.sample_noise(g, rng, len(evaluation)) for g in bundle.graphs
              if bundle.contract(g).stochastic_noise_kind is not None}  # fmt: skip
     states = States(evaluation, noise, source, env, args.episodes if env is not None else 0, args.seed)
-    return states, calibration
+    return states, calibration, calibrated
 
 
 def calibration_inputs(bundle: Bundle, rows: np.ndarray, seed: int) -> dict[str, dict[str, np.ndarray]]:
@@ -136,7 +141,7 @@ def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) 
     say(f"layers of {bundle.root} ...")
     layers = policy_layers(bundle, cells)
     kept_given = _given(args.keep, layers)
-    states, calibration = collect_states(bundle, args, env)
+    states, calibration, calibrated = collect_states(bundle, args, env)
     say(f"{len(states.obs)} evaluation states: {states.source}")
     lowering = _lowering(args, bundle, layers, work, calibration)
     bounds = PLAN_BOUNDS
@@ -161,7 +166,7 @@ def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) 
                                   len(layers) + 2)  # fmt: skip
     finally:
         close(reference)
-    plan = plan_record(args, bundle, layers, result, states, bounds, lowering, calibration)
+    plan = plan_record(args, bundle, layers, result, states, bounds, lowering, calibration, calibrated)
     written = write_plan_bundle(bundle, args.out, layers, result, plan, lowering, args.force)
     return written, result, plan
 
@@ -195,7 +200,8 @@ def _lowering(args: argparse.Namespace, bundle: Bundle, layers: list[Layer], wor
 
 
 def plan_record(args: argparse.Namespace, bundle: Bundle, layers: list[Layer], result: SearchResult, states: States,
-                bounds: PolicyBounds, lowering: Any, calibration: np.ndarray) -> dict[str, Any]:  # fmt: skip
+                bounds: PolicyBounds, lowering: Any, calibration: np.ndarray, calibrated: str) \
+        -> dict[str, Any]:  # fmt: skip
     """The manifest's ``plan`` section."""
     lowered = args.lower
     record: dict[str, Any] = {
@@ -218,6 +224,5 @@ def plan_record(args: argparse.Namespace, bundle: Bundle, layers: list[Layer], r
     }
     if lowered == "int8" and args.quantization == "full":
         digest = hashlib.sha256(np.ascontiguousarray(calibration).tobytes()).hexdigest()
-        record["calibration"] = {"source": states.source.replace("evaluation", "evaluation (not calibration)"),
-                                 "count": int(len(calibration)), "sha256": digest}  # fmt: skip
+        record["calibration"] = {"source": calibrated, "count": int(len(calibration)), "sha256": digest}
     return record

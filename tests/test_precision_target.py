@@ -1,0 +1,141 @@
+"""The device's precision is part of the bundle: export --target writes Lite's converter configuration with the
+precision mode explicit, the manifest records it, Lite is handed that mode (runner and in-process library), doctor
+shows it, an Ascend run whose mode would be Lite's default (fp16) is refused, and a manifest without a target is a
+CPU bundle that the report says it assumed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lite_build
+import pytest
+
+from inference.bundle import load_bundle
+from inference.bundle.precision import PrecisionModeMissing, lite_precision
+from inference.lite.common import DeviceUnavailable, ModelLoadError, runner_available, runner_path
+
+REPO = Path(__file__).resolve().parents[1]
+_ok, _why = runner_available()
+needs_runner = pytest.mark.skipif(not _ok and not lite_build.required(), reason=_why)
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def ascend_bundle(cartpole_ckpt, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ascend") / "bundle"
+    proc = run("-m", "msrl_consistency.export", "--ckpt", str(cartpole_ckpt), "--out", str(out),
+               "--target", "ascend310", "--precision-mode", "enforce_origin", "--check-samples", "16")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def test_an_ascend_target_without_a_mode_is_refused_in_one_line_naming_lites_default(cartpole_ckpt, tmp_path):
+    proc = run("-m", "msrl_consistency.export", "--ckpt", str(cartpole_ckpt), "--out", str(tmp_path / "b"),
+               "--target", "ascend910b")  # fmt: skip
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("error: ")
+    assert "enforce_fp16" in line and "--precision-mode" in line and not (tmp_path / "b").exists()
+
+
+def test_an_ascend_target_writes_its_converter_configuration_and_records_the_mode(ascend_bundle):
+    config = (ascend_bundle / "lite_converter.cfg").read_text()
+    assert "[ascend_context]" in config and "precision_mode=enforce_origin" in config
+    bundle = load_bundle(ascend_bundle)
+    assert bundle.target["device"] == "ascend310" and bundle.target["precision_mode"] == "enforce_origin"
+    assert bundle.target["computes_in"] == "fp32" and bundle.target["converter_config"]["file"] == "lite_converter.cfg"
+    assert bundle.manifest["graphs"]["policy"]["files"]["ms"]["converter_config"]["file"] == "lite_converter.cfg"
+    chosen = lite_precision(bundle.manifest, "ascend", "x86_64")
+    assert chosen.precision_mode == "enforce_origin" and chosen.preset == "fp32"
+
+
+def test_a_changed_converter_configuration_is_caught_by_its_hash(ascend_bundle, tmp_path):
+    from inference.bundle import BundleError
+
+    copy = tmp_path / "b"
+    shutil.copytree(ascend_bundle, copy)
+    (copy / "lite_converter.cfg").write_text("[ascend_context]\nprecision_mode=enforce_fp16\n")
+    with pytest.raises(BundleError, match="lite_converter.cfg"):
+        load_bundle(copy)
+
+
+@needs_runner
+def test_the_runner_hands_lite_the_mode_it_was_given():
+    """Read back from Lite's own AscendDeviceInfo (no device needed), and refused without one."""
+    runner = str(runner_path())
+    proc = subprocess.run([runner, "--describe-device", "--device", "ascend", "--device-id", "1", "--precision-mode",
+                           "enforce_origin"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"device": "ascend", "device_id": 1, "precision_mode": "enforce_origin",
+                                       "enable_fp16": None}  # fmt: skip
+    proc = subprocess.run([runner, "--describe-device", "--device", "ascend"], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and json.loads(proc.stdout)["kind"] == "args"
+    assert "enforce_fp16" in json.loads(proc.stdout)["error"]
+
+
+@needs_runner
+def test_the_in_process_library_builds_the_same_device_context():
+    from inference.lite.inprocess import describe_device
+
+    assert describe_device("ascend", 0, "preferred_fp32")["precision_mode"] == "preferred_fp32"
+    assert describe_device("cpu", 0, "enforce_fp16")["enable_fp16"] is True
+    with pytest.raises(ModelLoadError, match="enforce_fp16"):
+        describe_device("ascend", 0, "")
+
+
+@needs_runner
+@pytest.mark.parametrize("where", ["runner", "in-process"])
+def test_lite_on_ascend_gets_the_bundles_mode_and_a_cpu_bundle_is_refused(ascend_bundle, cartpole_bundle, where):
+    """The Ascend bundle's mode reaches Lite (its device failure here names it: no Ascend on this box); a CPU bundle
+    on Ascend is refused before Lite is touched, naming the default it would get."""
+    from inference.lite.client import LiteRunner
+    from inference.lite.inprocess import LiteModel
+
+    opener = LiteRunner if where == "runner" else LiteModel
+    with pytest.raises(DeviceUnavailable, match=r"precision mode enforce_origin"):
+        opener(ascend_bundle / "policy.ms", device="ascend")
+    with pytest.raises(ModelLoadError) as info:
+        opener(cartpole_bundle.root / "policy.ms", device="ascend")
+    assert "enforce_fp16" in str(info.value) and "--precision-mode" in str(info.value)
+
+
+def test_verify_on_ascend_refuses_a_bundle_without_a_mode(cartpole_bundle, cartpole_ckpt, tmp_path):
+    proc = run("-m", "msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
+               "--device", "ascend", "--runtimes", "lite", "--out", str(tmp_path / "r"), "--quiet")  # fmt: skip
+    assert proc.returncode in (2, 3), proc.stdout[-1000:] + proc.stderr[-1000:]
+    if proc.returncode == 2:  # MindSpore has no Ascend backend here either: exit 3 may come first
+        assert "enforce_fp16" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_manifest_without_a_target_is_read_as_cpu_and_the_report_says_so(cartpole_bundle, tmp_path):
+    copy = tmp_path / "old"
+    shutil.copytree(cartpole_bundle.root, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["target"]
+    for graph in manifest["graphs"].values():
+        graph["files"]["ms"].pop("converter_config", None)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    bundle = load_bundle(copy)
+    assert bundle.target["device"] == "cpu" and bundle.target["precision_mode"] is None
+    assert "cpu" in bundle.defaults()["target"]
+    with pytest.raises(PrecisionModeMissing, match="enforce_fp16"):
+        lite_precision(bundle.manifest, "ascend", "x86_64")
+
+
+def test_doctor_shows_the_mode_that_will_apply(ascend_bundle, cartpole_bundle):
+    from inference.doctor import precision_check
+
+    check = precision_check(load_bundle(ascend_bundle), None, "ascend")
+    assert check.status == "ok" and "enforce_origin" in check.here and "fp32" in check.here
+    refused = precision_check(cartpole_bundle, None, "ascend")
+    assert refused.status == "incompatible" and "enforce_fp16" in refused.detail
+    cpu = precision_check(cartpole_bundle, None, "cpu")
+    assert cpu.status == "ok" and "fp32" in cpu.here
