@@ -42,8 +42,8 @@ def emulate_fp16(model: Any, keep: Iterable[str] = ()) -> Any:
     from onnx import numpy_helper
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    _decompose_layer_norms(model)
     keep = set(keep)
+    keep |= _decompose_layer_norms(model, keep)
     graph = model.graph
     types = _elem_types(model)
     inits = {i.name: i for i in graph.initializer}
@@ -127,11 +127,13 @@ def _elem_types(model: Any) -> dict[str, int]:
     return types
 
 
-def _decompose_layer_norms(model: Any) -> None:
-    """Each ``LayerNormalization`` (opset 17) as its steps, keeping the node's name on its last step (its output)."""
+def _decompose_layer_norms(model: Any, keep: set[str]) -> set[str]:
+    """Each ``LayerNormalization`` (opset 17) as its steps, keeping the node's name on its last step (its output).
+    Returns the steps' names of the kept ones (a kept LayerNorm stays whole in fp32)."""
     from onnx import helper
 
     out: list[Any] = []
+    kept: set[str] = set()
     for node in model.graph.node:
         if node.op_type != "LayerNormalization":
             out.append(node)
@@ -157,12 +159,15 @@ def _decompose_layer_norms(model: Any) -> None:
         if bias:
             steps.append(helper.make_node("Add", [last, bias], [node.output[0]], name=node.name))
         out.extend(steps)
+        if node.name in keep:
+            kept |= {step.name for step in steps}
     if len(out) != len(model.graph.node):
         del model.graph.node[:]
         model.graph.node.extend(out)
         opset = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         if opset is not None and opset.version >= 18:  # ReduceMean takes its axes as an input from opset 18
             raise ValueError("a LayerNormalization in an opset >= 18 graph is not emulated yet")
+    return kept
 
 
 def session(model: Any, threads: int = 1) -> Any:

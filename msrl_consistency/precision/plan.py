@@ -15,6 +15,7 @@ from inference.bundle import Bundle, BundleError, load_bundle
 from inference.compare import episodes as E
 from inference.compare.policy_bounds import PLAN_BOUNDS, PolicyBounds
 from inference.errors import RuntimeUnavailable, UsageError
+from inference.lite.common import LiteRunnerError
 from msrl_consistency.precision.evaluate import Evaluation, States, evaluate, reference_episodes
 from msrl_consistency.precision.layers import Layer, policy_layers
 from msrl_consistency.precision.lowering import CALIBRATION_SIZE, Fp16Lowering, Int8Lowering, close
@@ -151,7 +152,10 @@ def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) 
         ref_outputs: dict[str, dict[str, np.ndarray]] = {}
 
         def judge(kept: frozenset[str]) -> Evaluation:
-            lowered = lowering.lowered(kept)
+            try:
+                lowered = lowering.lowered(kept)
+            except LiteRunnerError as exc:  # e.g. a weight-quantized .ms this Lite cannot load
+                raise RuntimeUnavailable(f"Lite cannot run the {args.lower} .ms here: {exc}") from None
             try:
                 return evaluate(bundle, reference, lowered, states, bounds, kept, ref_outputs)
             finally:
