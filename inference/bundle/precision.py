@@ -115,9 +115,10 @@ class DevicePrecision:
     precision_mode: str | None
     preset: str
     why: str
+    computes_in: str | None = None  # when it is not the preset's name (a plan's int8 or fp16)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"precision_mode": self.precision_mode, "computes_in": self.preset, "why": self.why}
+        return {"precision_mode": self.precision_mode, "computes_in": self.computes_in or self.preset, "why": self.why}
 
 
 def lite_precision(manifest: Mapping[str, Any], device: str, arch: str | None, where: str = "the bundle") -> \
@@ -133,13 +134,14 @@ def lite_precision(manifest: Mapping[str, Any], device: str, arch: str | None, w
             raise PrecisionModeMissing(refusal(f"{where} (target {target.get('device', 'cpu')})"))
         preset = "plan" if plan else computes_in(mode, graph_precision)
         return DevicePrecision(mode, preset, f"Ascend precision mode {mode} ({ASCEND_MODES[mode]}), from the "
-                               f"bundle's target {target['device']}")  # fmt: skip
+                               f"bundle's target {target['device']}", plan.get("lower") if plan else None)  # fmt: skip
     if plan and plan.get("lower") == "int8":
-        return DevicePrecision(None, "plan", "int8 plan: Lite's quantized kernels with the kept layers in fp32")
+        kept = ", ".join(plan.get("kept") or []) or "none"
+        return DevicePrecision(None, "plan", f"int8 plan: Lite's quantized kernels, kept in fp32: {kept}", "int8")
     if plan and plan.get("lower") == "fp16":
         if cpu_fp16_honoured(arch):
             return DevicePrecision("enforce_fp16", "plan", "fp16 plan: Lite's fp16 CPU kernels, the kept layers "
-                                   "in fp32 (its runtime configuration's execution plan)")  # fmt: skip
+                                   "in fp32 (its runtime configuration's execution plan)", "fp16")  # fmt: skip
         return DevicePrecision(None, "fp32", f"fp32: this Lite build ({arch or 'unknown'} CPU) has no fp16 kernels, "
                                "so the fp16 plan computes in fp32 here; emulated-fp16 judges the plan")  # fmt: skip
     weights = {(g.get("files") or {}).get("ms", {}).get("weights") for g in (manifest.get("graphs") or {}).values()

@@ -38,7 +38,7 @@ def plan_preset(plan: dict[str, Any]) -> tuple[Preset, PolicyBounds]:
     bounds = PolicyBounds.from_dict({**PLAN_BOUNDS.to_dict(), **(plan.get("bounds") or {})})
     tol = Tolerance(**{k: float(v) for k, v in plan["tolerance"].items() if k in ("atol", "rtol", "scale")})
     preset = Preset("plan", tol, max_flip_rate=bounds.flip_rate_ucb or 0.0, free_running="returns",
-                    return_tolerance=bounds.return_difference or 0.05, judge_edges=False)  # fmt: skip
+                    return_tolerance=bounds.return_difference or 0.05, judge_rows="visited")  # fmt: skip
     return preset, bounds
 
 
@@ -51,7 +51,7 @@ def runtime_precision(bundle: Bundle, name: str, device: str) -> DevicePrecision
 
         kept = ", ".join(plan.get("kept") or []) if plan.get("lower") == "fp16" else ""
         why = f"fp16: {EMULATION_NOTE}" + (f"; the plan's kept layers in fp32 ({kept})" if kept else "")
-        return DevicePrecision(None, "plan" if plan.get("lower") == "fp16" else "fp16", why)
+        return DevicePrecision(None, "plan" if plan.get("lower") == "fp16" else "fp16", why, "fp16")
     if name in LITE_RUNTIMES:
         return lite_precision(bundle.manifest, device, platform.machine(), f"bundle {bundle.root}")
     own = "the training Cell" if name in ("ms-cell", "ms-graph") else "the exported graph"

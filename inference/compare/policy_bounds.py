@@ -133,6 +133,9 @@ def policy_check(
     """The ``policy.<graph>`` check: the graph's policy-level mismatch on the ordinary rows against ``bounds``
     (None when the graph gives none of these numbers, e.g. a deterministic action without scores)."""
     rows = ref.feeds.finite & ref.feeds.ordinary
+    if preset == "plan":  # a plan is judged on the observations the policy really saw (``Preset.judge_rows``)
+        visited = rows & np.isin(ref.feeds.source, ("episode", "recorded"))
+        rows = visited if visited.any() else rows
     noise = ref.feeds.noise.get(graph)
     metrics = gate_metrics(bundle.contract(graph), ref.outputs[graph], got, noise, rows)
     if not any(k in metrics for k in ("mismatch", "flips", "mean_shift_in_std")):

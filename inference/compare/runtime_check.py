@@ -47,6 +47,11 @@ RUNTIME_FAILURE = {
     "detail": "the runtime failed or hung on this graph: a runtime defect or an unsupported pattern, not a "
     "numerical difference",
 }
+LOWERED = {
+    "stage": "precision",
+    "detail": "the graph follows a precision plan: its lowered layers move the policy beyond the plan's bounds (the "
+    "layers the plan measured as breaking them alone are named in its policy check)",
+}
 IN_GRAPH_RANDOMNESS = {
     "stage": "sampling",
     "detail": "sampling inside the graph cannot be reproduced by another runtime; take the noise as an input",
@@ -121,9 +126,9 @@ def check_runtime(
         info["batch_invariance"] = batch_invariance(bundle, runtimes, ref.feeds)
         failed = [c for c in checks if c.name.startswith("observations.") and c.status == "fail"]
         if failed:
-            diagnosis = repeat.diagnosis or gather_diagnosis(
+            diagnosis = repeat.diagnosis or (LOWERED if preset.name == "plan" else gather_diagnosis(
                 bundle, ref, got, comparisons, tolerance, checkpoint_matches
-            )
+            ))  # fmt: skip
             for c in failed:
                 c.diagnosis = dict(diagnosis)
         for mode, trace in ref.traces.items():
@@ -196,7 +201,7 @@ def _compare_outputs(
 ) -> tuple[Check, dict[str, ArrayComparison]]:  # fmt: skip
     """Every output of ``graph`` on the finite feeds, the discrete action judged as flips, and the contract's
     policy-level metrics. A log-prob of a flipped sampled action is the flip's consequence, counted once (as it)."""
-    finite = ref.feeds.finite if preset.judge_edges else ref.feeds.finite & ref.feeds.ordinary
+    finite = preset.judged(ref.feeds)
     pooled = ref.feeds.ordinary[finite]
     expected = ref.outputs[graph]
     contract = bundle.contract(graph)

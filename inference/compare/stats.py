@@ -73,9 +73,17 @@ class Preset:
     free_running: str = "exact"
     return_tolerance: float = 0.0
     ks_alpha: float = 0.01
-    # False: the synthetic extreme rows (±50σ, ±1e4) are not judged element-wise (a precision plan covers what the
-    # policy sees; int8 kernels saturate far outside the calibrated range by design); they are still reported.
-    judge_edges: bool = True
+    # "visited": only the observations the policy really saw (visited in episodes, recorded) are judged, element-wise
+    # and in policy terms: a precision plan is accountable for those (int8 kernels saturate outside the range they
+    # were calibrated on, by design); the synthetic rows are still compared and reported. "all": every finite row.
+    judge_rows: str = "all"
+
+    def judged(self, feeds: Any) -> np.ndarray:
+        """The feed rows this preset judges (``judge_rows``); all finite rows when none was visited."""
+        if self.judge_rows != "visited":
+            return feeds.finite
+        visited = feeds.finite & np.isin(feeds.source, ("episode", "recorded"))
+        return visited if visited.any() else feeds.finite & feeds.ordinary
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
