@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import lite_build
@@ -25,6 +26,14 @@ needs_runner = pytest.mark.skipif(not _ok and not lite_build.required(), reason=
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=600)
+
+
+def deploy_python(code: str) -> dict:
+    """``code`` in a fresh Python without MindSpore (Lite in the process clashes with it); prints one JSON line."""
+    script = "import sys, json\nsys.modules['mindspore'] = None\n" + textwrap.dedent(code)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +92,19 @@ def test_the_runner_hands_lite_the_mode_it_was_given():
 
 @needs_runner
 def test_the_in_process_library_builds_the_same_device_context():
-    from inference.lite.inprocess import describe_device
-
-    assert describe_device("ascend", 0, "preferred_fp32")["precision_mode"] == "preferred_fp32"
-    assert describe_device("cpu", 0, "enforce_fp16")["enable_fp16"] is True
-    with pytest.raises(ModelLoadError, match="enforce_fp16"):
-        describe_device("ascend", 0, "")
+    got = deploy_python("""
+        from inference.lite.common import ModelLoadError
+        from inference.lite.inprocess import describe_device
+        out = {"ascend": describe_device("ascend", 0, "preferred_fp32"),
+               "cpu": describe_device("cpu", 0, "enforce_fp16")}
+        try:
+            describe_device("ascend", 0, "")
+        except ModelLoadError as exc:
+            out["refused"] = str(exc)
+        print(json.dumps(out))
+    """)
+    assert got["ascend"]["precision_mode"] == "preferred_fp32" and got["cpu"]["enable_fp16"] is True
+    assert "enforce_fp16" in got["refused"]
 
 
 @needs_runner
@@ -96,15 +112,22 @@ def test_the_in_process_library_builds_the_same_device_context():
 def test_lite_on_ascend_gets_the_bundles_mode_and_a_cpu_bundle_is_refused(ascend_bundle, cartpole_bundle, where):
     """The Ascend bundle's mode reaches Lite (its device failure here names it: no Ascend on this box); a CPU bundle
     on Ascend is refused before Lite is touched, naming the default it would get."""
-    from inference.lite.client import LiteRunner
-    from inference.lite.inprocess import LiteModel
-
-    opener = LiteRunner if where == "runner" else LiteModel
-    with pytest.raises(DeviceUnavailable, match=r"precision mode enforce_origin"):
-        opener(ascend_bundle / "policy.ms", device="ascend")
-    with pytest.raises(ModelLoadError) as info:
-        opener(cartpole_bundle.root / "policy.ms", device="ascend")
-    assert "enforce_fp16" in str(info.value) and "--precision-mode" in str(info.value)
+    opener = "from inference.lite.client import LiteRunner as Open" if where == "runner" else \
+        "from inference.lite.inprocess import LiteModel as Open"  # fmt: skip
+    got = deploy_python(f"""
+        {opener}
+        out = {{}}
+        for name, path in (("ascend", {str(ascend_bundle / "policy.ms")!r}),
+                           ("cpu", {str(cartpole_bundle.root / "policy.ms")!r})):
+            try:
+                Open(path, device="ascend")
+            except Exception as exc:
+                out[name] = [type(exc).__name__, str(exc)]
+        print(json.dumps(out))
+    """)
+    assert got["ascend"][0] == DeviceUnavailable.__name__ and "precision mode enforce_origin" in got["ascend"][1]
+    assert got["cpu"][0] == ModelLoadError.__name__
+    assert "enforce_fp16" in got["cpu"][1] and "--precision-mode" in got["cpu"][1]
 
 
 def test_verify_on_ascend_refuses_a_bundle_without_a_mode(cartpole_bundle, cartpole_ckpt, tmp_path):

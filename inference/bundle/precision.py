@@ -44,8 +44,8 @@ class PrecisionModeMissing(ValueError):
 
 
 def how_to_choose(target: str = "ascend310") -> str:
-    return (f"choose one: python -m msrl_consistency.export --target {target} --precision-mode MODE "
-            f"(MODE one of {', '.join(ASCEND_MODES)}; enforce_origin keeps the graph's float32)")  # fmt: skip
+    return (f"choose one at export: --target {target} --precision-mode MODE (MODE one of {', '.join(ASCEND_MODES)}; "
+            "enforce_origin keeps the graph's float32)")  # fmt: skip
 
 
 def refusal(where: str, target: str = "ascend310") -> str:

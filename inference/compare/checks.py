@@ -121,4 +121,11 @@ class VerifyResult:
                 lines.append(f"{name}: computes in {p['computes_in']} (judged as {p['judged_as']}): {p['why']}")
             if info.get("batch_invariance"):
                 lines.append(f"{name}: batch invariance: {describe(info['batch_invariance'])}")
+        gated = {(c.runtime, c.name.split(".", 1)[1]) for c in self.checks if c.name.startswith("policy.")}
+        for c in self.checks:  # a comparison without a policy gate (an audit): its mismatch numbers, said too
+            m = ((c.metrics or {}).get("log_ratio") or {}).get("mismatch") or {}
+            graph = c.name.split(".", 1)[-1]
+            if c.name.startswith("observations.") and m.get("count") and (c.runtime, graph) not in gated:
+                lines.append(f"{c.runtime}: {graph}: mean exp|Δ log π| {m['mean_exp_abs']:.6f}, ESS {m['ess']:.4f}, "
+                             f"k3 KL {m['k3_kl']:.2e} ({m['count']} sampled actions)")  # fmt: skip
         return ["", *lines] if lines else []
