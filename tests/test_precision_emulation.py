@@ -122,8 +122,8 @@ def test_all_fp16_fails_naming_the_layernorm_and_the_fp16_plan_keeps_it_and_veri
                "--emulate", "fp16", "--out", "all-fp16", *small)  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = json.loads((team / "all-fp16" / "report.json").read_text())
-    failed = {c["name"] for c in report["checks"] if c["runtime"] == "emulated-fp16" and c["status"] == "fail"}
-    assert "observations.policy" in failed and "policy.policy" in failed
+    status = {c["name"]: c["status"] for c in report["checks"] if c["runtime"] == "emulated-fp16"}
+    assert status["observations.policy"] == "fail" and status["policy.policy"] == "warn"  # fp16: a warning there
     assert report["localization"]["emulated-fp16"]["first_diverging_layer"] == "norm"
     assert "emulation" in report["runtimes"]["emulated-fp16"]["precision"]["why"]
     assert "first diverging layer: norm" in proc.stdout

@@ -11,6 +11,11 @@ runtimes of trained policies stay within 1 + 2e-5 of a perfect match (worst mean
 k3 KL 4e-11); the fp16 emulation of the same policies within 1.003 (k3 KL 2e-6). Each default sits one to two orders
 of magnitude above what agreeing runtimes reach and below what a broken layer gives (the LayerNorm that fp16
 overflows: mean exp|Δ log π| 1.6, ESS 0.62). A precision plan carries its own bounds (``plan.bounds``).
+
+Who decides: under a plan the bounds are the verdict (element-wise numbers of a lowered graph say little). Under fp32
+and fp16 the element-wise tolerance decides and a policy beyond these bounds is a warning: a Gaussian head with a
+very small std turns differences the tolerance accepts into large log-ratios, which is the policy's sharpness, not a
+fault of the runtime.
 """
 
 from __future__ import annotations
@@ -143,11 +148,13 @@ def policy_check(
     metrics["bounds"] = {**bounds.to_dict(), "preset": preset}
     broken = judge(metrics, bounds)
     text = describe(metrics)
+    if broken and preset != "plan":
+        return Check(runtime, f"policy.{graph}", "warn", f"the policy moved beyond the {preset} bounds although the "
+                     f"element-wise tolerance decides here: {'; '.join(broken)} ({text})", metrics)  # fmt: skip
     if broken:
-        culprit = plan_culprit(bundle.plan) if preset == "plan" and bundle.plan else ""
+        culprit = plan_culprit(bundle.plan) if bundle.plan else ""
         return Check(runtime, f"policy.{graph}", "fail", f"the policy moved beyond the {preset} bounds: "
                      f"{'; '.join(broken)} ({text}){culprit}", metrics,
-                     {"stage": "precision" if preset != "fp32" else "network",
-                      "detail": "the runtime's action distribution differs from the reference's beyond what its "
-                      "precision allows"})  # fmt: skip
+                     {"stage": "precision", "detail": "the runtime's action distribution differs from the reference's "
+                      "beyond what its precision plan allows"})  # fmt: skip
     return Check(runtime, f"policy.{graph}", "pass", f"within the {preset} policy bounds: {text}", metrics)
