@@ -24,8 +24,20 @@ ROWS = 8
 
 
 def batch_invariance(bundle: Any, runtimes: Mapping[str, Any], feeds: Any, rows: int = ROWS) -> dict[str, Any]:
-    """The matrix for the runtime's deciding graph (see the module docstring); ``{}`` with too few rows."""
+    """The matrix for the runtime's deciding graph (see the module docstring); ``{}`` with too few rows, or for a
+    runtime that answers only the batches it recorded (an audit's device)."""
+    from inference.errors import MsrlError
+
+    try:
+        return _matrix(bundle, runtimes, feeds, rows)
+    except MsrlError:
+        return {}
+
+
+def _matrix(bundle: Any, runtimes: Mapping[str, Any], feeds: Any, rows: int) -> dict[str, Any]:
     graph = bundle.mode_graph("deterministic") or bundle.graphs[0]
+    if graph not in runtimes:
+        return {}
     runtime = runtimes[graph]
     ordinary = np.flatnonzero(feeds.finite & feeds.ordinary)
     if len(ordinary) < max(SIZES) + rows:
