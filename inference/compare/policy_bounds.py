@@ -123,8 +123,9 @@ def plan_culprit(plan: Mapping[str, Any]) -> str:
     """The lowered layers of a plan that broke the bounds when lowered alone (the plan's measured sensitivity), most
     sensitive first: the layers to keep."""
     lowered = [layer for layer in plan.get("layers", []) if layer.get("precision") != "fp32"]
+    badness = lambda layer: (layer.get("sensitivity") or {}).get("badness")  # noqa: E731 - None: could not run
     bad = sorted((layer for layer in lowered if not (layer.get("sensitivity") or {}).get("ok", True)),
-                 key=lambda layer: -float((layer.get("sensitivity") or {}).get("badness") or 0.0))  # fmt: skip
+                 key=lambda layer: -float(badness(layer) if badness(layer) is not None else "inf"))  # fmt: skip
     if not bad:
         return ""
     names = ", ".join(f"{layer['scope']} (alone: badness {layer['sensitivity'].get('badness')})" for layer in bad)

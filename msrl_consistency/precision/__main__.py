@@ -75,8 +75,9 @@ def summary(bundle: Any, plan: dict[str, Any]) -> str:
              f"{'within' if final['ok'] else 'BEYOND'} the bounds (badness {final['badness']})"]  # fmt: skip
     for layer in plan["layers"]:
         s = layer.get("sensitivity") or {}
+        badness = f"{s['badness']:.3g}" if s.get("badness") is not None else "-, " + "; ".join(s.get("broken", []))
         lines.append(f"  {layer['scope']:<28} {layer['precision']:<5} cost {layer['cost']:>7}  alone: "
-                     f"{'within' if s.get('ok') else 'beyond'} (badness {s.get('badness', float('nan')):.3g})")
+                     f"{'within' if s.get('ok') else 'beyond'} (badness {badness})")
     every = plan["all_lowered"]
     lines.append(f"  every layer lowered: {'within' if every['ok'] else 'beyond'} the bounds"
                  + (f": {'; '.join(every['broken'][:2])}" if every.get("broken") else ""))  # fmt: skip

@@ -56,7 +56,8 @@ class Evaluation:
 
     def summary(self) -> dict[str, Any]:
         """The numbers a plan records for this candidate."""
-        out: dict[str, Any] = {"ok": self.ok, "badness": round(self.badness, 4)}
+        finite = np.isfinite(self.badness)  # inf: Lite could not run this candidate (``broken`` says why)
+        out: dict[str, Any] = {"ok": self.ok, "badness": round(self.badness, 4) if finite else None}
         for graph, m in self.graphs.items():
             mm, flips, shift = m.get("mismatch") or {}, m.get("flips") or {}, (m.get("mean_shift_in_std") or {})
             out[graph] = {k: v for k, v in {

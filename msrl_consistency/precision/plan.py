@@ -14,8 +14,9 @@ import numpy as np
 from inference.bundle import Bundle, BundleError, load_bundle
 from inference.compare import episodes as E
 from inference.compare.policy_bounds import PLAN_BOUNDS, PolicyBounds
-from inference.errors import RuntimeUnavailable, UsageError
+from inference.errors import RuntimeUnavailable, UsageError, first_line
 from inference.lite.common import LiteRunnerError
+from msrl_consistency.artifacts.graphs import ConversionError
 from msrl_consistency.precision.evaluate import Evaluation, States, evaluate, reference_episodes
 from msrl_consistency.precision.layers import Layer, policy_layers
 from msrl_consistency.precision.lowering import CALIBRATION_SIZE, Fp16Lowering, Int8Lowering, close
@@ -154,8 +155,9 @@ def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) 
         def judge(kept: frozenset[str]) -> Evaluation:
             try:
                 lowered = lowering.lowered(kept)
-            except LiteRunnerError as exc:  # e.g. a weight-quantized .ms this Lite cannot load
-                raise RuntimeUnavailable(f"Lite cannot run the {args.lower} .ms here: {exc}") from None
+            except (LiteRunnerError, ConversionError) as exc:  # a lowering this Lite cannot convert or load
+                why = f"Lite cannot {'load' if isinstance(exc, LiteRunnerError) else 'convert'} it: {first_line(exc)}"
+                return Evaluation(kept, {}, {}, {}, [why], float("inf"))
             try:
                 return evaluate(bundle, reference, lowered, states, bounds, kept, ref_outputs)
             finally:
@@ -170,6 +172,10 @@ def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) 
                                   len(layers) + 2)  # fmt: skip
     finally:
         close(reference)
+    unusable = [b for b in result.final.broken if b.startswith("Lite cannot")]
+    if unusable:
+        raise RuntimeUnavailable(f"the plan keeping {', '.join(sorted(result.final.kept)) or 'no layer'} cannot run "
+                                 f"here: {unusable[0]}")  # fmt: skip
     plan = plan_record(args, bundle, layers, result, states, bounds, lowering, calibration, calibrated)
     written = write_plan_bundle(bundle, args.out, layers, result, plan, lowering, args.force)
     return written, result, plan

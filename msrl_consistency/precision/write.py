@@ -121,7 +121,7 @@ def plan_markdown(source: Bundle, layers: Sequence[Layer], result: SearchResult,
               "| candidate | kept in fp32 | within the bounds | badness | what breaks |", "|---|---|---|---:|---|"]
     for name, ev in (("plan", plan["final"]), ("every layer lowered", plan["all_lowered"])):
         kept = ", ".join(plan["kept"]) if name == "plan" else "none"
-        lines.append(f"| {name} | {kept or 'none'} | {'yes' if ev['ok'] else 'no'} | {ev['badness']} | "
+        lines.append(f"| {name} | {kept or 'none'} | {'yes' if ev['ok'] else 'no'} | {_num(ev['badness'], '.3g')} | "
                      f"{'; '.join(ev.get('broken', [])) or '–'} |")  # fmt: skip
     lines += ["", "Verify the plan's bundle (exit 0 under the plan's bounds):", "",
               f"    python -m msrl_consistency.verify --bundle {plan.get('bundle', 'PLAN')} --ckpt CKPT", ""]
