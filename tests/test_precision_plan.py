@@ -113,7 +113,7 @@ def test_an_int8_plan_end_to_end(cartpole_bundle, cartpole_ckpt, tmp_path):
 
     obs = seeded_feeds(cartpole_bundle, 300, 0).obs
     obs = obs[np.isfinite(obs).all(1)][:256]
-    with LiteRunner(out / "policy.ms") as runner:  # calibrated at batch 1, declared with a dynamic batch again
+    with LiteRunner(out / "policy.ms") as runner:  # calibrated at batch 1: Lite resizes it to any batch
         whole = runner.infer(obs)["logits"]
         alone = np.concatenate([runner.infer(obs[k : k + 1])["logits"] for k in range(len(obs))])
     assert whole.shape == (len(obs), 2) and np.array_equal(whole, alone)

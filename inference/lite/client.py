@@ -404,7 +404,10 @@ class LiteRunner:
                 f"input '{meta.name}': shape {arr.shape} has rank {arr.ndim}, "
                 f"expected rank {len(meta.shape)} {meta.shape}"
             )
-        if any(want >= 0 and got != want for got, want in zip(arr.shape, meta.shape, strict=True)):
+        # The batch dim is the runner's to resize (as in the in-process library): a model converted at a fixed batch,
+        # e.g. calibrated for full quantization at batch 1, runs at any batch.
+        if any(want >= 0 and d > 0 and got != want for d, (got, want) in enumerate(zip(arr.shape, meta.shape,
+                                                                                        strict=True))):  # fmt: skip
             raise FeedError(f"input '{meta.name}': shape {arr.shape} does not match {meta.shape}")
         return (
             _U32X2.pack(_DTYPE_CODE[meta.dtype], arr.ndim)

@@ -22,7 +22,6 @@ from inference.bundle import Bundle
 from inference.bundle.precision import converter_config
 from inference.bundle.tensors import TensorMeta
 from msrl_consistency.precision.layers import Layer, kept_nodes
-from msrl_consistency.precision.ms_batch import dynamic_batch
 
 QUANTIZATIONS = {"full": "FULL_QUANT", "weight": "WEIGHT_QUANT"}
 CALIBRATION_SIZE = 200
@@ -143,7 +142,9 @@ class Int8Lowering:
                                 sections)  # fmt: skip
 
     def convert(self, graph: str, kept: frozenset[str]) -> Path:
-        """``graph``'s ``.ms`` with ``kept`` in fp32 (cached), declared with a dynamic batch."""
+        """``graph``'s ``.ms`` with ``kept`` in fp32 (cached). Converted at batch 1 (calibration runs the graph), it
+        runs at any batch: Lite resizes its inputs (the runner and the in-process library check every dim but the
+        batch against the declared one)."""
         from msrl_consistency.artifacts.graphs import write_lite
 
         key = (graph, kept)
@@ -151,9 +152,7 @@ class Int8Lowering:
             tag = f"{graph}.{len(self._converted)}"
             config = self.workdir / f"{tag}.cfg"
             config.write_text(self.config(graph, kept))
-            path = write_lite(self.fixed[graph], self.workdir / f"{tag}.ms", config=config)
-            dynamic_batch(path)
-            self._converted[key] = path
+            self._converted[key] = write_lite(self.fixed[graph], self.workdir / f"{tag}.ms", config=config)
         return self._converted[key]
 
     def reference(self) -> dict[str, LiteRuntime]:
