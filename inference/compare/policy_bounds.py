@@ -83,8 +83,9 @@ def gate_metrics(
     return out
 
 
-def judge(metrics: Mapping[str, Any], bounds: PolicyBounds) -> list[str]:
-    """What breaks ``bounds``, one phrase each (empty: within them)."""
+def judge(metrics: Mapping[str, Any], bounds: PolicyBounds, rate_only: bool = False) -> list[str]:
+    """What breaks ``bounds``, one phrase each (empty: within them). ``rate_only``: the flip rate itself against its
+    bound, not its upper confidence bound (what a verdict on too few rows to bound it can still say)."""
     broken = []
     m = metrics.get("mismatch") or {}
     if m.get("mean_exp_abs") is not None and not m["mean_exp_abs"] <= bounds.mean_exp_abs:
@@ -94,7 +95,7 @@ def judge(metrics: Mapping[str, Any], bounds: PolicyBounds) -> list[str]:
     if m.get("k3_kl") is not None and not m["k3_kl"] <= bounds.k3_kl:
         broken.append(f"k3 KL {m['k3_kl']:.3g} > {bounds.k3_kl:g}")
     flips = metrics.get("flips")
-    if flips and bounds.flip_rate_ucb is not None and not flips["ucb"] <= bounds.flip_rate_ucb:
+    if flips and bounds.flip_rate_ucb is not None and not flips["rate" if rate_only else "ucb"] <= bounds.flip_rate_ucb:
         broken.append(f"flip rate {flips['rate']:.2%} (95% upper bound {flips['ucb']:.2%}) > "
                       f"{bounds.flip_rate_ucb:.2%}")
     shift = (metrics.get("mean_shift_in_std") or {}).get("p99")
@@ -147,8 +148,9 @@ def policy_check(
     if not any(k in metrics for k in ("mismatch", "flips", "mean_shift_in_std")):
         return None
     metrics["bounds"] = {**bounds.to_dict(), "preset": preset}
-    broken = judge(metrics, bounds)
+    broken = judge(metrics, bounds, rate_only=True)
     text = describe(metrics)
+    unsure = [] if broken else judge(metrics, bounds)  # within on the rate, beyond on its upper bound: too few rows
     if broken and preset != "plan":
         return Check(runtime, f"policy.{graph}", "warn", f"the policy moved beyond the {preset} bounds although the "
                      f"element-wise tolerance decides here: {'; '.join(broken)} ({text})", metrics)  # fmt: skip
@@ -158,4 +160,8 @@ def policy_check(
                      f"{'; '.join(broken)} ({text}){culprit}", metrics,
                      {"stage": "precision", "detail": "the runtime's action distribution differs from the reference's "
                       "beyond what its precision plan allows"})  # fmt: skip
+    if unsure:
+        return Check(runtime, f"policy.{graph}", "warn", f"within the {preset} policy bounds on the rate, but too few "
+                     f"observations ({metrics['rows']}) to bound it: {'; '.join(unsure)}; more --observations "
+                     f"would ({text})", metrics)  # fmt: skip
     return Check(runtime, f"policy.{graph}", "pass", f"within the {preset} policy bounds: {text}", metrics)

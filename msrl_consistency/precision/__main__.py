@@ -13,7 +13,8 @@ observations the policy really saw; or weight). ``plan.md`` and the manifest's `
 ``--keep`` writes the bundle of a given set instead of searching (``--keep none``: every layer lowered).
 
 Exit codes: 0 a plan within the bounds was written (or the ``--keep`` set is within them); 1 the bundle was written
-but its set breaks the bounds (``--keep``); 2 bad input; 3 the lowering cannot run here (no converter, no onnx).
+but its set breaks the bounds (``--keep``, or no set keeps them on so few states); 2 bad input; 3 the lowering
+cannot run here (no converter, no onnx, a .ms Lite cannot load).
 """
 
 from __future__ import annotations
@@ -64,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="msrl-plan-") as work:
         bundle, result, plan = make_plan(args, Path(work), say)
     print(summary(bundle, plan))
-    if args.keep is not None:
-        return 0 if result.final.ok else 1
-    return 0
+    if not result.final.ok and args.keep is None:  # every layer kept is the float32 graph: too few states to bound it
+        print(f"error: no set of kept layers is within the bounds, not even every layer in fp32, on "
+              f"{plan['evaluation']['states']} states: more states (--states) bound the flip rate tighter",
+              file=sys.stderr)  # fmt: skip
+    return 0 if result.final.ok else 1
 
 
 def summary(bundle: Any, plan: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from msrl_consistency.precision.write import write_plan_bundle
 CALIBRATION_SEED, EVALUATION_SEED = 10_000, 20_000  # offsets from --seed: three disjoint sets of seeded episodes
 
 
-def source_bundle(path: Path) -> Bundle:
+def source_bundle(path: Path, lower: str) -> Bundle:
     try:
         bundle = load_bundle(path)
     except BundleError as exc:
@@ -35,9 +35,10 @@ def source_bundle(path: Path) -> Bundle:
         raise UsageError(f"{path} is an {bundle.precision} bundle: a plan lowers a float32 bundle")
     if bundle.plan:
         raise UsageError(f"{path} already follows a precision plan: plan from the float32 bundle it came from")
-    for graph in bundle.graphs:
-        if not bundle.has_file(graph, "onnx") or not bundle.has_file(graph, "ms"):
-            raise UsageError(f"{path}: graph {graph!r} needs its .onnx and .ms (export with --formats mindir,onnx,ms)")
+    for graph in bundle.graphs:  # int8 is converted from the ONNX graph into a .ms; fp16 is emulated on the ONNX graph
+        if not bundle.has_file(graph, "onnx") or (lower == "int8" and not bundle.has_file(graph, "ms")):
+            need = ".onnx and .ms" if lower == "int8" else ".onnx"
+            raise UsageError(f"{path}: graph {graph!r} needs its {need} (export with --formats mindir,onnx,ms)")
     return bundle
 
 
@@ -56,15 +57,20 @@ def policy_cells(bundle: Bundle, ckpt: Path | None, cell: str | None) -> Callabl
     return TrainerCells(checkpoint, bundle.policy_spec or {})
 
 
-def _visited(bundle: Bundle, runtimes: Any, env: E.EnvSource, episodes: int, seed: int) -> np.ndarray:
-    """States the float32 policy visits in ``episodes`` seeded deterministic (or stochastic) episodes."""
-    mode = "deterministic" if bundle.mode_graph("deterministic") else "stochastic"
+def _visited(bundle: Bundle, runtimes: Any, env: E.EnvSource, want: int, seed: int) -> tuple[np.ndarray, int]:
+    """At least ``want`` states the float32 policy visits in seeded deterministic (or stochastic) episodes, 16
+    episodes at a time from ``seed`` (short episodes need more of them); returns them and the episodes played."""
     from inference.compare.acting import mode_policy
 
+    mode = "deterministic" if bundle.mode_graph("deterministic") else "stochastic"
     graph = bundle.mode_graph(mode)
-    noise = E.episode_noise(bundle, graph, episodes, env.max_steps, seed) if mode == "stochastic" else None
-    trace = E.run_episodes(env, mode_policy(bundle, runtimes, mode), episodes, seed, noise)
-    return trace.obs[trace.alive]
+    found, played = [], 0
+    while sum(len(f) for f in found) < want and played < 1024:
+        noise = E.episode_noise(bundle, graph, 16, env.max_steps, seed + played) if mode == "stochastic" else None
+        trace = E.run_episodes(env, mode_policy(bundle, runtimes, mode), 16, seed + played, noise)
+        found.append(trace.obs[trace.alive])
+        played += 16
+    return np.concatenate(found), played
 
 
 def _spread(rows: np.ndarray, n: int) -> np.ndarray:
@@ -99,13 +105,15 @@ def collect_states(bundle: Bundle, args: argparse.Namespace, env: E.EnvSource | 
 
         fp32 = Fp16Lowering(bundle, []).reference()
         try:
-            calibration = _spread(_visited(bundle, fp32, env, 8, args.seed + CALIBRATION_SEED), CALIBRATION_SIZE)
-            evaluation = _spread(_visited(bundle, fp32, env, 16, args.seed + EVALUATION_SEED), args.states)
+            rows, played = _visited(bundle, fp32, env, CALIBRATION_SIZE, args.seed + CALIBRATION_SEED)
+            calibration = _spread(rows, CALIBRATION_SIZE)
+            rows, evaluated = _visited(bundle, fp32, env, args.states, args.seed + EVALUATION_SEED)
+            evaluation = _spread(rows, args.states)
         finally:
             close(fp32)
         visits = f"states the float32 policy visits in seeded episodes of {env.label}"
-        source = f"{visits} (16 episodes, seeds {args.seed + EVALUATION_SEED}..)"
-        calibrated = f"{visits} (8 other episodes, seeds {args.seed + CALIBRATION_SEED}..)"
+        source = f"{visits} ({evaluated} episodes, seeds {args.seed + EVALUATION_SEED}..)"
+        calibrated = f"{visits} ({played} other episodes, seeds {args.seed + CALIBRATION_SEED}..)"
     noise = {g: bundle.sample_noise(g, rng, len(evaluation)) for g in bundle.graphs
              if bundle.contract(g).stochastic_noise_kind is not None}  # fmt: skip
     states = States(evaluation, noise, source, env, args.episodes if env is not None else 0, args.seed)
@@ -135,7 +143,7 @@ def plan_tolerance(final: Evaluation) -> dict[str, float]:
 def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) -> tuple[Bundle, SearchResult, dict]:
     from inference.compare.inputs import resolve_inputs
 
-    bundle = source_bundle(args.bundle)
+    bundle = source_bundle(args.bundle, args.lower)
     cells = policy_cells(bundle, args.ckpt, args.cell)
     env = None
     if bundle.env_id or args.env_id or args.env:

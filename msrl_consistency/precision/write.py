@@ -46,7 +46,9 @@ def write_plan_bundle(
         manifest = json.loads((source.root / MANIFEST).read_text())
         kept = result.kept
         for graph in source.graphs:
-            entry = manifest["graphs"][graph]["files"]["ms"]
+            entry = manifest["graphs"][graph]["files"].get("ms") or {}
+            if plan["lower"] == "fp16" and "file" not in entry:
+                continue  # no .ms to carry Lite's execution plan: the plan is judged on the emulation
             if plan["lower"] == "int8":
                 ms, text = lowering.copy_out(graph, kept, tmp / entry["file"])
                 config = tmp / f"lite_converter.{graph}.cfg"
