@@ -72,11 +72,17 @@ def verify(bundle: Path, report: Path, ref: list[str], cwd: Path | None, *extra:
 
 
 def plan(bundle: Path, out: Path, lower: str, ref: list[str], cwd: Path | None, *extra: str) -> dict:
+    """The plan's manifest record, or ``{"error": ...}`` when the tool wrote none (exit and last line)."""
     proc = sh("-m", "msrl_consistency.precision", "--bundle", str(bundle), *ref, "--lower", lower, "--out", str(out),
               "--force", "--quiet", *extra, cwd=cwd)  # fmt: skip
     if not (out / "manifest.json").is_file():
-        raise SystemExit(f"plan {out} failed ({proc.returncode}): {proc.stderr[-1500:]}")
+        return {"error": f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"}
     return json.loads((out / "manifest.json").read_text())["plan"]
+
+
+def failed_row(name: str, row: str, record: dict) -> dict:
+    return {"policy": name, "row": row, "ms": None, "timing": "–", "verdict": record["error"], "kept": "–",
+            "flips": "–", "ratio": "–", "ret": "–"}  # fmt: skip
 
 
 def summary(ev: dict, graph: str) -> tuple[str, str, str]:
@@ -122,21 +128,26 @@ def policy_rows(name: str, bundle: Path, ref: list[str], work: Path, cwd: Path |
     p16 = plan(bundle, work / "fp16-plan", "fp16", ref, cwd, *env)
     fp16_ms = work / "fp16-weights.ms"
     _fp16_weights(bundle, fp16_ms)
-    flips, ratio, ret = summary(p16["all_lowered"], graph)
+    flips, ratio, ret = summary(p16.get("all_lowered") or {}, graph)
     emulated = [c for c in rep16.get("checks", []) if c["runtime"] == "emulated-fp16" and c["status"] == "fail"]
     rows.append({"policy": name, "row": "fp16 all", "ms": fp16_ms, "timing": timing(fp16_ms, feed),
                  "verdict": 1 if emulated else (0 if code16 == 0 else code16), "kept": "none", "flips": flips,
                  "ratio": ratio, "ret": ret, "loc": (rep16.get("localization") or {}).get("emulated-fp16", {})
                  .get("first_diverging_layer")})  # fmt: skip
-    code, _ = verify(work / "fp16-plan", work / "fp16-plan.report", ref, cwd, *env)
-    flips, ratio, ret = summary(p16["final"], graph)
-    rows.append({"policy": name, "row": "fp16 plan", "ms": work / "fp16-plan" / "policy.ms",
-                 "timing": timing(work / "fp16-plan" / "policy.ms", feed), "verdict": code,
-                 "kept": ", ".join(p16["kept"]) or "none", "flips": flips, "ratio": ratio, "ret": ret})  # fmt: skip
+    if "error" in p16:
+        rows.append(failed_row(name, "fp16 plan", p16))
+    else:
+        code, _ = verify(work / "fp16-plan", work / "fp16-plan.report", ref, cwd, *env)
+        flips, ratio, ret = summary(p16["final"], graph)
+        rows.append({"policy": name, "row": "fp16 plan", "ms": work / "fp16-plan" / "policy.ms",
+                     "timing": timing(work / "fp16-plan" / "policy.ms", feed), "verdict": code,
+                     "kept": ", ".join(p16["kept"]) or "none", "flips": flips, "ratio": ratio, "ret": ret})  # fmt: skip
     wq = weight_quant_ms(bundle, work / "int8-weight.ms")
     rows.append({"policy": name, "row": "int8 weight", "ms": wq, "timing": timing(wq, feed), "verdict": "–",
                  "kept": "none", "flips": "–", "ratio": "–", "ret": "–"})  # fmt: skip
     every = plan(bundle, work / "int8-all", "int8", ref, cwd, "--keep", "none", *env)
+    if "error" in every:
+        return [*rows, failed_row(name, "int8 full, all", every)]
     code, rep = verify(work / "int8-all", work / "int8-all.report", ref, cwd, *env)
     flips, ratio, ret = summary(every["final"], graph)
     named = [c["summary"] for c in rep.get("checks", []) if c["runtime"] == "lite" and c["status"] == "fail"
@@ -147,6 +158,8 @@ def policy_rows(name: str, bundle: Path, ref: list[str], work: Path, cwd: Path |
                  "named": named[0].split("alone: ")[-1] if named else None,
                  "loc": (rep.get("localization") or {}).get("lite", {}).get("first_diverging_layer")})  # fmt: skip
     p8 = plan(bundle, work / "int8-plan", "int8", ref, cwd, *env)
+    if "error" in p8:
+        return [*rows, failed_row(name, "int8 full plan", p8)]
     code, _ = verify(work / "int8-plan", work / "int8-plan.report", ref, cwd, *env)
     flips, ratio, ret = summary(p8["final"], graph)
     rows.append({"policy": name, "row": "int8 full plan", "ms": work / "int8-plan" / "policy.ms",
