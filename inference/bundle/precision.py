@@ -34,7 +34,6 @@ ASCEND_MODES: dict[str, str] = {
 }
 LITE_DEFAULT_MODE = "enforce_fp16"
 CONVERTER_CONFIG = "lite_converter.cfg"
-RUNTIME_CONFIG = "lite_runtime.cfg"
 # On the CPU the same argument asks Lite for its fp16 kernels (CPUDeviceInfo::SetEnableFP16).
 CPU_MODES = ("enforce_fp32", "enforce_fp16")
 
