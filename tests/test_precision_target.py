@@ -130,12 +130,16 @@ def test_lite_on_ascend_gets_the_bundles_mode_and_a_cpu_bundle_is_refused(ascend
     assert "enforce_fp16" in got["cpu"][1] and "--precision-mode" in got["cpu"][1]
 
 
-def test_verify_on_ascend_refuses_a_bundle_without_a_mode(cartpole_bundle, cartpole_ckpt, tmp_path):
-    proc = run("-m", "msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
-               "--device", "ascend", "--runtimes", "lite", "--out", str(tmp_path / "r"), "--quiet")  # fmt: skip
-    assert proc.returncode in (2, 3), proc.stdout[-1000:] + proc.stderr[-1000:]
-    if proc.returncode == 2:  # MindSpore has no Ascend backend here either: exit 3 may come first
-        assert "enforce_fp16" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+def test_verify_and_check_on_ascend_refuse_a_bundle_without_a_mode(cartpole_bundle, ascend_bundle):
+    """Before any comparison runs (the deploy side's check runs the same verifier)."""
+    from inference.compare.inputs import Inputs
+    from inference.compare.verifier import VerifyOptions, verify
+    from inference.errors import UsageError
+
+    with pytest.raises(UsageError, match="no Ascend precision mode: Lite would use its default, enforce_fp16"):
+        verify(cartpole_bundle, VerifyOptions(device="ascend", runtimes=("lite",)), Inputs())
+    with pytest.raises(UsageError, match="no observation source"):  # the Ascend bundle gets past the refusal
+        verify(load_bundle(ascend_bundle), VerifyOptions(device="ascend", runtimes=("lite",)), Inputs())
 
 
 def test_a_manifest_without_a_target_is_read_as_cpu_and_the_report_says_so(cartpole_bundle, tmp_path):

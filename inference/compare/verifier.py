@@ -52,6 +52,9 @@ def verify(
     ``options.localize`` says.
     """
     options.validate(bundle)
+    default = [n for n in RUNTIMES if n not in OPT_IN]
+    if options.device == "ascend" and set(options.runtimes or default) & set(LITE_RUNTIMES):
+        _precision_mode_named(bundle)  # Lite on Ascend runs with the bundle's precision mode, or not at all
     source = RuntimeSource(bundle, cells, options.device, options.device_id)
     emulate = ("emulated-fp16",) if emulation_wanted(bundle, options.emulate, options.device) else ()
     required = (*options.required, *(emulate if options.emulate else ()))
@@ -79,11 +82,8 @@ def verify(
         reference = _build_reference(bundle, source, inputs, options)
         runtimes[REFERENCE] = {"status": "reference"}
     episode_diffs: dict[str, dict[str, np.ndarray]] = {}
-    default = [n for n in RUNTIMES if n not in OPT_IN]
     names = [n for n in (options.runtimes or default) if n != REFERENCE or reference.origin != REFERENCE]
     names += [n for n in (*required, *emulate) if n not in names]
-    if options.device == "ascend" and set(names) & set(LITE_RUNTIMES):  # Lite's precision mode: the bundle's, or none
-        _precision_mode_named(bundle)
     if reference.repeat_differs:
         detail = "; ".join(f"{g}: {', '.join(outs)}" for g, outs in reference.repeat_differs.items())
         checks.append(Check(REFERENCE, "repeatability", "fail", f"the policy Cell gives different outputs for the "
