@@ -68,7 +68,8 @@ def gate_metrics(
     if not rows.any() or not all(same_shape(r, g, k) for k in r):
         return {}
     host = noise[rows] if noise is not None and contract.samples_on_host else None
-    metrics = policy_metrics(contract, r, g, host)
+    inside = noise[rows] if noise is not None and contract.takes_noise else None
+    metrics = policy_metrics(contract, r, g, host, inside)
     out: dict[str, Any] = {"rows": int(rows.sum())}
     if "log_ratio" in metrics and metrics["log_ratio"].get("count"):
         out["mismatch"] = metrics["log_ratio"]["mismatch"]

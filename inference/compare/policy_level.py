@@ -7,7 +7,9 @@
   of host-sampled actions, and the deterministic action's difference relative to the action range;
 * ``deterministic``: the action difference relative to the action range (exact agreement when discrete).
 
-A ``log_prob`` output (a graph that samples inside) is compared as |Δ log-prob| directly. The log-ratios of sampled
+A ``log_prob`` output (a graph that samples inside) is compared as |Δ log-prob| directly; its log-ratio is taken at
+the reference's sampled action under both distributions (``same_action_log_probs``), since each graph's own log-prob
+is that of its own sample (a Gaussian's is the same for any mean). The log-ratios of sampled
 actions also give the mismatch numbers LLM-RL trainers gate rollout-versus-trainer mismatch on (``mismatch``): the
 importance weights' mean and effective sample size, the k3 estimate of KL(reference || runtime) and the mean of
 exp|Δ log π| (1.0 is a perfect match). Flip rates carry their 95% upper confidence bound (``flip_rate_ucb``), and a
@@ -128,13 +130,37 @@ def action_difference(contract: PolicyContract, ref: np.ndarray, got: np.ndarray
     return out
 
 
+def same_action_log_probs(
+    contract: PolicyContract, ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], noise: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """log π_ref(a|s) and log π_runtime(a|s) of the action the reference's graph sampled from its noise input ``noise``
+    (a categorical head's sampled index; a Gaussian's pre-squash ``mean + std * noise``), from each side's own
+    distribution outputs; None when the outputs do not give the distributions."""
+    a = contract.action
+    heads = range(len(a.heads))
+    if a.kind == "categorical" and a.action is not None and all(h in ref and h in got for h in a.heads):
+        idx = np.asarray(ref[a.action]).astype(np.int64).reshape(len(ref[a.action]), -1)
+        take = lambda out, h: np.take_along_axis(contract.log_probs(out, h), idx[:, h : h + 1], -1)[:, 0]  # noqa: E731
+        return sum(take(ref, h) for h in heads), sum(take(got, h) for h in heads)
+    if a.kind == "gaussian" and noise is not None and contract.noise_kind == "normal" and a.mean in ref:
+        mean_r, mean_g = np.asarray(ref[a.mean], np.float64), np.asarray(got[a.mean], np.float64)  # type: ignore[index]
+        std_r, std_g = contract.std(ref, mean_r.shape), contract.std(got, mean_g.shape)
+        if np.shape(noise) != mean_r.shape:
+            return None
+        raw = mean_r + std_r * np.asarray(noise, np.float64)
+        return gaussian_log_prob(mean_r, std_r, raw), gaussian_log_prob(mean_g, std_g, raw)
+    return None
+
+
 def policy_metrics(
     contract: PolicyContract,
     ref: Mapping[str, np.ndarray],
     got: Mapping[str, np.ndarray],
     host_noise: np.ndarray | None,
+    graph_noise: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """The kind's metrics for one batch of outputs (rows already restricted to finite observations)."""
+    """The kind's metrics for one batch of outputs (rows already restricted to finite observations); ``graph_noise``:
+    the noise a graph that samples inside was fed (for the log-ratio at the reference's sampled action)."""
     a = contract.action
     metrics: dict[str, Any] = {}
     ref_action, got_action = contract.env_action(ref), contract.env_action(got)
@@ -175,5 +201,7 @@ def policy_metrics(
     if contract.log_prob is not None:
         delta = np.abs(ref[contract.log_prob].astype(np.float64) - got[contract.log_prob].astype(np.float64))
         metrics["abs_delta_log_prob"] = summarize(delta)
-        metrics["log_ratio"] = log_ratio_distribution(ref[contract.log_prob], got[contract.log_prob])
+        same = same_action_log_probs(contract, ref, got, graph_noise)
+        metrics["log_ratio"] = log_ratio_distribution(*same) if same is not None else \
+            log_ratio_distribution(ref[contract.log_prob], got[contract.log_prob])  # fmt: skip
     return metrics

@@ -222,7 +222,8 @@ def _compare_outputs(
     host_noise = noise[finite] if noise is not None and contract.samples_on_host else None
     metrics: dict[str, Any] = {"outputs": {k: c.to_dict() for k, c in cmps.items()}}
     if all(same_shape(ref_out, got_out, k) for k in ref_out):
-        metrics.update(policy_metrics(contract, ref_out, got_out, host_noise))
+        graph_noise = noise[finite] if noise is not None and contract.takes_noise else None
+        metrics.update(policy_metrics(contract, ref_out, got_out, host_noise, graph_noise))
     if flips is not None:
         metrics["flips"] = flips
     return Check(runtime, f"observations.{graph}", "fail" if failed else "pass", summary, metrics), cmps
