@@ -180,6 +180,9 @@ def _fp32_mismatch(rep: dict) -> dict:
     worst: dict = {}
     for c in rep.get("checks", []):
         m = (c.get("metrics") or {}).get("mismatch") if c["name"].startswith("policy.") else None
+        shift = ((c.get("metrics") or {}).get("mean_shift_in_std") or {}).get("p99")
+        if c["name"].startswith("policy.") and shift is not None:
+            worst["mean_shift_in_std"] = max(worst.get("mean_shift_in_std", 0.0), shift)
         if m and m.get("count"):
             worst["mean_exp_abs"] = max(worst.get("mean_exp_abs", 1.0), m["mean_exp_abs"])
             worst["k3_kl"] = max(worst.get("k3_kl", 0.0), m["k3_kl"])
@@ -251,7 +254,8 @@ def main() -> None:
     fp32 = {r["policy"]: r["fp32_policy"] for r in rows if r.get("fp32_policy")}
     text += "\n\nfp32 runtimes in verify (worst over lite, onnxruntime, ms-graph, ms-mindir and graphs):\n\n"
     text += "\n".join(f"- {k}: mean exp|Δ log π| {v.get('mean_exp_abs', 1):.7f}, k3 KL {v.get('k3_kl', 0):.1e}, "
-                      f"ESS {v.get('ess', 1):.6f}" for k, v in fp32.items())  # fmt: skip
+                      f"ESS {v.get('ess', 1):.6f}, p99 |Δ mean| / std {v.get('mean_shift_in_std', 0):.1e}"
+                      for k, v in fp32.items())  # fmt: skip
     header = (f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
               f"`python bench/precision_plans.py {' '.join(sys.argv[1:])}`, {time.perf_counter() - started:.0f} s\n\n")
     (args.out / "precision_plans.md").write_text(header + text + "\n")
