@@ -37,6 +37,7 @@ class Converter {
             const std::vector<char> &weight_file);
   void SetSaveType(ModelType save_type);
   void SetWeightFp16(bool weight_fp16);
+  void SetConfigFile(const std::vector<char> &config_file);
   Status Convert();
 };
 }  // namespace mindspore
@@ -59,8 +60,9 @@ bool IsFile(const std::string &path) {
 
 void Usage() {
   std::fprintf(stderr,
-               "usage: %s --onnx IN.onnx --out OUT.ms [--fp16] [--verbose]\n"
+               "usage: %s --onnx IN.onnx --out OUT.ms [--fp16] [--config FILE] [--verbose]\n"
                "  --fp16     store float32 weights as float16 in the .ms (inputs/outputs stay float32)\n"
+               "  --config   Lite's converter configuration file (precision mode, quantization)\n"
                "  --verbose  pass the converter's own log through to stderr\n",
                kProg);
 }
@@ -68,12 +70,14 @@ void Usage() {
 }  // namespace
 
 int main(int argc, char **argv) {
-  std::string onnx_path, out_path;
+  std::string onnx_path, out_path, config_path;
   bool fp16 = false, verbose = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if ((a == "--onnx" || a == "--out") && i + 1 < argc) {
       (a == "--onnx" ? onnx_path : out_path) = argv[++i];
+    } else if (a == "--config" && i + 1 < argc) {
+      config_path = argv[++i];
     } else if (a == "--fp16") {
       fp16 = true;
     } else if (a == "--verbose") {
@@ -91,6 +95,7 @@ int main(int argc, char **argv) {
     Fail(2, "--onnx and --out are required");
   }
   if (!IsFile(onnx_path)) Fail(3, "cannot read ONNX model '" + onnx_path + "'");
+  if (!config_path.empty() && !IsFile(config_path)) Fail(3, "cannot read converter configuration '" + config_path + "'");
   const size_t slash = out_path.rfind('/');
   const std::string out_dir = slash == std::string::npos ? "." : out_path.substr(0, std::max<size_t>(slash, 1));
   if (access(out_dir.c_str(), W_OK) != 0) Fail(4, "output directory '" + out_dir + "' is missing or not writable");
@@ -103,6 +108,7 @@ int main(int argc, char **argv) {
                                                   Chars(tmp_base), Chars(""));
   conv->SetSaveType(mindspore::kMindIR_Lite);
   conv->SetWeightFp16(fp16);
+  if (!config_path.empty()) conv->SetConfigFile(Chars(config_path));
 
   // Convert() returns only a status code (and prints a banner on stdout); the reason is in Lite's log.
   msrl::LogCapture capture(/*with_stdout=*/true);

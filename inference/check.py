@@ -122,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor (gymnasium API)")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"], help="device for the Lite runner")
     p.add_argument("--device-id", type=int, default=0)
-    p.add_argument("--tolerance", choices=sorted(PRESETS), help="tolerance preset (default: bundle precision)")
+    p.add_argument("--tolerance", choices=sorted(PRESETS),
+                   help="tolerance preset of every runtime (default: the precision each computes in on this device)")
+    p.add_argument("--emulate", choices=["fp16"], help="also run the bundle's graph as a device computing in fp16 "
+                   "would (emulated-fp16, on this CPU: needs onnx and onnxruntime)")  # fmt: skip
     p.add_argument("--tol", action="append", type=parse_tolerance, default=[], metavar="OUTPUT=ATOL,RTOL",
                    help="per-output tolerance override, repeatable")  # fmt: skip
     p.add_argument("--localize", action=argparse.BooleanOptionalAction, default=None,
@@ -160,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         device_id=args.device_id,
         localize={None: "auto", True: "always", False: "never"}[args.localize],
+        emulate=args.emulate,
     )
     started = time.perf_counter()
     if not args.quiet:

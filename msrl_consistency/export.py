@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "against its spaces")  # fmt: skip
     p.add_argument("--out", type=Path, help="bundle directory (default bundles/<run dir name>)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="graph precision")
+    p.add_argument("--target", default="cpu", choices=["cpu", "ascend310", "ascend310p", "ascend910b"],
+                   help="the device the bundle is for; its Lite converter configuration is written into the bundle")
+    p.add_argument("--precision-mode", metavar="MODE",
+                   help="Lite's Ascend precision mode, required for an Ascend target (Lite's default, enforce_fp16, "
+                   "computes a float32 graph in fp16): enforce_origin, enforce_fp32, preferred_fp32, "
+                   "preferred_optimal or enforce_fp16")  # fmt: skip
     p.add_argument("--formats", default="mindir,onnx,ms", help="comma-separated subset of mindir,onnx,ms")
     p.add_argument("--check-samples", type=int, default=256, help="observations for the self-check (>= 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the self-check observations")
@@ -61,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         check_samples=args.check_samples,
         check_seed=args.seed,
         require_lite=args.require_lite,
+        target=args.target,
+        precision_mode=args.precision_mode,
     )
     options.validate()  # every argument checked before any work
     if args.cell is None and args.ckpt is None:

@@ -298,7 +298,7 @@ class CellLocalizer:
     def __call__(
         self, runtime: str, graph: str, rows: np.ndarray, inputs: Sequence[np.ndarray], tol: Tolerance
     ) -> Localization:
-        if runtime in ("onnxruntime", "ms-mindir") or runtime.startswith("lite"):
+        if runtime in ("onnxruntime", "ms-mindir", "emulated-fp16") or runtime.startswith("lite"):
             return localize(self.cells(graph), runtime, inputs, self.bundle, graph, tol, self.device)
         why = {"ms-graph": "ms-graph runs the reference Cell itself (its own Parameters), compiled: a compiled Cell's "
                "per-layer outputs need MindSpore's dump (MINDSPORE_DUMP_CONFIG)"}.get(runtime, f"{runtime} gives "

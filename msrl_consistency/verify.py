@@ -77,7 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-id", type=int, default=0)
     add_arm_cpu(p)
     p.add_argument("--tolerance", choices=["fp32", "fp16"],
-                   help="tolerance preset (default: the bundle's precision; what each promises: README)")  # fmt: skip
+                   help="tolerance preset of every runtime (default: the precision each computes in, from the bundle's "
+                   "target and plan; what each promises: README)")  # fmt: skip
+    p.add_argument("--emulate", choices=["fp16"],
+                   help="also run the bundle's graph as a device computing in fp16 would (runtime emulated-fp16: every "
+                   "operator's inputs, weights and outputs rounded to fp16, matrix products accumulated in fp32), with "
+                   "every check and the first diverging layer; an emulation on this CPU")  # fmt: skip
     p.add_argument("--tol", action="append", type=parse_tolerance, default=[], metavar="OUTPUT=ATOL,RTOL",
                    help="per-output tolerance override, repeatable")  # fmt: skip
     p.add_argument("--baseline", type=Path, help="compare metrics to a stored baseline")
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         device_id=args.device_id,
         localize={None: "auto", True: "always", False: "never"}[args.localize],
+        emulate=args.emulate,
     )
 
     def progress(message: str) -> None:

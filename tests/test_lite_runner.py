@@ -475,8 +475,13 @@ def test_runner_binary_missing(mlp: Mlp, tmp_path: Path) -> None:
 
 def test_ascend_unavailable(mlp: Mlp) -> None:
     with pytest.raises(DeviceUnavailable, match="ascend") as info:
+        LiteRunner(mlp.ms, device="ascend", device_id=0, precision_mode="enforce_origin")
+    assert info.value.exit_code == 6 and "precision mode enforce_origin" in str(info.value)
+
+
+def test_ascend_without_a_precision_mode_is_refused_naming_lites_default(mlp: Mlp) -> None:
+    with pytest.raises(ModelLoadError, match="enforce_fp16"):
         LiteRunner(mlp.ms, device="ascend", device_id=0)
-    assert info.value.exit_code == 6
 
 
 _EXPORT_MINDIR = """

@@ -21,6 +21,7 @@ from inference.bundle import schema
 from inference.bundle.contract import ContractError, PolicyContract
 from inference.bundle.files import read_document, sha256_file  # noqa: F401 - sha256_file: part of this module's API
 from inference.bundle.mindir import read_header
+from inference.bundle.precision import config_files, plan_of, target_of
 from inference.bundle.toml_fields import MAX_ROW_ELEMENTS
 from inference.bundle.v1 import v1_contracts
 
@@ -56,6 +57,17 @@ class Bundle:
     @property
     def precision(self) -> str:
         return self.manifest.get("precision", "fp32")
+
+    @property
+    def target(self) -> dict[str, Any]:
+        """The device the bundle was exported for and its Lite precision mode (``precision.target_of``: a manifest
+        without one is a CPU bundle)."""
+        return target_of(self.manifest)
+
+    @property
+    def plan(self) -> dict[str, Any] | None:
+        """The precision plan the ``.ms`` follows (``python -m msrl_consistency.precision``), if any."""
+        return plan_of(self.manifest)
 
     def defaults(self) -> dict[str, str]:
         """Optional manifest fields this bundle leaves out, with what the verifier assumes instead (the schema's
@@ -226,6 +238,11 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
                 raise BundleError(
                     f"bundle {root}: {entry['file']} does not match the manifest's sha256 (modified or truncated)"
                 )
+    for where, entry in config_files(manifest):  # the Lite configurations the export used: inside, and unchanged
+        file = _inside(root, entry["file"], where)
+        if verify_hashes and (not file.is_file() or sha256_file(file) != entry["sha256"]):
+            raise BundleError(f"bundle {root}: {where} {entry['file']} is missing or does not match the manifest's "
+                              "sha256")  # fmt: skip
     return bundle
 
 

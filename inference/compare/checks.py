@@ -107,7 +107,29 @@ class VerifyResult:
                     if (info.get("versions") or {}).get("emulation")]  # fmt: skip
         if emulated:  # the kernels of another CPU, run here instruction by instruction: said with the verdict
             lines.append("\n" + "\n".join(emulated))
+        if not only_failed:
+            lines += self._precision_lines()
         if self.localizations:
             lines.append("")
             lines += [loc.line() for loc in self.localizations.values()]
         return "\n".join(lines) + f"\n\n{self.verdict_line()}"
+
+    def _precision_lines(self) -> list[str]:
+        """What each compared runtime computes in and was judged with; the batch-invariance matrix."""
+        from inference.compare.batch_invariance import describe
+
+        lines = []
+        for name, info in self.runtimes.items():
+            p = info.get("precision")
+            if p and info.get("status") == "ran":
+                lines.append(f"{name}: computes in {p['computes_in']} (judged as {p['judged_as']}): {p['why']}")
+            if info.get("batch_invariance"):
+                lines.append(f"{name}: batch invariance: {describe(info['batch_invariance'])}")
+        gated = {(c.runtime, c.name.split(".", 1)[1]) for c in self.checks if c.name.startswith("policy.")}
+        for c in self.checks:  # a comparison without a policy gate (an audit): its mismatch numbers, said too
+            m = ((c.metrics or {}).get("log_ratio") or {}).get("mismatch") or {}
+            graph = c.name.split(".", 1)[-1]
+            if c.name.startswith("observations.") and m.get("count") and (c.runtime, graph) not in gated:
+                lines.append(f"{c.runtime}: {graph}: mean exp|Δ log π| {m['mean_exp_abs']:.6f}, ESS {m['ess']:.4f}, "
+                             f"k3 KL {m['k3_kl']:.2e} ({m['count']} sampled actions)")  # fmt: skip
+        return ["", *lines] if lines else []

@@ -29,11 +29,15 @@ class VerifyOptions:
     # "auto": name the first diverging layer of a runtime that fails at the network, precision or version stage (and
     # of Lite, x86 or ARM, on an fp16 bundle: where the fp16 error grows); "always": of every runtime compared; "never".
     localize: str = "auto"
+    # "fp16": add the emulated-fp16 runtime (the bundle's graph as a device computing in fp16 would run it).
+    emulate: str | None = None
 
     def validate(self, bundle: Bundle) -> str:
         """Every argument checked before any work; returns the tolerance preset."""
         if self.observations < 16 or self.episodes < 1:
             raise UsageError("observations must be >= 16 and episodes >= 1")
+        if self.emulate not in (None, "fp16"):
+            raise UsageError(f"emulate must be fp16, got {self.emulate!r}")
         if self.localize not in LOCALIZE_MODES:
             raise UsageError(f"localize must be one of {', '.join(LOCALIZE_MODES)}, got {self.localize!r}")
         preset = self.tolerance or bundle.precision

@@ -7,7 +7,13 @@
   of host-sampled actions, and the deterministic action's difference relative to the action range;
 * ``deterministic``: the action difference relative to the action range (exact agreement when discrete).
 
-A ``log_prob`` output (a graph that samples inside) is compared as |Δ log-prob| directly.
+A ``log_prob`` output (a graph that samples inside) is compared as |Δ log-prob| directly; its log-ratio is taken at
+the reference's sampled action under both distributions (``same_action_log_probs``), since each graph's own log-prob
+is that of its own sample (a Gaussian's is the same for any mean). The log-ratios of sampled
+actions also give the mismatch numbers LLM-RL trainers gate rollout-versus-trainer mismatch on (``mismatch``): the
+importance weights' mean and effective sample size, the k3 estimate of KL(reference || runtime) and the mean of
+exp|Δ log π| (1.0 is a perfect match). Flip rates carry their 95% upper confidence bound (``flip_rate_ucb``), and a
+Gaussian head the shift of its mean in units of the policy's std (``mean_shift_in_std``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,31 @@ def argmax_flips(ref_scores: np.ndarray, ref_action: np.ndarray, got_action: np.
         "max_flip_margin": float(margin[flips].max()) if len(flips) else None,
         "min_margin_overall": float(margin.min()) if len(margin) else None,
     }
+
+
+def flip_rate_ucb(flips: int, n: int, z: float = 1.96) -> float:
+    """The upper end of the Wilson score interval of a flip rate (``z``: 1.96 for 95%): what a few thousand
+    observations with no flip still allow (about 4e-4 for 10,000), so a rate is judged with its uncertainty."""
+    if n <= 0:
+        return 1.0
+    p = flips / n
+    centre = p + z * z / (2 * n)
+    spread = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return float(min(1.0, (centre + spread) / (1 + z * z / n)))
+
+
+def mismatch(log_ratio: np.ndarray) -> dict[str, float | int | None]:
+    """The mismatch of sampled actions from their log-ratios ``r = log π_runtime(a|s) - log π_ref(a|s)`` (actions
+    drawn from the reference): importance weights ``w = exp(r)`` (mean 1 for a perfect match), their normalised
+    effective sample size ``(Σw)² / (n Σw²)`` (1 is perfect; verl gates at 0.3), the k3 estimate of
+    KL(ref || runtime), ``mean(w - 1 - r)`` (verl's ``k3_kl``), and ``mean(exp|r|)`` (NeMo RL gates at 1.05)."""
+    r = np.asarray(log_ratio, np.float64)
+    r = r[np.isfinite(r)]
+    if not len(r):
+        return {"count": 0, "is_mean": None, "ess": None, "k3_kl": None, "mean_exp_abs": None}
+    w = np.exp(np.clip(r, -700, 700))
+    return {"count": int(len(r)), "is_mean": float(w.mean()), "ess": float(w.sum() ** 2 / (len(r) * (w**2).sum())),
+            "k3_kl": float(np.mean(w - 1 - r)), "mean_exp_abs": float(np.mean(np.exp(np.minimum(np.abs(r), 700))))}
 
 
 def categorical_kl(ref_logits: np.ndarray, got_logits: np.ndarray) -> np.ndarray:
@@ -75,7 +106,8 @@ def log_ratio_distribution(ref_log_prob: np.ndarray, got_log_prob: np.ndarray) -
               for sign, mask in (("negative", nonzero < 0), ("positive", nonzero > 0))}  # fmt: skip
     q = np.percentile(ratio, [0, 1, 50, 99, 100])
     return {"count": int(len(ratio)), "zeros": int((ratio == 0).sum()), "edges": list(LOG_RATIO_EDGES), **counts,
-            "quantiles": dict(zip(("min", "p1", "p50", "p99", "max"), map(float, q), strict=True))}  # fmt: skip
+            "quantiles": dict(zip(("min", "p1", "p50", "p99", "max"), map(float, q), strict=True)),
+            "mismatch": mismatch(ratio)}  # fmt: skip
 
 
 def _action_range(contract: PolicyContract) -> np.ndarray | None:
@@ -98,13 +130,37 @@ def action_difference(contract: PolicyContract, ref: np.ndarray, got: np.ndarray
     return out
 
 
+def same_action_log_probs(
+    contract: PolicyContract, ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], noise: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """log π_ref(a|s) and log π_runtime(a|s) of the action the reference's graph sampled from its noise input ``noise``
+    (a categorical head's sampled index; a Gaussian's pre-squash ``mean + std * noise``), from each side's own
+    distribution outputs; None when the outputs do not give the distributions."""
+    a = contract.action
+    heads = range(len(a.heads))
+    if a.kind == "categorical" and a.action is not None and all(h in ref and h in got for h in a.heads):
+        idx = np.asarray(ref[a.action]).astype(np.int64).reshape(len(ref[a.action]), -1)
+        take = lambda out, h: np.take_along_axis(contract.log_probs(out, h), idx[:, h : h + 1], -1)[:, 0]  # noqa: E731
+        return sum(take(ref, h) for h in heads), sum(take(got, h) for h in heads)
+    if a.kind == "gaussian" and noise is not None and contract.noise_kind == "normal" and a.mean in ref:
+        mean_r, mean_g = np.asarray(ref[a.mean], np.float64), np.asarray(got[a.mean], np.float64)  # type: ignore[index]
+        std_r, std_g = contract.std(ref, mean_r.shape), contract.std(got, mean_g.shape)
+        if np.shape(noise) != mean_r.shape:
+            return None
+        raw = mean_r + std_r * np.asarray(noise, np.float64)
+        return gaussian_log_prob(mean_r, std_r, raw), gaussian_log_prob(mean_g, std_g, raw)
+    return None
+
+
 def policy_metrics(
     contract: PolicyContract,
     ref: Mapping[str, np.ndarray],
     got: Mapping[str, np.ndarray],
     host_noise: np.ndarray | None,
+    graph_noise: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """The kind's metrics for one batch of outputs (rows already restricted to finite observations)."""
+    """The kind's metrics for one batch of outputs (rows already restricted to finite observations); ``graph_noise``:
+    the noise a graph that samples inside was fed (for the log-ratio at the reference's sampled action)."""
     a = contract.action
     metrics: dict[str, Any] = {}
     ref_action, got_action = contract.env_action(ref), contract.env_action(got)
@@ -114,6 +170,8 @@ def policy_metrics(
         per_head = [argmax_flips(contract.decision_values(ref, h), ra[:, h], ga[:, h]) for h in heads]
         metrics["argmax"] = per_head[0] if not a.multi_head else {
             "flips": sum(f["flips"] for f in per_head), "heads": dict(zip(a.heads, per_head, strict=True))}
+        rows_flipped = int((ra != ga).any(1).sum()) if len(ra) else 0
+        metrics["argmax"]["flip_rate_ucb"] = flip_rate_ucb(rows_flipped, len(ra))
     if a.kind == "categorical":  # independent heads: the joint KL is the sum of the heads'
         kl = sum(categorical_kl(contract.log_probs(ref, h), contract.log_probs(got, h)) for h in heads)
         metrics["kl"] = summarize(kl)
@@ -121,6 +179,11 @@ def policy_metrics(
         mean_r, mean_g = ref[a.mean], got[a.mean]  # type: ignore[index]
         std_r, std_g = contract.std(ref, mean_r.shape), contract.std(got, mean_g.shape)
         metrics["kl"] = summarize(gaussian_kl(mean_r, std_r, mean_g, std_g))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shift = (np.abs(np.asarray(mean_g, np.float64) - np.asarray(mean_r, np.float64)) / std_r).reshape(
+                len(mean_r), -1).max(1) if len(mean_r) else np.zeros(0)  # fmt: skip
+        metrics["mean_shift_in_std"] = {**summarize(shift), "p99": float(np.percentile(shift[np.isfinite(shift)], 99))
+                                        if np.isfinite(shift).any() else None}  # fmt: skip
     metrics.update(action_difference(contract, ref_action, got_action))
     if host_noise is not None and contract.samples_on_host:
         ref_sample = contract.env_action(ref, host_noise)
@@ -138,5 +201,7 @@ def policy_metrics(
     if contract.log_prob is not None:
         delta = np.abs(ref[contract.log_prob].astype(np.float64) - got[contract.log_prob].astype(np.float64))
         metrics["abs_delta_log_prob"] = summarize(delta)
-        metrics["log_ratio"] = log_ratio_distribution(ref[contract.log_prob], got[contract.log_prob])
+        same = same_action_log_probs(contract, ref, got, graph_noise)
+        metrics["log_ratio"] = log_ratio_distribution(*same) if same is not None else \
+            log_ratio_distribution(ref[contract.log_prob], got[contract.log_prob])  # fmt: skip
     return metrics

@@ -19,12 +19,14 @@ from inference.bundle import Bundle, BundleError
 from inference.bundle.contract import ContractError, PolicyContract
 from inference.compare import episodes as E
 from inference.compare.acting import is_discrete, mode_policy
+from inference.compare.batch_invariance import batch_invariance
 from inference.compare.batches import infer_feeds
 from inference.compare.checks import Check
 from inference.compare.diagnose import not_repeatable, training_mode_ops
 from inference.compare.episode_checks import free_running_check, near_ties, teacher_forced_check
 from inference.compare.evidence import action_atol, gather_diagnosis, same_shape, select_rows, take_rows
 from inference.compare.feeds import Feeds
+from inference.compare.policy_bounds import PolicyBounds, policy_check
 from inference.compare.policy_level import policy_metrics
 from inference.compare.reference import Inputs, Reference, batch_coupling, changed_on_rerun
 from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays, score_allowance
@@ -46,6 +48,11 @@ RUNTIME_FAILURE = {
     "detail": "the runtime failed or hung on this graph: a runtime defect or an unsupported pattern, not a "
     "numerical difference",
 }
+LOWERED = {
+    "stage": "precision",
+    "detail": "the graph follows a precision plan: its lowered layers move the policy beyond the plan's bounds (the "
+    "layers the plan measured as breaking them alone are named in its policy check)",
+}
 IN_GRAPH_RANDOMNESS = {
     "stage": "sampling",
     "detail": "sampling inside the graph cannot be reproduced by another runtime; take the noise as an input",
@@ -64,6 +71,7 @@ def check_runtime(
     checkpoint_matches: bool | None,
     env_deterministic: bool = False,
     asked: bool = True,
+    policy: PolicyBounds | None = None,
 ) -> RuntimeReport:
     """Open, compare, close. ``tolerance`` maps every output name to its tolerance for this runtime; ``preset``
     says what else the tolerance promises (the flip rate, episodes judged by their returns).
@@ -71,7 +79,8 @@ def check_runtime(
     ``env_deterministic`` (the env passed its determinism check) lets free-running episodes skip the env steps
     where the runtime acts exactly like the reference (``episodes.run_episodes(follow=...)``): same results.
     ``asked``: the user named this runtime; a format version it cannot read is then a warning (a failure when
-    ``required``), otherwise a fact in the runtimes section only.
+    ``required``), otherwise a fact in the runtimes section only. ``policy``: the policy-level bounds of its
+    precision (``policy_bounds``), judged as ``policy.<graph>`` checks.
     """
     from inference.runtimes.lite import IncompatibleModel
 
@@ -109,15 +118,18 @@ def check_runtime(
         for graph in bundle.graphs:
             check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance, preset)
             checks.append(check)
+            gate = policy_check(name, graph, bundle, ref, got[graph], policy, preset.name) if policy else None
+            checks += [gate] if gate is not None else []
         info["nan_propagation"] = _nan_facts(ref, got)
         worst = {g: _worst_rows(bundle, g, ref, got[g]) for g in bundle.graphs}
         repeat = _repeat_check(name, bundle, runtimes, ref.feeds, tolerance, ref.batch_coupled)
         checks.append(repeat)
+        info["batch_invariance"] = batch_invariance(bundle, runtimes, ref.feeds)
         failed = [c for c in checks if c.name.startswith("observations.") and c.status == "fail"]
         if failed:
-            diagnosis = repeat.diagnosis or gather_diagnosis(
+            diagnosis = repeat.diagnosis or (LOWERED if preset.name == "plan" else gather_diagnosis(
                 bundle, ref, got, comparisons, tolerance, checkpoint_matches
-            )
+            ))  # fmt: skip
             for c in failed:
                 c.diagnosis = dict(diagnosis)
         for mode, trace in ref.traces.items():
@@ -202,7 +214,7 @@ def _compare_outputs(
 ) -> tuple[Check, dict[str, ArrayComparison]]:  # fmt: skip
     """Every output of ``graph`` on the finite feeds, the discrete action judged as flips, and the contract's
     policy-level metrics. A log-prob of a flipped sampled action is the flip's consequence, counted once (as it)."""
-    finite = ref.feeds.finite
+    finite = preset.judged(ref.feeds)
     pooled = ref.feeds.ordinary[finite]
     expected = ref.outputs[graph]
     contract = bundle.contract(graph)
@@ -223,7 +235,8 @@ def _compare_outputs(
     host_noise = noise[finite] if noise is not None and contract.samples_on_host else None
     metrics: dict[str, Any] = {"outputs": {k: c.to_dict() for k, c in cmps.items()}}
     if all(same_shape(ref_out, got_out, k) for k in ref_out):
-        metrics.update(policy_metrics(contract, ref_out, got_out, host_noise))
+        graph_noise = noise[finite] if noise is not None and contract.takes_noise else None
+        metrics.update(policy_metrics(contract, ref_out, got_out, host_noise, graph_noise))
     if flips is not None:
         metrics["flips"] = flips
     return Check(runtime, f"observations.{graph}", "fail" if failed else "pass", summary, metrics), cmps

@@ -73,6 +73,17 @@ class Preset:
     free_running: str = "exact"
     return_tolerance: float = 0.0
     ks_alpha: float = 0.01
+    # "visited": only the observations the policy really saw (visited in episodes, recorded) are judged, element-wise
+    # and in policy terms: a precision plan is accountable for those (int8 kernels saturate outside the range they
+    # were calibrated on, by design); the synthetic rows are still compared and reported. "all": every finite row.
+    judge_rows: str = "all"
+
+    def judged(self, feeds: Any) -> np.ndarray:
+        """The feed rows this preset judges (``judge_rows``); all finite rows when none was visited."""
+        if self.judge_rows != "visited":
+            return feeds.finite
+        visited = feeds.finite & np.isin(feeds.source, ("episode", "recorded"))
+        return visited if visited.any() else feeds.finite & feeds.ordinary
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,6 +178,13 @@ def _ordered(x: np.ndarray) -> np.ndarray:
     """Map float32 bit patterns to integers whose difference is the ULP distance."""
     i = x.astype(np.float32).view(np.int32).astype(np.int64)
     return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
+    """The largest float32 ULP distance between two same-shaped arrays, over the elements finite in both."""
+    a, b = np.asarray(a, np.float32).ravel(), np.asarray(b, np.float32).ravel()
+    both = np.isfinite(a) & np.isfinite(b)
+    return int(np.abs(_ordered(a[both]) - _ordered(b[both])).max(initial=0))
 
 
 @dataclass

@@ -20,13 +20,14 @@ from inference.compare import episodes as E
 from inference.compare.acting import available_modes
 from inference.compare.batches import infer_feeds
 from inference.compare.checks import Check, VerifyResult
+from inference.compare.device_precision import LITE_RUNTIMES, emulation_wanted, judgement
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
 from inference.compare.localize import Localization, Localizer
 from inference.compare.options import LOCALIZE_STAGES, VerifyOptions
 from inference.compare.reference import REFERENCE, Reference, build_reference
 from inference.compare.runtime_check import IN_GRAPH_RANDOMNESS, RuntimeReport, check_runtime
-from inference.compare.stats import PRESETS, Tolerance, tolerance_for
+from inference.compare.stats import Tolerance
 from inference.compare.versions import version_checks
 from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
 from inference.runtimes.base import CellProvider, Runtime, RuntimeSource
@@ -51,9 +52,14 @@ def verify(
     (the training side's, or a golden file's recorded layers) names the first diverging layer of a runtime as
     ``options.localize`` says.
     """
-    preset = options.validate(bundle)
+    options.validate(bundle)
+    default = [n for n in RUNTIMES if not RUNTIMES[n].opt_in]  # opt-in runtimes (emulations) run when named
+    if options.device == "ascend" and set(options.runtimes or default) & set(LITE_RUNTIMES):
+        _precision_mode_named(bundle)  # Lite on Ascend runs with the bundle's precision mode, or not at all
     source = RuntimeSource(bundle, cells, options.device, options.device_id)
-    for name in options.required:  # fail fast, before minutes of comparisons
+    emulate = ("emulated-fp16",) if emulation_wanted(bundle, options.emulate, options.device) else ()
+    required = (*options.required, *(emulate if options.emulate else ()))
+    for name in required:  # fail fast, before minutes of comparisons
         reason = RUNTIMES[name].why_not(source)
         if reason:
             raise RuntimeUnavailable(f"required runtime {name} is unavailable: {reason}")
@@ -77,9 +83,8 @@ def verify(
         reference = _build_reference(bundle, source, inputs, options)
         runtimes[REFERENCE] = {"status": "reference"}
     episode_diffs: dict[str, dict[str, np.ndarray]] = {}
-    default = [n for n in RUNTIMES if not RUNTIMES[n].opt_in]  # opt-in runtimes (emulated ones) run when named
     names = [n for n in (options.runtimes or default) if n != REFERENCE or reference.origin != REFERENCE]
-    names += [n for n in options.required if n not in names]
+    names += [n for n in (*required, *emulate) if n not in names]
     if reference.repeat_differs:
         detail = "; ".join(f"{g}: {', '.join(outs)}" for g, outs in reference.repeat_differs.items())
         checks.append(Check(REFERENCE, "repeatability", "fail", f"the policy Cell gives different outputs for the "
@@ -109,7 +114,7 @@ def verify(
         reason = RUNTIMES[name].why_not(source)
         selected[name] = reason or {g: create(name, source, g) for g in bundle.graphs}
     selected.update(extra_runtimes or {})
-    asked = set(options.runtimes or ()) | set(options.required)  # named by the user: what happens to each is a check
+    asked = set(options.runtimes or ()) | set(required)  # named by the user: what happens to each is a check
     for name, graph_runtimes in selected.items():
         INTERRUPTS.check()
         started = time.perf_counter()
@@ -119,18 +124,19 @@ def verify(
                 checks.append(Check(name, "available", "skip", f"unavailable: {graph_runtimes}"))
             progress(f"{name}: unavailable")
             continue
-        tol_default = tolerance_for(preset, name)
+        judged = judgement(bundle, name, options.device, options.tolerance)
         outputs = {o["name"] for g in bundle.graphs for o in bundle.graph(g)["outputs"]}
-        tolerance = {o: options.overrides.get(o, tol_default) for o in outputs}
+        tolerance = {o: options.overrides.get(o, judged.tolerance) for o in outputs}
         report = check_runtime(
-            name, graph_runtimes, bundle, reference, inputs, tolerance, PRESETS[preset], name in options.required,
-            checkpoint_matches, env_deterministic, asked=name in asked,
+            name, graph_runtimes, bundle, reference, inputs, tolerance, judged.preset, name in required,
+            checkpoint_matches, env_deterministic, asked=name in asked, policy=judged.policy,
         )  # fmt: skip
         runtimes[name], episode_diffs[name] = report.info, report.episode_diffs
+        runtimes[name]["precision"] = judged.info
         checks += report.checks
         progress(f"{name}: {report.info['status']} ({time.perf_counter() - started:.1f} s)")
         if localizer is not None and _wants_localization(options.localize, report, bundle, name):
-            localizations[name] = _localize(localizer, bundle, reference, report, name, tolerance_for(preset, name))
+            localizations[name] = _localize(localizer, bundle, reference, report, name, judged.tolerance)
             progress(localizations[name].line())
             _preprocessing_first(localizations[name], report.checks)
     if CHECKPOINT in localizations:
@@ -147,8 +153,10 @@ def _wants_localization(mode: str, report: RuntimeReport, bundle: Bundle, name: 
     if mode == "never" or report.info.get("status") != "ran":
         return False
     stages = {c.diagnosis["stage"] for c in report.checks if c.status == "fail" and c.diagnosis}
+    lowered = name == "emulated-fp16" or (name == "lite" and bundle.plan is not None)  # where a precision breaks
+    failed = any(c.status == "fail" for c in report.checks)
     fp16_lite = bundle.precision == "fp16" and name in ("lite", "lite-aarch64")  # where the fp16 error grows
-    return mode == "always" or bool(stages & LOCALIZE_STAGES) or fp16_lite
+    return mode == "always" or bool(stages & LOCALIZE_STAGES) or fp16_lite or (lowered and failed)
 
 
 def _localize(
@@ -227,6 +235,18 @@ def _name_the_layer(found: Localization, checks: list[Check]) -> None:
         if c.diagnosis and c.diagnosis.get("stage") == "provenance" and found.first not in c.diagnosis["detail"]:
             c.diagnosis = {**c.diagnosis, "detail": f"{c.diagnosis['detail']}; first differing layer: {found.first} "
                            f"({found.first_kind})"}  # fmt: skip
+
+
+def _precision_mode_named(bundle: Bundle) -> None:
+    """Lite on Ascend runs with the bundle's precision mode; a bundle naming none is refused (exit 2, one line)."""
+    import platform
+
+    from inference.bundle.precision import PrecisionModeMissing, lite_precision
+
+    try:
+        lite_precision(bundle.manifest, "ascend", platform.machine(), f"bundle {bundle.root}")
+    except PrecisionModeMissing as exc:
+        raise UsageError(str(exc)) from None
 
 
 def logits_that_are_probabilities(bundle: Bundle, reference: Reference) -> list[Check]:

@@ -184,10 +184,30 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
             Check("cpu-simd", INFO, env["simd"], "-", "not recorded by the bundle; SIMD level changes float rounding")
         )
     checks.append(device_check(env, info, device))
+    checks.append(precision_check(bundle, info, device))
     if device == "cpu" and info is not None:
         checks.append(in_process_check(bundle, info))
         checks.append(inline_bits_check(bundle, info))
     return checks
+
+
+def precision_check(bundle: Bundle, info: RunnerInfo | None, device: str) -> Check:
+    """The Lite precision mode that will apply to the bundle on ``device`` here, and what Lite then computes in; an
+    Ascend run whose mode would be left to Lite's default (fp16) cannot run (refused)."""
+    import platform
+
+    from inference.bundle.precision import PrecisionModeMissing, lite_precision
+
+    target = bundle.target
+    pinned = f"target {target.get('device', 'cpu')}" + (f", {target['precision_mode']}" if target.get("precision_mode")
+                                                         else "")  # fmt: skip
+    arch = (info.record.get("arch") if info is not None else None) or platform.machine()
+    try:
+        chosen = lite_precision(bundle.manifest, device, arch, f"bundle {bundle.root}")
+    except PrecisionModeMissing as exc:
+        return Check("precision", INCOMPATIBLE, "Lite's default: enforce_fp16", pinned, str(exc))
+    mode = chosen.precision_mode or "none (CPU kernels)"
+    return Check("precision", OK, f"mode {mode}, computes in {chosen.preset}", pinned, chosen.why)
 
 
 def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> Check:

@@ -60,6 +60,7 @@ from inference.lite.common import (
     RunnerCrashed,
     RunnerTimeout,
     RunnerUnavailable,
+    lite_precision_args,
     load_refusal,
     runner_path,
 )
@@ -125,7 +126,9 @@ class LiteRunner:
     ``MSRL_LITE_INLINE`` and the build's default say (``runner/inline_run.h``). ``launcher`` is the command the runner
     runs under, e.g. ``qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu neoverse-n1`` for a runner built for
     another architecture (``inference.runtimes.lite_aarch64``). ``cpu_fp16`` lets Lite compute in float16 on a CPU
-    with float16 arithmetic (``CPUDeviceInfo::SetEnableFP16``; other CPUs ignore it).
+    with float16 arithmetic (``CPUDeviceInfo::SetEnableFP16``; other CPUs ignore it). ``precision_mode`` and
+    ``config``: Lite's precision mode and runtime configuration; None: those of the model's bundle
+    (``common.lite_precision_args``; an Ascend run without a mode is refused).
     """
 
     def __init__(
@@ -143,6 +146,8 @@ class LiteRunner:
         inline: bool | None = None,
         launcher: tuple[str, ...] | list[str] = (),
         cpu_fp16: bool = False,
+        precision_mode: str | None = None,
+        config: str | None = None,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
@@ -169,6 +174,7 @@ class LiteRunner:
                 f"Lite runner not found or not executable: {exe} (build it: bash inference/lite/build_lite.sh)"
             )
         self.runner = exe
+        self.precision_mode, self.config = lite_precision_args(model_path, device, precision_mode, config)
         self._cmd = [
             *launcher,
             str(exe),
@@ -183,6 +189,8 @@ class LiteRunner:
             "--max-rows",
             str(max_rows),
             *(["--cpu-fp16"] if cpu_fp16 else []),
+            *(["--precision-mode", self.precision_mode] if self.precision_mode else []),
+            *(["--config", self.config] if self.config else []),
         ]
         self._start()
         self.lite_version: str = self._hello["lite_version"]
@@ -412,7 +420,10 @@ class LiteRunner:
                 f"input '{meta.name}': shape {arr.shape} has rank {arr.ndim}, "
                 f"expected rank {len(meta.shape)} {meta.shape}"
             )
-        if any(want >= 0 and got != want for got, want in zip(arr.shape, meta.shape, strict=True)):
+        # The batch dim is the runner's to resize (as in the in-process library): a model converted at a fixed batch,
+        # e.g. calibrated for full quantization at batch 1, runs at any batch.
+        if any(want >= 0 and d > 0 and got != want for d, (got, want) in enumerate(zip(arr.shape, meta.shape,
+                                                                                        strict=True))):  # fmt: skip
             raise FeedError(f"input '{meta.name}': shape {arr.shape} does not match {meta.shape}")
         return (
             _U32X2.pack(_DTYPE_CODE[meta.dtype], arr.ndim)

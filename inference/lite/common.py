@@ -94,6 +94,34 @@ _KIND_ERRORS: dict[str, type[LiteRunnerError]] = {
 }
 
 
+def lite_precision_args(
+    model_path: str | os.PathLike[str], device: str, precision_mode: str | None, config: str | None
+) -> tuple[str, str]:
+    """The precision mode and runtime configuration Lite is given for a model: the caller's, else those of the bundle
+    the file sits in (``bundle.precision.lite_precision``: an Ascend target's mode, an fp16 plan's execution plan
+    where this Lite build has fp16 kernels). An Ascend run that would leave the mode to Lite's default (fp16) is a
+    ``ModelLoadError`` naming the default and how to choose. Returns ``(mode, config)``, ``""`` for none."""
+    import platform
+
+    from inference.bundle.precision import PrecisionModeMissing, bundle_of_model, file_entry, lite_precision, refusal
+
+    if precision_mode is not None:
+        return precision_mode, config or ""
+    manifest = bundle_of_model(model_path)
+    if manifest is None:
+        if device == "ascend":
+            raise ModelLoadError(refusal(f"{Path(model_path).name} (not in a bundle; pass precision_mode=)"))
+        return "", config or ""
+    try:
+        chosen = lite_precision(manifest, device, platform.machine(), f"the bundle of {Path(model_path).name}")
+    except PrecisionModeMissing as exc:
+        raise ModelLoadError(str(exc)) from None
+    runtime = file_entry(manifest, Path(model_path).name).get("runtime_config") or {}
+    if config is None and chosen.precision_mode == "enforce_fp16" and device == "cpu" and runtime.get("file"):
+        config = str(Path(model_path).with_name(runtime["file"]))
+    return chosen.precision_mode or "", config or ""
+
+
 def runner_path() -> Path:
     """Runner binary: ``$MSRL_LITE_RUNNER`` if set, else the one ``make lite`` builds in this checkout, else
     the one ``build_lite.sh --out $VIRTUAL_ENV/bin`` put next to this environment's Python.

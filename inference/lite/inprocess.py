@@ -38,7 +38,9 @@ from inference.lite.common import (
     DTYPES,
     InferenceError,
     LiteRunnerError,
+    ModelLoadError,
     RunnerUnavailable,
+    lite_precision_args,
     load_refusal,
     runner_path,
 )
@@ -72,7 +74,8 @@ def open_lite(model_path: str | os.PathLike[str], **kwargs: Any) -> LiteModel | 
     """Lite on ``model_path``: in this process where it can run here, else in the runner process (which takes the
     runner's own options, ``timeout`` included)."""
     if in_process_reason() is None:
-        kwargs = {k: v for k, v in kwargs.items() if k in ("device", "device_id", "threads", "max_rows", "inline")}
+        kwargs = {k: v for k, v in kwargs.items()
+                  if k in ("device", "device_id", "threads", "max_rows", "inline", "precision_mode", "config")}
         return LiteModel(model_path, **kwargs)
     return LiteRunner(model_path, **kwargs)
 
@@ -99,8 +102,9 @@ class _Library:
         p_i64, p_u64 = c.POINTER(c.c_int64), c.POINTER(c.c_uint64)
         lib.msrl_lite_version.restype = c.c_char_p
         lib.msrl_lite_open.restype = c.c_void_p
-        lib.msrl_lite_open.argtypes = [c.c_char_p, c.c_char_p, c.c_uint32, c.c_int, c.c_int, c.c_char_p, c.c_size_t,
-                                       c.c_char_p, c.c_size_t, p_i64]  # fmt: skip
+        lib.msrl_lite_open.argtypes = [c.c_char_p, c.c_char_p, c.c_uint32, c.c_int, c.c_int, c.c_char_p, c.c_char_p,
+                                       c.c_char_p, c.c_size_t, c.c_char_p, c.c_size_t, p_i64]  # fmt: skip
+        lib.msrl_lite_describe_device.argtypes = [c.c_char_p, c.c_uint32, c.c_char_p, c.c_char_p, c.c_size_t]
         lib.msrl_lite_inline_calls.argtypes = [c.c_void_p, p_u64]
         lib.msrl_lite_inline_calls.restype = None
         lib.msrl_lite_count.argtypes = [c.c_void_p, c.c_int]
@@ -125,6 +129,19 @@ class _Library:
             except OSError as exc:
                 raise RunnerUnavailable(f"{path} does not load here: {exc}") from None
         return cls._instance
+
+
+def describe_device(device: str, device_id: int = 0, precision_mode: str = "") -> dict[str, Any]:
+    """The device context ``LiteModel`` builds, as Lite's own objects hold it (the precision mode read back from
+    ``AscendDeviceInfo``): needs no device, so the argument path is checkable anywhere. ``ModelLoadError`` with the
+    refusal for an Ascend context without a mode."""
+    import json
+
+    out = ctypes.create_string_buffer(_ERR)
+    lib = _Library.get().lib
+    if lib.msrl_lite_describe_device(device.encode(), device_id, precision_mode.encode(), out, _ERR) != 0:
+        raise ModelLoadError(out.value.decode(errors="replace"))
+    return json.loads(out.value.decode())
 
 
 class _CallArgs(ctypes.Structure):
@@ -204,9 +221,13 @@ class LiteModel:
         threads: int = 1,
         max_rows: int = DEFAULT_MAX_ROWS,
         inline: bool | None = None,
+        precision_mode: str | None = None,
+        config: str | None = None,
     ) -> None:
         """``inline``: run the graph on the calling thread (True) or on Lite's actor thread (False); None as
-        ``MSRL_LITE_INLINE`` says, else this build's default (on for the Lite builds it was tested on)."""
+        ``MSRL_LITE_INLINE`` says, else this build's default (on for the Lite builds it was tested on).
+        ``precision_mode``, ``config``: Lite's precision mode and runtime configuration; None: those of the model's
+        bundle (``common.lite_precision_args``; an Ascend run without a mode is refused)."""
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self._lib = _Library.get()
@@ -222,8 +243,10 @@ class LiteModel:
         kind, error = ctypes.create_string_buffer(32), ctypes.create_string_buffer(_ERR)
         versions = (ctypes.c_int64 * 2)(-1, -1)
         mode = -1 if inline is None else int(bool(inline))
+        self.precision_mode, self.config = lite_precision_args(model_path, device, precision_mode, config)
         handle = self._lib.lib.msrl_lite_open(self.model_path.encode(), device.encode(), device_id, threads, mode,
-                                              kind, 32, error, _ERR, versions)  # fmt: skip
+                                              self.precision_mode.encode(), self.config.encode(), kind, 32, error,
+                                              _ERR, versions)  # fmt: skip
         if not handle:
             known = [v if v >= 0 else None for v in versions]
             raise load_refusal(kind.value.decode(), error.value.decode(errors="replace"), self.model_path, *known)

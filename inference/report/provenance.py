@@ -58,7 +58,8 @@ def runtime_precision(name: str, precision: str, manifest: dict[str, Any], devic
     else:
         text = f"as exported ({precision})"
     if device == "ascend" and own not in ("ms-cell", "ms-graph", "onnxruntime"):
-        text += "; on Ascend the device's precision mode decides (force_fp16 unless set)"
+        mode = (manifest.get("target") or {}).get("precision_mode")
+        text += f"; on Ascend with the bundle's precision mode {mode}" if mode else "; on Ascend: no precision mode"
     return f"{text}, as recorded on the device" if name.startswith("field:") else text
 
 
@@ -101,6 +102,10 @@ def provenance(result: VerifyResult) -> dict[str, Any]:
         "versions": {"exporter": manifest.get("exporter") or {}, "training": source.get("train_versions") or {},
                      "runtimes": {n: i.get("versions") for n, i in result.runtimes.items() if i.get("versions")}},
         "seeds": {"verify": result.reference.seed, "bundle": manifest.get("seeds") or {}},
-        "precision": {name: runtime_precision(name, bundle.precision, manifest, device)
-                      for name in result.runtimes},  # fmt: skip
+        "precision": {name: (info.get("precision") or {}).get("why")
+                      or runtime_precision(name, bundle.precision, manifest, device)
+                      for name, info in result.runtimes.items()},  # fmt: skip
+        "target": bundle.target,
+        "plan": {k: v for k, v in (bundle.plan or {}).items() if k in ("lower", "kept", "bounds", "calibration")}
+        or None,
     }

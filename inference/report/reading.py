@@ -236,6 +236,17 @@ def gate_values(c: dict[str, Any]) -> tuple[str, str]:
             return (measured + f"; mean return {num(m.get('mean_return'))} vs {num(m.get('reference_mean_return'))},"
                     f" KS p {num(m.get('ks_p_value'))}", f"mean within ±{num(m.get('mean_return_bound'))}, KS p ≥ 0.01")
         return measured, "0, or parted at a near-tie / by chaotic amplification"
+    if name.startswith("policy."):  # the mismatch in policy terms against the bounds of the precision judged
+        mm, flips, b = m.get("mismatch") or {}, m.get("flips") or {}, m.get("bounds") or {}
+        parts = [f"mean exp|Δ log π| {num(mm.get('mean_exp_abs'))}, ESS {num(mm.get('ess'))}, k3 KL "
+                 f"{num(mm.get('k3_kl'))}"] if mm.get("count") else []  # fmt: skip
+        if flips:
+            parts.append(f"flip rate {num(flips.get('rate'))} (95% upper bound {num(flips.get('ucb'))})")
+        limits = [f"{b.get('preset')}: mean exp|Δ log π| ≤ {num(b.get('mean_exp_abs'))}, ESS ≥ {num(b.get('ess'))}, "
+                  f"k3 KL ≤ {num(b.get('k3_kl'))}"] if b else []  # fmt: skip
+        if b.get("flip_rate_ucb") is not None:
+            limits.append(f"flip rate upper bound ≤ {num(b.get('flip_rate_ucb'))}")
+        return "; ".join(parts) or str(c.get("summary", "")), "; ".join(limits) or "–"
     if name == "provenance":
         return f"checkpoint {short(m.get('checkpoint_sha256'))}", f"bundle's {short(m.get('bundle_checkpoint_sha256'))}"
     if name == "field.drift":

@@ -153,6 +153,10 @@ def log_ratio_chart(title: str, ratio: dict[str, Any], color: str) -> str:
     q = ratio.get("quantiles") or {}
     caption = (f"{title}: {ratio.get('count')} actions, {ratio.get('zeros', 0)} exactly equal; p1 {num(q.get('p1'))},"
                f" p99 {num(q.get('p99'))}, max |·| {num(max(abs(q.get('min') or 0), abs(q.get('max') or 0)))}")
+    mm = ratio.get("mismatch") or {}
+    if mm.get("count"):  # the mismatch numbers of these log-ratios (policy_level.mismatch)
+        caption += (f"; mean exp|Δ| {num(mm.get('mean_exp_abs'))}, ESS {num(mm.get('ess'))}, "
+                    f"k3 KL {num(mm.get('k3_kl'))}")  # fmt: skip
     colors = ["#adb5bd" if names[k] == "0" else color for k in range(lo, hi)]
     return bar_chart(names[lo:hi], counts[lo:hi], title=caption, x_label="log-ratio (bins of half a decade, "
                      "lower edge)", colors=colors, width=560, height=220)  # fmt: skip

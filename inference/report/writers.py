@@ -31,6 +31,7 @@ import numpy as np
 
 from inference.bundle import sha256_file
 from inference.bundle.files import json_default, replace_dir, write_atomic
+from inference.compare.batch_invariance import describe as describe_invariance
 from inference.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
 from inference.errors import UsageError
 from inference.report.html import write_page
@@ -116,7 +117,44 @@ def markdown(result: VerifyResult) -> str:
                     f"{', '.join(nan['outputs_differing'])} differ in NaN-ness from the reference"
                     if nan.get("outputs_differing") else "")  # fmt: skip
         out.append(f"- **{name}**: {info['status']} {('— ' + extra) if extra else ''}{tolerance}{nan_text}")
+        if info.get("precision"):
+            p = info["precision"]
+            out.append(f"  - computes in **{p['computes_in']}**, judged as {p['judged_as']}: {p['why']}")
+        if info.get("batch_invariance"):
+            out.append(f"  - batch invariance ({info['batch_invariance']['rows']} rows alone vs at the first, middle "
+                       f"and last position of larger batches): {describe_invariance(info['batch_invariance'])}")
+    out += _mismatch_markdown(result)
     return "\n".join(out) + "\n"
+
+
+def _mismatch_markdown(result: VerifyResult) -> list[str]:
+    """Mismatch in policy terms, per runtime and graph: the sampled actions' log-ratio summary, ESS, k3 KL, mean
+    exp|Δ log π|, flips with their upper bound (from the ``policy.<graph>`` checks, else the observations')."""
+    rows = []
+    for c in result.checks:
+        metrics = c.metrics or {}
+        if c.name.startswith("policy."):
+            m, flips = metrics.get("mismatch") or {}, metrics.get("flips") or {}
+            bounds = metrics.get("bounds") or {}
+        elif c.name.startswith("observations.") and (metrics.get("log_ratio") or {}).get("mismatch") and not any(
+                o.runtime == c.runtime and o.name == "policy." + c.name.split(".", 1)[1] for o in result.checks):
+            m, flips, bounds = metrics["log_ratio"]["mismatch"], {}, {}  # fmt: skip
+        else:
+            continue
+        q = ((metrics.get("log_ratio") or {}).get("quantiles") or {})
+        cells = [f"{m['mean_exp_abs']:.6f}" if m.get("mean_exp_abs") is not None else "–",
+                 f"{m['ess']:.4f}" if m.get("ess") is not None else "–",
+                 f"{m['k3_kl']:.2e}" if m.get("k3_kl") is not None else "–",
+                 f"{q['p1']:.1e} / {q['p99']:.1e}" if q else "–",
+                 f"{flips['count']} ({flips['ucb']:.2%})" if flips else "–", bounds.get("preset", "–")]  # fmt: skip
+        rows.append(f"| {c.runtime} | {c.name.split('.', 1)[1]} | {' | '.join(cells)} | {c.status} |")
+    if not rows:
+        return []
+    return ["", "## Mismatch in policy terms", "",
+            "Sampled actions' log-ratio log π_runtime(a|s) − log π_ref(a|s) on the same observations and actions; "
+            "1.0 is a perfect mean exp|Δ log π|, ESS is the importance weights' normalised effective sample size.", "",
+            "| runtime | graph | mean exp\\|Δ log π\\| | ESS | k3 KL | log-ratio p1 / p99 | flips (95% upper bound) | "
+            "bounds | status |", "|---|---|---:|---:|---:|---:|---:|---|---|", *rows]  # fmt: skip
 
 
 def _localization_markdown(result: VerifyResult) -> list[str]:

@@ -24,6 +24,7 @@ _BUILTIN = {
     "lite-aarch64-fp16": "inference.runtimes.lite_aarch64:LiteAarch64Fp16Runtime",
     "lite-python": "inference.runtimes.lite_python:LitePythonRuntime",
     "onnxruntime": "inference.runtimes.onnxrt:OnnxRuntime",
+    "emulated-fp16": "inference.runtimes.emulated:EmulatedFp16Runtime",  # opt-in: the class says so
 }
 
 # Name → a Runtime class, or ``MODULE:CLASS`` imported on first use (registering must not import MindSpore);

@@ -23,6 +23,16 @@ from inference.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION, Bundle, load_bund
 from inference.bundle.contract import PolicyContract
 from inference.bundle.files import replace_dir, sha256_file, write_json_atomic
 from inference.bundle.mindir import mindir_version
+from inference.bundle.precision import (
+    ASCEND_TARGETS,
+    CONVERTER_CONFIG,
+    TARGETS,
+    check_mode,
+    computes_in,
+    converter_config,
+    how_to_choose,
+    refusal,
+)
 from inference.errors import INTERRUPTS, MsrlError, UsageError, first_line
 from msrl_consistency import __version__, compat
 from msrl_consistency.agent import ActorCritic
@@ -48,10 +58,24 @@ class ExportOptions:
     check_seed: int = 0
     require_lite: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
+    target: str = "cpu"  # the device the bundle is for (precision.TARGETS)
+    precision_mode: str | None = None  # Lite's Ascend precision mode: required for an Ascend target
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be fp32 or fp16, got {self.precision!r}")
+        if self.target not in TARGETS:
+            raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
+        if self.target in ASCEND_TARGETS and not self.precision_mode:
+            raise UsageError(refusal(f"--target {self.target}", self.target))
+        if self.target not in ASCEND_TARGETS and self.precision_mode:
+            raise UsageError(f"--precision-mode is Lite's Ascend precision mode; --target {self.target} takes none "
+                             f"({how_to_choose()})")  # fmt: skip
+        if self.precision_mode:
+            try:
+                check_mode(self.precision_mode)
+            except ValueError as exc:
+                raise UsageError(f"--{exc}") from None
         unknown = sorted(set(self.formats) - set(FORMATS))
         if unknown or not self.formats:
             raise UsageError(f"--formats must be a subset of {', '.join(FORMATS)}, got {list(self.formats)}")
@@ -103,10 +127,13 @@ def write_bundle(
         raise UsageError(f"cannot write the bundle to {out.parent}: {exc.strerror or exc}") from None
     try:
         entries: dict[str, Any] = {}
+        config = tmp / CONVERTER_CONFIG  # the converter configuration every .ms is converted with, kept in the bundle
+        config.write_text(converter_config(options.target, options.precision_mode))
         for name, graph in graphs.items():
-            files = _write_graph(graph, tmp, options)
+            files = _write_graph(graph, tmp, options, config)
             entries[name] = {**graph.io.to_dict(), "contract": graph.contract.to_dict(), "files": files}
         full = _manifest(manifest, entries, options)
+        full["target"] = target_record(options.target, options.precision_mode, options.precision, config)
         write_json_atomic(tmp / MANIFEST, full)
         result = check(load_bundle(tmp), {name: g.cell for name, g in graphs.items()})
         full["exporter"]["lite_sdk"] = result.pop("lite_version", None)
@@ -148,7 +175,14 @@ def _every_graph_has_a_format(entries: dict[str, Any]) -> bool:
     return all(any(_usable(f) for f in e["files"].values()) for e in entries.values())
 
 
-def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions) -> dict[str, Any]:
+def target_record(target: str, mode: str | None, precision: str, config: Path,
+                  computes: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The manifest's ``target``: the device, the Lite precision mode, what it computes in, the converter config."""
+    return {"device": target, "precision_mode": mode, "computes_in": computes or computes_in(mode, precision),
+            "converter_config": {"file": config.name, "sha256": sha256_file(config)}}  # fmt: skip
+
+
+def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions, config: Path | None = None) -> dict[str, Any]:
     files: dict[str, Any] = {}
     base = tmp / graph.io.name
     if "mindir" in options.formats:
@@ -179,7 +213,9 @@ def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions) -> dict[
         try:
             if onnx_path is None:
                 raise G.ConversionError(f"the .ms is converted from the ONNX graph, which failed: {onnx_failure}")
-            files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms"), fp16_weights=fp16))
+            files["ms"] = _entry(G.write_lite(onnx_path, base.with_suffix(".ms"), fp16_weights=fp16, config=config))
+            if config is not None:
+                files["ms"]["converter_config"] = {"file": config.name, "sha256": sha256_file(config)}
             if fp16:
                 files["ms"]["weights"] = "float16"
         except G.ConverterUnavailable as exc:
@@ -234,7 +270,10 @@ def normalization_hash(policy: ActorCritic) -> str:
 
 
 def describe(bundle: Bundle) -> str:
-    lines = [f"bundle {bundle.root} ({bundle.env_id or 'no env id'}, {bundle.precision})"]
+    target = bundle.target
+    mode = f", Lite precision mode {target['precision_mode']}" if target.get("precision_mode") else ""
+    lines = [f"bundle {bundle.root} ({bundle.env_id or 'no env id'}, {bundle.precision}; target {target['device']}"
+             f"{mode}, computes in {target['computes_in']})"]
     for name, graph in bundle.manifest["graphs"].items():
         files = ", ".join(f"{fmt}: FAILED" if "failed" in e else e.get("file", f"{fmt}: skipped")
                           for fmt, e in graph["files"].items())  # fmt: skip

@@ -303,12 +303,17 @@ class ConverterUnavailable(ConversionError):
     """The tool that produces a format is not on this machine (not a problem of the graph)."""
 
 
-def write_lite(onnx_path: Path, path: Path, converter: Path = DEFAULT_CONVERTER, fp16_weights: bool = False) -> Path:
+def write_lite(
+    onnx_path: Path, path: Path, converter: Path = DEFAULT_CONVERTER, fp16_weights: bool = False,
+    config: Path | None = None,
+) -> Path:  # fmt: skip
     """ONNX → ``.ms`` with the Lite converter binary built by ``make lite``; ``fp16_weights`` stores the float32
-    weights as float16 (how Lite deploys fp16; inputs and outputs stay float32)."""
+    weights as float16 (how Lite deploys fp16; inputs and outputs stay float32); ``config``: Lite's converter
+    configuration file (precision mode, quantization)."""
     if not converter.exists():
         raise ConverterUnavailable(f"Lite converter not built ({converter}); run `make lite`")
-    args = [str(converter), "--onnx", str(onnx_path), "--out", str(path), *(["--fp16"] if fp16_weights else [])]
+    args = [str(converter), "--onnx", str(onnx_path), "--out", str(path), *(["--fp16"] if fp16_weights else []),
+            *(["--config", str(config)] if config is not None else [])]  # fmt: skip
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 or not path.exists():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "device_context.h"
 #include "errors.h"
 #include "json.h"
 #include "include/api/context.h"
@@ -93,6 +94,16 @@ const char *msrl_lite_version() {
   return v.c_str();
 }
 
+// The device context msrl_lite_open would build, as Lite's objects hold it (device_context.h: DescribeDevice), into
+// out; returns 0, or -1 with the refusal in out. Needs no device: the argument path, checkable anywhere.
+int msrl_lite_describe_device(const char *device, uint32_t device_id, const char *precision_mode, char *out,
+                              size_t out_len) {
+  mindspore::Context ctx;
+  const std::string problem = msrl::ConfigureDevice(&ctx, device, device_id, precision_mode);
+  Put(out, out_len, problem.empty() ? "{" + msrl::DescribeDevice(ctx) + "}" : problem);
+  return problem.empty() ? 0 : -1;
+}
+
 // Whether this build runs graphs on the calling thread by default (inline_run.h: the Lite builds it was tested on).
 int msrl_lite_inline_default() { return msrl::InlineDefault() ? 1 : 0; }
 
@@ -100,9 +111,12 @@ int msrl_lite_inline_default() { return msrl::InlineDefault() ? 1 : 0; }
 // MSRL_LITE_INLINE and this build's default say (inline_run.h). On failure returns null, with the failure's kind
 // ("load", "missing", "args", "mindir_version", "device"), message and, for a MindIR too new for this Lite, the
 // file's and the maximum version in versions[0..1].
+// precision_mode: the bundle's Lite precision mode ("" for none; required on Ascend, device_context.h); config: Lite's
+// runtime configuration file ("" for none), e.g. a mixed-precision execution plan.
 void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, int threads, int inline_mode,
-                     char *kind, size_t kind_len, char *error, size_t error_len, int64_t *versions) {
-  const std::string model_path = path, dev = device;
+                     const char *precision_mode, const char *config, char *kind, size_t kind_len, char *error,
+                     size_t error_len, int64_t *versions) {
+  const std::string model_path = path, dev = device, mode = precision_mode, config_path = config;
   const auto fail = [&](const msrl::LoadFailure &f) -> void * {
     Put(kind, kind_len, f.kind);
     Put(error, error_len, f.message);
@@ -125,17 +139,13 @@ void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, i
   }
   auto ctx = std::make_shared<mindspore::Context>();
   ctx->SetThreadNum(threads);
-  if (dev == "ascend") {
-    auto info = std::make_shared<mindspore::AscendDeviceInfo>();
-    info->SetDeviceID(device_id);
-    ctx->MutableDeviceInfo().push_back(info);
-  } else {
-    auto info = std::make_shared<mindspore::CPUDeviceInfo>();
-    info->SetEnableFP16(false);
-    ctx->MutableDeviceInfo().push_back(info);
-  }
+  const std::string problem = msrl::ConfigureDevice(ctx.get(), dev, device_id, mode);
+  if (!problem.empty()) return fail({msrl::kExitArgs, "args", problem});
   auto h = std::make_unique<Handle>();
   h->model = std::make_unique<mindspore::Model>();
+  if (!config_path.empty() && h->model->LoadConfig(config_path).IsError()) {
+    return fail({msrl::kExitArgs, "args", "Lite refused the runtime configuration '" + config_path + "'"});
+  }
   const std::vector<pid_t> threads_before = msrl::ThreadIds();
   msrl::LogCapture capture;
   mindspore::Status st;
@@ -147,7 +157,11 @@ void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, i
     st = h->model->Build(model_path, type, ctx);
   }
   const std::string log = capture.Release();
-  if (st.IsError()) return fail(msrl::ClassifyLoadFailure(log, st, model_path, dev, device_id, Version()));
+  if (st.IsError()) {
+    msrl::LoadFailure failure = msrl::ClassifyLoadFailure(log, st, model_path, dev, device_id, Version());
+    if (!mode.empty()) failure.message += " (precision mode " + mode + ")";
+    return fail(failure);
+  }
   h->inputs = h->model->GetInputs();
   h->outputs = h->model->GetOutputs();
   for (const auto *group : {&h->inputs, &h->outputs}) {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "device_context.h"
 #include "errors.h"
 #include "include/api/context.h"
 #include "include/api/model.h"
@@ -59,16 +60,19 @@ struct Args {
   uint32_t device_id = 0;
   int threads = 1;
   uint64_t max_rows = kDefaultMaxRows;
+  std::string precision_mode;  // the bundle's Lite precision mode (device_context.h)
+  std::string config;          // Lite's runtime configuration (Model::LoadConfig), e.g. a mixed-precision plan
   bool info = false;
   bool cpu_fp16 = false;  // Lite's CPU float16 kernels (CPUDeviceInfo::SetEnableFP16), where the CPU has them
+  bool describe = false;  // --describe-device: the device context as Lite holds it, then exit (no model)
 };
 
 Args ParseArgs(int argc, char **argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
-    if (k == "--info") {
-      a.info = true;
+    if (k == "--info" || k == "--describe-device") {
+      (k == "--info" ? a.info : a.describe) = true;
       continue;
     }
     if (k == "--cpu-fp16") {
@@ -83,6 +87,10 @@ Args ParseArgs(int argc, char **argv) {
     } else if (k == "--device") {
       if (v != "cpu" && v != "ascend") FailHandshake(msrl::kExitArgs, "args", "--device must be cpu or ascend");
       a.device = v;
+    } else if (k == "--precision-mode") {
+      a.precision_mode = v;
+    } else if (k == "--config") {
+      a.config = v;
     } else if (k == "--device-id") {
       a.device_id = static_cast<uint32_t>(std::strtoul(v.c_str(), &end, 10));
       if (v.empty() || *end) FailHandshake(msrl::kExitArgs, "args", "--device-id must be an integer");
@@ -99,12 +107,23 @@ Args ParseArgs(int argc, char **argv) {
       FailHandshake(msrl::kExitArgs, "args", "unknown argument '" + k + "'");
     }
   }
-  if (a.model.empty() && !a.info) {
+  if (a.model.empty() && !a.info && !a.describe) {
     FailHandshake(msrl::kExitArgs, "args",
-                  "usage: msrl-lite-runner --model PATH [--device cpu|ascend] [--device-id N] [--threads N] "
-                  "[--max-rows N] [--cpu-fp16] | --info");
+                  "usage: msrl-lite-runner --model PATH [--device cpu|ascend] [--device-id N] [--precision-mode MODE] "
+                  "[--config FILE] [--threads N] [--max-rows N] [--cpu-fp16] | --info | --describe-device");
   }
   return a;
+}
+
+std::shared_ptr<mindspore::Context> MakeContext(const Args &a) {
+  auto ctx = std::make_shared<mindspore::Context>();
+  ctx->SetThreadNum(a.threads);
+  // --cpu-fp16 is the CPU's enforce_fp16 (Lite's float16 kernels, where the CPU has them)
+  const std::string mode =
+      a.cpu_fp16 && a.device == "cpu" && a.precision_mode.empty() ? "enforce_fp16" : a.precision_mode;
+  const std::string problem = msrl::ConfigureDevice(ctx.get(), a.device, a.device_id, mode);
+  if (!problem.empty()) FailHandshake(msrl::kExitArgs, "args", problem);
+  return ctx;
 }
 
 bool EndsWith(const std::string &s, const std::string &suffix) {
@@ -142,27 +161,21 @@ std::unique_ptr<mindspore::Model> Load(const Args &a, const std::string &lite_ve
     FailHandshake(msrl::kExitMissing, "missing", "model file not found or unreadable: '" + a.model + "'");
   }
 
-  auto ctx = std::make_shared<mindspore::Context>();
-  ctx->SetThreadNum(a.threads);
-  if (a.device == "ascend") {
-    auto info = std::make_shared<mindspore::AscendDeviceInfo>();
-    info->SetDeviceID(a.device_id);
-    ctx->MutableDeviceInfo().push_back(info);
-  } else {
-    auto info = std::make_shared<mindspore::CPUDeviceInfo>();
-    info->SetEnableFP16(a.cpu_fp16);
-    ctx->MutableDeviceInfo().push_back(info);
-  }
-
+  auto ctx = MakeContext(a);
   auto model = std::make_unique<mindspore::Model>();
+  if (!a.config.empty() && model->LoadConfig(a.config).IsError()) {
+    FailHandshake(msrl::kExitArgs, "args", "Lite refused the runtime configuration '" + a.config + "'");
+  }
   msrl::LogCapture capture;
   mindspore::Status st = model->Build(a.model, type, ctx);
   const std::string log = capture.Release();
   if (st.IsOk()) {
-    *fp16 = Fp16Outcome(a.cpu_fp16, log);
+    *fp16 = Fp16Outcome(a.cpu_fp16 || (a.device == "cpu" && a.precision_mode == "enforce_fp16"), log);
     return model;
   }
-  FailHandshake(msrl::ClassifyLoadFailure(log, st, a.model, a.device, a.device_id, lite_version));
+  msrl::LoadFailure failure = msrl::ClassifyLoadFailure(log, st, a.model, a.device, a.device_id, lite_version);
+  if (!a.precision_mode.empty()) failure.message += " (precision mode " + a.precision_mode + ")";
+  FailHandshake(failure);
 }
 
 // --info: one JSON line about this build (the Lite version and the MindIR versions it reads), then exit 0.
@@ -201,6 +214,10 @@ int main(int argc, char **argv) {
   std::string version_source;
   const std::string lite_version = LiteVersion(&version_source);
   if (args.info) _exit(Info(lite_version, version_source));
+  if (args.describe) {  // the argument path to Lite's device objects, checkable without the device
+    const std::string line = "{" + msrl::DescribeDevice(*MakeContext(args)) + "}\n";
+    _exit(msrl::WriteAll(msrl::ProtocolFd(), line.data(), line.size()) ? 0 : 1);
+  }
   std::string fp16;
   std::unique_ptr<mindspore::Model> model = Load(args, lite_version, &fp16);
 
@@ -218,6 +235,7 @@ int main(int argc, char **argv) {
   const bool inline_actors = args.device == "cpu" && msrl::InlineWanted();  // see inline_run.h
   const std::string hello = "{\"ok\": true, \"lite_version\": " + JsonStr(lite_version) +
                             ", \"model\": " + JsonStr(args.model) + ", \"device\": " + JsonStr(args.device) +
+                            ", \"precision_mode\": " + (args.precision_mode.empty() ? "null" : JsonStr(args.precision_mode)) +
                             ", \"max_rows\": " + std::to_string(args.max_rows) +
                             ", \"inline\": " + (inline_actors ? "true" : "false") +
                             ", \"cpu_fp16\": " + JsonStr(fp16) +

@@ -141,7 +141,9 @@ std::string Server::Validate(uint32_t n) const {
     uint64_t elems = 1;
     for (size_t d = 0; d < f.dims.size(); ++d) {
       if (f.dims[d] < 0) return who() + "negative dimension";
-      if (!decl.empty() && decl[d] >= 0 && decl[d] != f.dims[d]) {
+      // The batch (dim 0) is resized, as in the in-process library: a model converted at a fixed batch (full
+      // quantization calibrates at batch 1) runs at any batch.
+      if (d > 0 && !decl.empty() && decl[d] >= 0 && decl[d] != f.dims[d]) {
         return who() + "dim " + std::to_string(d) + " is " + std::to_string(f.dims[d]) + ", model needs " +
                std::to_string(decl[d]);
       }

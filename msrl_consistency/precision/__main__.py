@@ -1,0 +1,92 @@
+"""``python -m msrl_consistency.precision``: a precision plan, the cheapest set of layers kept in fp32 while the rest
+runs in fp16 or int8, judged in policy terms, and a bundle whose ``.ms`` follows it.
+
+    python -m msrl_consistency.precision --bundle B --ckpt RUN --lower int8 --out PLAN
+    python -m msrl_consistency.precision --bundle B --cell policy:make_policy --ckpt C --lower fp16 --out PLAN
+
+Each layer's sensitivity alone (that layer lowered, the rest fp32): the action-flip rate with its 95% upper bound,
+the Gaussian mean's shift in std, the sampled actions' log-ratio (mean exp|Δ log π|, ESS, k3 KL) and the return
+difference of paired seeded episodes, on states the policy visits (or a field recording). Then the cheapest set of
+kept layers within the bounds (any set; see ``search``), and the plan's bundle: fp16 through Lite's mixed-precision
+execution plan, int8 through Lite's quantization (full, ``skip_quant_node`` for kept layers, calibrated on
+observations the policy really saw; or weight). ``plan.md`` and the manifest's ``plan`` say what was measured.
+``--keep`` writes the bundle of a given set instead of searching (``--keep none``: every layer lowered).
+
+Exit codes: 0 a plan within the bounds was written (or the ``--keep`` set is within them); 1 the bundle was written
+but its set breaks the bounds (``--keep``, or no set keeps them on so few states); 2 bad input; 3 the lowering
+cannot run here (no converter, no onnx, a .ms Lite cannot load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from inference.errors import EXIT_CODES, UsageError, run_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m msrl_consistency.precision", epilog=EXIT_CODES,
+                                description=__doc__.split("\n", 1)[1].split("\n\n", 2)[2].strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--bundle", type=Path, required=True, help="a float32 bundle with its .onnx graphs")
+    p.add_argument("--ckpt", type=Path, help="the training run (or checkpoint) the bundle was exported from")
+    p.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell (a bundle exported with --cell)")
+    p.add_argument("--lower", required=True, choices=["fp16", "int8"], help="the precision of the lowered layers")
+    p.add_argument("--quantization", default="full", choices=["full", "weight"],
+                   help="int8: Lite's full quantization (weights and activations, calibrated) or weight quantization")
+    p.add_argument("--out", type=Path, required=True, help="the plan's bundle directory")
+    p.add_argument("--keep", help="comma-separated layers to keep in fp32 instead of searching ('none': lower all)")
+    p.add_argument("--recording", type=Path, nargs="+", metavar="DIR",
+                   help="a field recording (inference.load(record=)) whose observations calibrate and evaluate the "
+                   "plan, instead of states visited in seeded episodes")  # fmt: skip
+    p.add_argument("--states", type=int, default=4000, help="evaluation states (default 4000)")
+    p.add_argument("--episodes", type=int, default=10, help="paired seeded episodes per mode (default 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-evaluations", type=int, default=64, help="candidates evaluated at most (default 64)")
+    p.add_argument("--env-id", help="the env to play episodes in (default: the bundle's)")
+    p.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor (gymnasium API)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out directory")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from msrl_consistency import compat  # noqa: F401 - first: MindSpore's import, held safe from Ctrl-C there
+    from msrl_consistency.precision.plan import make_plan
+
+    if args.states < 64 or args.episodes < 1 or args.max_evaluations < 1:
+        raise UsageError("--states must be >= 64, --episodes and --max-evaluations >= 1")
+    say = (lambda _m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    with tempfile.TemporaryDirectory(prefix="msrl-plan-") as work:
+        bundle, result, plan = make_plan(args, Path(work), say)
+    print(summary(bundle, plan))
+    if not result.final.ok and args.keep is None:  # every layer kept is the float32 graph: too few states to bound it
+        print(f"error: no set of kept layers is within the bounds, not even every layer in fp32, on "
+              f"{plan['evaluation']['states']} states: more states (--states) bound the flip rate tighter",
+              file=sys.stderr)  # fmt: skip
+    return 0 if result.final.ok else 1
+
+
+def summary(bundle: Any, plan: dict[str, Any]) -> str:
+    final = plan["final"]
+    lines = [f"plan {plan['lower']} → {bundle.root}: kept in fp32: {', '.join(plan['kept']) or 'none'}; "
+             f"{'within' if final['ok'] else 'BEYOND'} the bounds (badness {final['badness']})"]  # fmt: skip
+    for layer in plan["layers"]:
+        s = layer.get("sensitivity") or {}
+        badness = f"{s['badness']:.3g}" if s.get("badness") is not None else "-, " + "; ".join(s.get("broken", []))
+        lines.append(f"  {layer['scope']:<28} {layer['precision']:<5} cost {layer['cost']:>7}  alone: "
+                     f"{'within' if s.get('ok') else 'beyond'} (badness {badness})")
+    every = plan["all_lowered"]
+    lines.append(f"  every layer lowered: {'within' if every['ok'] else 'beyond'} the bounds"
+                 + (f": {'; '.join(every['broken'][:2])}" if every.get("broken") else ""))  # fmt: skip
+    lines.append(f"verify it: python -m msrl_consistency.verify --bundle {bundle.root} --ckpt CKPT")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    run_cli(main)

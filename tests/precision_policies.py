@@ -1,0 +1,41 @@
+"""A policy that fp16 breaks in one layer: its LayerNorm sees values whose squares overflow fp16 (|x| > 256).
+
+``fc1`` computes O(0.1-1) features, scaled by 1000 before ``norm`` (a LayerNorm): fine in fp16 (|x| < 65504), but
+the variance sums their squares (~1e5-1e6 each), which overflows fp16 to inf; every other layer is harmless in
+fp16. Tests copy this module next to their bundles and pass ``precision_policies:make_layernorm`` as a team passes
+its own.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+
+class LayerNormPolicy(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Dense(4, 32)
+        self.norm = nn.LayerNorm((32,))
+        self.fc2 = nn.Dense(32, 2)
+
+    def construct(self, obs: Tensor) -> Tensor:
+        return self.fc2(ops.tanh(self.norm(self.fc1(obs) * 1000.0)))
+
+
+def make_layernorm() -> LayerNormPolicy:
+    """No biases: the features scale with the observation (the LayerNorm makes the action depend on its direction),
+    and the action follows the normalised features alone; where fp16 turns them into nothing, the logits tie."""
+    ms.set_seed(0)
+    policy = LayerNormPolicy()
+    for dense in (policy.fc1, policy.fc2):
+        dense.bias.set_data(ops.zeros_like(dense.bias))
+    return policy
+
+
+LAYERNORM_CONTRACT = {
+    "env_id": "CartPole-v1",
+    "input": {"obs": [4]},
+    "outputs": {"names": ["logits"]},
+    "action": {"kind": "categorical", "logits": "logits"},
+}
