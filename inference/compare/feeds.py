@@ -305,9 +305,11 @@ def comparison_feeds(
     noise = draw_noise(bundle, rng, len(obs))
     state = None
     if contract.states:
-        # observations recorded without their states: every row at ``init``
-        rest = feed_states(bundle, rng, len(obs) - n_obs, _rows(observed_state, among))
-        state = rest if observed_state is None or not n_obs else np.concatenate([observed_state[picked], rest])
+        if observed_state is None or not n_obs:  # observations recorded without their states: every row at ``init``
+            state = feed_states(bundle, rng, len(obs), _rows(observed_state, among))
+        else:
+            rest = feed_states(bundle, rng, len(obs) - n_obs, observed_state[among])
+            state = np.concatenate([observed_state[picked], rest])
     return Feeds(obs, labels, noise, state)
 
 
