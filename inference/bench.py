@@ -259,6 +259,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "lite_version": getattr(model, "lite_version", None),
         "lite_sdk": info.record if info else None,
         "lite_in_process": policy.runtime == "lite",
+        "runner": str(model.runner) if hasattr(model, "runner") else None,  # Lite's library or runner executable
         "device": args.device,
         "threads": args.threads,
         "warmup": args.warmup,

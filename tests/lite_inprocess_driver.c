@@ -46,9 +46,10 @@ int main(int argc, char **argv) {
   if (lib == NULL) return fprintf(stderr, "%s\n", dlerror()), 2;
   const uint32_t loaded = get_mode();
   set_mode(before);
-  void *(*open_model)(const char *, const char *, uint32_t, int, int, char *, size_t, char *, size_t, int64_t *) =
-      (void *(*)(const char *, const char *, uint32_t, int, int, char *, size_t, char *, size_t, int64_t *))sym(
-          lib, "msrl_lite_open");
+  /* path, device, device id, threads, inline mode, precision mode, runtime config, kind, error, versions */
+  typedef void *(*open_fn)(const char *, const char *, uint32_t, int, int, const char *, const char *, char *, size_t,
+                           char *, size_t, int64_t *);
+  open_fn open_model = (open_fn)sym(lib, "msrl_lite_open");
   int (*predict)(const struct call *) = (int (*)(const struct call *))sym(lib, "msrl_lite_predict");
   int (*fetch)(void *, int, void *const *, const uint64_t *, char *, size_t) =
       (int (*)(void *, int, void *const *, const uint64_t *, char *, size_t))sym(lib, "msrl_lite_fetch");
@@ -67,7 +68,7 @@ int main(int argc, char **argv) {
   for (int way = 1; way >= 0; --way) {
     char kind[32], error[4096];
     int64_t versions[2];
-    void *h = open_model(argv[2], "cpu", 0, 1, way, kind, sizeof kind, error, sizeof error, versions);
+    void *h = open_model(argv[2], "cpu", 0, 1, way, "", "", kind, sizeof kind, error, sizeof error, versions);
     if (h == NULL) return fprintf(stderr, "open: %s\n", error), 2;
     struct call c = {h, 1, 0, data, &nbytes, dims, ranks, NULL, NULL, error, sizeof error};
     if (predict(&c) != 0 || count(h, 1) != 1) return fprintf(stderr, "predict: %s\n", error), 2;

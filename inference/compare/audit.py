@@ -102,20 +102,46 @@ class RecordedRuntime(Runtime):
     def __init__(self, source: RuntimeSource, graph: str, chunk: Chunk, batched: Mapping[str, bool]) -> None:
         super().__init__(source, graph)
         self.chunk, self.batched = chunk, batched
+        self._index: dict[bytes, list[int]] | None = None  # a row's input bytes -> the recorded rows that have them
 
     def _load(self) -> None:
         return None
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        n = len(arrays[0])
-        for k, (got, recorded) in enumerate(zip(arrays, self.chunk.inputs, strict=True)):
-            if n > len(recorded) or not np.array_equal(got, recorded[:n], equal_nan=got.dtype.kind == "f"):
-                raise InferenceFailed(f"{FIELD}: input {k} is not what the device recorded (only those rows answer)")
+        rows = self._recorded_rows(arrays)
         out = self.chunk.outputs
-        return [out[o.name][:n] if self.batched.get(o.name, True) else out[o.name][0] for o in self.outputs]
+        return [out[o.name][rows] if self.batched.get(o.name, True) else out[o.name][0] for o in self.outputs]
+
+    def _recorded_rows(self, arrays: list[np.ndarray]) -> np.ndarray:
+        """The recorded row of every requested row: verify asks in chunks of any size (its last one filled up with
+        copies of its own rows), always with rows the device saw; equal rows are taken in recorded order."""
+        if len(arrays) != len(self.chunk.inputs):
+            raise InferenceFailed(f"{FIELD}: {len(arrays)} inputs asked, {len(self.chunk.inputs)} recorded")
+        if self._index is None:
+            self._index = {}
+            for i, key in enumerate(_row_keys(self.chunk.inputs)):
+                self._index.setdefault(key, []).append(i)
+        rows, last = [], -1
+        for j, key in enumerate(_row_keys(arrays)):
+            seen = self._index.get(key)
+            if seen is None:
+                raise InferenceFailed(f"{FIELD}: row {j} of the request is not one the device recorded (only those "
+                                      "rows answer)")  # fmt: skip
+            last = next((i for i in seen if i > last), seen[0])
+            rows.append(last)
+        return np.asarray(rows, dtype=np.int64)
 
     def versions(self) -> dict[str, Any]:
         return {"recorded_by": self.chunk.info.meta["runtime"], "chunk": self.chunk.info.path.name}
+
+
+def _row_keys(arrays: Sequence[np.ndarray]) -> list[bytes]:
+    """Each row's bytes over every input (NaN rows match by their bits)."""
+    n = len(arrays[0])
+    if n == 0:
+        return []
+    flat = [np.ascontiguousarray(x).reshape(n, -1).view(np.uint8).reshape(n, -1) for x in arrays]
+    return [b"".join(x[i].tobytes() for x in flat) for i in range(n)]
 
 
 @dataclass

@@ -78,7 +78,7 @@ def gate_metrics(
         ra = np.asarray(contract.env_action(r)).reshape(int(rows.sum()), -1)
         ga = np.asarray(contract.env_action(g)).reshape(int(rows.sum()), -1)
         flips = int((ra != ga).any(1).sum())
-        out["flips"] = {"count": flips, "rate": flips / max(1, len(ra)), "ucb": flip_rate_ucb(flips, len(ra))}
+        out["flip_rate"] = {"count": flips, "rate": flips / max(1, len(ra)), "ucb": flip_rate_ucb(flips, len(ra))}
     if "mean_shift_in_std" in metrics:
         out["mean_shift_in_std"] = metrics["mean_shift_in_std"]
     return out
@@ -95,7 +95,7 @@ def judge(metrics: Mapping[str, Any], bounds: PolicyBounds, rate_only: bool = Fa
         broken.append(f"ESS {m['ess']:.4g} < {bounds.ess:g}")
     if m.get("k3_kl") is not None and not m["k3_kl"] <= bounds.k3_kl:
         broken.append(f"k3 KL {m['k3_kl']:.3g} > {bounds.k3_kl:g}")
-    flips = metrics.get("flips")
+    flips = metrics.get("flip_rate")
     if flips and bounds.flip_rate_ucb is not None and not flips["rate" if rate_only else "ucb"] <= bounds.flip_rate_ucb:
         broken.append(f"flip rate {flips['rate']:.2%} (95% upper bound {flips['ucb']:.2%}) > "
                       f"{bounds.flip_rate_ucb:.2%}")
@@ -112,8 +112,8 @@ def describe(metrics: Mapping[str, Any]) -> str:
     if m.get("count"):
         parts.append(f"mean exp|Δ log π| {m['mean_exp_abs']:.6f}, ESS {m['ess']:.4f}, k3 KL {m['k3_kl']:.2e}, "
                      f"IS mean {m['is_mean']:.4f} ({m['count']} sampled actions)")  # fmt: skip
-    if metrics.get("flips"):
-        f = metrics["flips"]
+    if metrics.get("flip_rate"):
+        f = metrics["flip_rate"]
         parts.append(f"flips {f['count']} ({f['rate']:.2%}, 95% upper bound {f['ucb']:.2%})")
     shift = (metrics.get("mean_shift_in_std") or {}).get("p99")
     if shift is not None:
@@ -146,7 +146,7 @@ def policy_check(
         rows = visited if visited.any() else rows
     noise = ref.feeds.noise.get(graph)
     metrics = gate_metrics(bundle.contract(graph), ref.outputs[graph], got, noise, rows)
-    if not any(k in metrics for k in ("mismatch", "flips", "mean_shift_in_std")):
+    if not any(k in metrics for k in ("mismatch", "flip_rate", "mean_shift_in_std")):
         return None
     metrics["bounds"] = {**bounds.to_dict(), "preset": preset}
     broken = judge(metrics, bounds, rate_only=True)

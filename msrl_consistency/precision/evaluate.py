@@ -59,7 +59,7 @@ class Evaluation:
         finite = np.isfinite(self.badness)  # inf: Lite could not run this candidate (``broken`` says why)
         out: dict[str, Any] = {"ok": self.ok, "badness": round(self.badness, 4) if finite else None}
         for graph, m in self.graphs.items():
-            mm, flips, shift = m.get("mismatch") or {}, m.get("flips") or {}, (m.get("mean_shift_in_std") or {})
+            mm, flips, shift = m.get("mismatch") or {}, m.get("flip_rate") or {}, (m.get("mean_shift_in_std") or {})
             out[graph] = {k: v for k, v in {
                 "mean_exp_abs": mm.get("mean_exp_abs"), "ess": mm.get("ess"), "k3_kl": mm.get("k3_kl"),
                 "log_ratio_p1": (m.get("log_ratio") or {}).get("p1"),
@@ -146,8 +146,8 @@ def _badness(metrics: Mapping[str, Any], bounds: PolicyBounds) -> float:
         worst = max(worst, (1 - m["ess"]) / max(1e-12, 1 - bounds.ess))
     if m.get("k3_kl") is not None:
         worst = max(worst, m["k3_kl"] / bounds.k3_kl)
-    if metrics.get("flips") and bounds.flip_rate_ucb:
-        worst = max(worst, metrics["flips"]["ucb"] / bounds.flip_rate_ucb)
+    if metrics.get("flip_rate") and bounds.flip_rate_ucb:
+        worst = max(worst, metrics["flip_rate"]["ucb"] / bounds.flip_rate_ucb)
     shift = (metrics.get("mean_shift_in_std") or {}).get("p99")
     if shift is not None:
         worst = max(worst, shift / bounds.mean_shift_in_std)
