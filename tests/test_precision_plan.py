@@ -92,7 +92,7 @@ def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 def test_an_int8_plan_end_to_end(cartpole_bundle, cartpole_ckpt, tmp_path):
     out = tmp_path / "int8"
     proc = cli("msrl_consistency.precision", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
-               "--lower", "int8", "--out", str(out), "--states", "2000", "--episodes", "3")  # fmt: skip
+               "--lower", "int8", "--out", str(out), "--states", "1000", "--episodes", "2")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     plan = manifest["plan"]
@@ -120,7 +120,7 @@ def test_an_int8_plan_end_to_end(cartpole_bundle, cartpole_ckpt, tmp_path):
     assert whole.shape == (len(obs), 2) and np.array_equal(whole, alone)
 
     proc = cli("msrl_consistency.verify", "--bundle", str(out), "--ckpt", str(cartpole_ckpt), "--observations",
-               "1000", "--episodes", "3", "--out", str(tmp_path / "report"))  # fmt: skip
+               "600", "--episodes", "2", "--out", str(tmp_path / "report"))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     lite = report["runtimes"]["lite"]
