@@ -17,7 +17,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import time
 from pathlib import Path
 
 from inference_latency import prepare
+
+from inference.machine.facts import host_cpu
 
 DEVICE = """
 import sys
@@ -41,14 +42,6 @@ policy.close()
 """
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def measured(args: list[str]) -> tuple[float, float, int]:
@@ -75,7 +68,7 @@ def main() -> None:
     bundle, ckpt = (args.bundle, args.ckpt) if args.bundle else prepare(args.out)
     py = sys.executable
     verify = [py, "-m", "msrl_consistency.verify", "--bundle", str(bundle), "--ckpt", str(ckpt), "--quiet"]
-    print(f"{dt.date.today().isoformat()}, {cpu_model()} ({os.cpu_count()} CPUs), "
+    print(f"{dt.date.today().isoformat()}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
           f"`python bench/audit_memory.py {' '.join(sys.argv[1:])}`\n")  # fmt: skip
     shutil.rmtree(args.out / "r-base", ignore_errors=True)
     base_wall, base_rss, _ = measured([*verify, "--runtimes", "ms-graph", "--observations", "10000", "--episodes", "1",

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 import resource
 import shutil
 import subprocess
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import psutil
 from inference_latency import prepare
+
+from inference.machine.facts import host_cpu
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bring-your-own"
 TESTS = Path(__file__).resolve().parents[1] / "tests"
@@ -73,14 +74,6 @@ def timed(args: list[str], cwd: Path | None = None) -> tuple[float, int]:
     return run.wall, run.code
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def example(name: str, out: Path, *train_args: str) -> Path:
@@ -210,7 +203,7 @@ def main() -> None:
     if args.biped_bundle and args.biped_ckpt:
         biped = ["--bundle", str(args.biped_bundle.resolve()), "--ckpt", str(args.biped_ckpt.resolve())]
         cases.append(("BipedalWalker-v3 256-256-128, our bundle", biped, None))
-    print(f"{datetime.date.today()}, {cpu_model()} ({psutil.cpu_count()} CPUs, load average "
+    print(f"{datetime.date.today()}, {host_cpu()[0]} ({psutil.cpu_count()} CPUs, load average "
           f"{psutil.getloadavg()[0]:.1f} at the start), `python {' '.join(sys.argv)}`\n")
     print("| policy | reference + ms-graph (s) | full verify (s) | full / reference-only | CPU (s) | peak RSS (GB) | "
           "with the Lite runner (GB) | exit | time target | <= 1.5 GB |")
