@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from inference.machine.facts import host_cpu
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -256,7 +257,7 @@ def main() -> None:
     text += "\n".join(f"- {k}: mean exp|Δ log π| {v.get('mean_exp_abs', 1):.7f}, k3 KL {v.get('k3_kl', 0):.1e}, "
                       f"ESS {v.get('ess', 1):.6f}, p99 |Δ mean| / std {v.get('mean_shift_in_std', 0):.1e}"
                       for k, v in fp32.items())  # fmt: skip
-    header = (f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+    header = (f"{time.strftime('%Y-%m-%d')}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
               f"`python bench/precision_plans.py {' '.join(sys.argv[1:])}`, {time.perf_counter() - started:.0f} s\n\n")
     (args.out / "precision_plans.md").write_text(header + text + "\n")
     (args.out / "precision_plans.json").write_text(json.dumps(rows, default=str, indent=1))

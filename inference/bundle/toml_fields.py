@@ -69,7 +69,7 @@ def get_count(table: Mapping[str, Any], key: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ContractError(f"{key} must be a positive integer, got {value!r}")
+        raise ContractError(f"{key} must be a positive integer, got {_short(value)}")
     return value
 
 
