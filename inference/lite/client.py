@@ -5,27 +5,7 @@ clash inside one interpreter, and because a Lite graph can hang in ``Predict``: 
 timed out and killed, a hung thread cannot. This module imports only NumPy and the standard library so it
 runs on a deploy box without any framework installed.
 
-Protocol (all integers little-endian), over the runner's stdin/stdout:
-
-* Handshake: after loading, the runner writes one JSON line, ``{"ok": true, "lite_version", "model",
-  "device", "max_rows", "inline", "cpu_fp16", "inputs": [{"name", "dtype", "shape"}], "outputs": [...]}`` (``inline``:
-  whether it runs the graph on its serving thread, inference/lite/runner/inline_run.h; ``cpu_fp16``: what became of
-  ``--cpu-fp16``, "off", "on" or "ignored: " and Lite's own words) or ``{"ok": false, "kind":
-  "load"|"mindir_version"|"device"|"args"|"missing", "error"}`` and exits with 4/5/6/2/3 respectively
-  (``mindir_version`` adds ``mind_ir_version`` and ``max_mind_ir_version``, both as Lite read them).
-* Request: ``u32 magic, u32 op`` (1 infer, 2 ping, 3 quit, 4 tap, 5 stats); infer and tap add ``u32 n_inputs`` and per
-  input ``u32 dtype, u32 ndim, i64 dims[ndim], u64 nbytes, bytes``, in the model's input order.
-* Response: ``u32 magic, u32 status`` (0 ok, 1 bad request, 2 inference failure); if ok ``u32 n_outputs``
-  and per output ``u32 name_len, name, u32 dtype, u32 ndim, i64 dims[ndim], u64 nbytes, bytes``, else
-  ``u32 msg_len, msg``. Ping answers status 0 with no outputs; quit and EOF end the process with code 0. A tap
-  answers ``u32 n_kernels`` and per kernel, in execution order, ``u32 name_len, name, u32 type_len, type, u32
-  n_outputs`` and its outputs framed as above (every kernel's outputs: layer localisation). Stats answers ``u64
-  calls, u64 inline_calls, u32 inline``: the model's Predicts so far and how many ran on the serving thread.
-* Dtype codes: 0 float32, 1 float16, 2 int32, 3 int64, 4 uint8, 5 bool (one byte).
-* A request whose first dimension exceeds ``max_rows`` (``--max-rows``, default 65536) is refused with status 1
-  and its payload skipped unbuffered: one huge batch would otherwise grow Lite's buffers for the runner's life.
-
-``msrl-lite-runner --info`` prints ``{"lite_version", "max_mind_ir_version", ...}`` and exits (see sdk.py).
+The wire format is ``protocol.py``'s; this module runs, feeds, restarts and kills the process.
 """
 
 from __future__ import annotations
@@ -34,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import select
 import signal
 import struct
@@ -43,14 +22,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
 import numpy as np
 
-from inference.bundle.tensors import FeedError, TensorMeta
+from inference.bundle.tensors import FeedError
 from inference.lite.common import (
     DEFAULT_MAX_ROWS,
     DTYPES,
@@ -64,39 +42,28 @@ from inference.lite.common import (
     load_refusal,
     runner_path,
 )
-
-MAGIC = 0x4D534C52
-OP_INFER, OP_PING, OP_QUIT, OP_TAP, OP_STATS = 1, 2, 3, 4, 5
-STATUS_OK, STATUS_BAD_REQUEST, STATUS_INFER_FAILED = 0, 1, 2
-_DTYPE_CODE = {dt: code for code, dt in enumerate(DTYPES)}
-_DTYPE_BY_NAME = {dt.name: dt for dt in DTYPES}
-
-_U32 = struct.Struct("<I")
-_U32X2 = struct.Struct("<II")
-_U32X3 = struct.Struct("<III")
-_U64 = struct.Struct("<Q")
-_STATS = struct.Struct("<QQI")
-_PING = _U32X2.pack(MAGIC, OP_PING)
-_KERNEL_FAILED = re.compile(r"run kernel (?:PreProcess |Run )?failed, name: (\S+)")
-_LOG_SOURCE = re.compile(r"\[(?:\S*/)?([\w.]+\.cc):\d+\] (\w+)\] (.*)$")  # [path/prelu_fp32.cc:90] ReSize] msg
-_QUIT = _U32X2.pack(MAGIC, OP_QUIT)
+from inference.lite.protocol import (
+    MAGIC,
+    OP_INFER,
+    OP_STATS,
+    OP_TAP,
+    PING,
+    QUIT,
+    STATS,
+    STATUS_ERRORS,
+    STATUS_OK,
+    U32,
+    U32X2,
+    U32X3,
+    U64,
+    KernelOutputs,
+    feed_head,
+    kernel_failure,
+    one_line,
+    tensor_meta,
+)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class KernelOutputs:
-    """One Lite kernel's outputs from a tap request: its name (the converter's node name), type and tensors."""
-
-    name: str
-    kind: str
-    outputs: dict[str, np.ndarray]
-
-
-_STATUS_ERRORS: dict[int, type[Exception]] = {
-    STATUS_BAD_REQUEST: FeedError,
-    STATUS_INFER_FAILED: InferenceError,
-}
 
 
 def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -108,10 +75,6 @@ def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(self, *args, **kwargs)
 
     return serialized
-
-
-def _one_line(text: str) -> str:
-    return " | ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 class LiteRunner:
@@ -198,9 +161,9 @@ class LiteRunner:
         self.inline_requested: bool = bool(self._hello.get("inline"))
         # "off", "on", or "ignored: <Lite's warning>" (a Lite built without float16 kernels, a CPU without them)
         self.cpu_fp16_outcome: str = str(self._hello.get("cpu_fp16", "off"))
-        self.inputs = [self._meta(t) for t in self._hello["inputs"]]
-        self.outputs = [self._meta(t) for t in self._hello["outputs"]]
-        self._infer_head = _U32X3.pack(MAGIC, OP_INFER, len(self.inputs))
+        self.inputs = [tensor_meta(t) for t in self._hello["inputs"]]
+        self.outputs = [tensor_meta(t) for t in self._hello["outputs"]]
+        self._infer_head = U32X3.pack(MAGIC, OP_INFER, len(self.inputs))
         self._feed_heads: list[dict[tuple[np.dtype, tuple[int, ...]], bytes]] = [{} for _ in self.inputs]
 
     def _start(self) -> None:
@@ -272,7 +235,7 @@ class LiteRunner:
                 )
             head = heads.get((arr.dtype, arr.shape))
             if head is None:
-                head = self._feed_head(meta, arr)
+                head = feed_head(meta, arr)
                 if len(heads) >= 64:
                     heads.clear()
                 heads[(arr.dtype, arr.shape)] = head
@@ -282,15 +245,15 @@ class LiteRunner:
         deadline = time.monotonic() + self.timeout
         self._status(deadline)
         buf = self._buf
-        (count,) = _U32.unpack_from(buf, self._need(4, deadline))
+        (count,) = U32.unpack_from(buf, self._need(4, deadline))
         out: dict[str, np.ndarray] = {}
         for _ in range(count):
-            (name_len,) = _U32.unpack_from(buf, self._need(4, deadline))
+            (name_len,) = U32.unpack_from(buf, self._need(4, deadline))
             off = self._need(name_len + 8, deadline)
             name = buf[off : off + name_len].decode()
-            code, ndim = _U32X2.unpack_from(buf, off + name_len)
+            code, ndim = U32X2.unpack_from(buf, off + name_len)
             dims = struct.unpack_from(f"<{ndim}q", buf, self._need(8 * ndim, deadline))
-            (nbytes,) = _U64.unpack_from(buf, self._need(8, deadline))
+            (nbytes,) = U64.unpack_from(buf, self._need(8, deadline))
             if code >= len(DTYPES):
                 self._crashed(f"runner sent unknown dtype code {code}")
             off = self._need(nbytes, deadline)
@@ -304,31 +267,31 @@ class LiteRunner:
         self._alive()
         if len(arrays) != len(self.inputs):
             raise FeedError(f"expected {len(self.inputs)} inputs, got {len(arrays)}")
-        parts = [_U32X3.pack(MAGIC, OP_TAP, len(self.inputs))]
+        parts = [U32X3.pack(MAGIC, OP_TAP, len(self.inputs))]
         for meta, arr in zip(self.inputs, arrays, strict=True):
             arr = np.ascontiguousarray(arr)
-            parts += [self._feed_head(meta, arr), arr.data]
+            parts += [feed_head(meta, arr), arr.data]
         self._send(b"".join(parts))
         deadline = time.monotonic() + self.timeout
         self._status(deadline)
-        (count,) = _U32.unpack_from(self._buf, self._need(4, deadline))
+        (count,) = U32.unpack_from(self._buf, self._need(4, deadline))
         kernels = []
         for _ in range(count):
             name, kind = self._string(deadline), self._string(deadline)
-            (n_out,) = _U32.unpack_from(self._buf, self._need(4, deadline))
+            (n_out,) = U32.unpack_from(self._buf, self._need(4, deadline))
             kernels.append(KernelOutputs(name, kind, dict(self._tensor(deadline) for _ in range(n_out))))
         return kernels
 
     def _string(self, deadline: float) -> str:
-        (n,) = _U32.unpack_from(self._buf, self._need(4, deadline))
+        (n,) = U32.unpack_from(self._buf, self._need(4, deadline))
         off = self._need(n, deadline)
         return self._buf[off : off + n].decode(errors="replace")
 
     def _tensor(self, deadline: float) -> tuple[str, np.ndarray]:
         name = self._string(deadline)
-        code, ndim = _U32X2.unpack_from(self._buf, self._need(8, deadline))
+        code, ndim = U32X2.unpack_from(self._buf, self._need(8, deadline))
         dims = struct.unpack_from(f"<{ndim}q", self._buf, self._need(8 * ndim, deadline))
-        (nbytes,) = _U64.unpack_from(self._buf, self._need(8, deadline))
+        (nbytes,) = U64.unpack_from(self._buf, self._need(8, deadline))
         if code >= len(DTYPES):
             self._crashed(f"runner sent unknown dtype code {code}")
         off = self._need(nbytes, deadline)
@@ -339,7 +302,7 @@ class LiteRunner:
         """Round-trip an empty request; returns the elapsed seconds (a liveness and latency probe)."""
         self._alive()
         start = time.perf_counter()
-        self._send(_PING)
+        self._send(PING)
         deadline = time.monotonic() + self.timeout
         self._status(deadline)
         self._need(4, deadline)
@@ -350,10 +313,10 @@ class LiteRunner:
         """The runner's Predicts of this model so far, how many ran the graph on its serving thread, and whether it
         was started to run inline (``requested``). A restarted runner counts from zero."""
         self._alive()
-        self._send(_U32X2.pack(MAGIC, OP_STATS))
+        self._send(U32X2.pack(MAGIC, OP_STATS))
         deadline = time.monotonic() + self.timeout
         self._status(deadline)
-        calls, inline_calls, requested = _STATS.unpack_from(self._buf, self._need(_STATS.size, deadline))
+        calls, inline_calls, requested = STATS.unpack_from(self._buf, self._need(STATS.size, deadline))
         return {"calls": calls, "inline_calls": inline_calls, "requested": bool(requested)}
 
     @property
@@ -376,7 +339,7 @@ class LiteRunner:
         if proc is not None:
             if proc.poll() is None:
                 with contextlib.suppress(OSError):
-                    os.write(self._in, _QUIT)
+                    os.write(self._in, QUIT)
                 try:
                     proc.wait(timeout=2.0)
                 except subprocess.TimeoutExpired:
@@ -405,31 +368,6 @@ class LiteRunner:
         return self._proc.pid if self._proc is not None else None
 
     # ---- internals ----------------------------------------------------------------------------------
-
-    @staticmethod
-    def _meta(t: dict[str, Any]) -> TensorMeta:
-        return TensorMeta(t["name"], _DTYPE_BY_NAME[t["dtype"]], tuple(int(d) for d in t["shape"]))
-
-    @staticmethod
-    def _feed_head(meta: TensorMeta, arr: np.ndarray) -> bytes:
-        """Validates one feed against the model input and packs its frame header (dtype, dims, nbytes)."""
-        if arr.dtype != meta.dtype:
-            raise FeedError(f"input '{meta.name}': dtype {arr.dtype} != expected {meta.dtype}")
-        if arr.ndim != len(meta.shape):
-            raise FeedError(
-                f"input '{meta.name}': shape {arr.shape} has rank {arr.ndim}, "
-                f"expected rank {len(meta.shape)} {meta.shape}"
-            )
-        # The batch dim is the runner's to resize (as in the in-process library): a model converted at a fixed batch,
-        # e.g. calibrated for full quantization at batch 1, runs at any batch.
-        if any(want >= 0 and d > 0 and got != want for d, (got, want) in enumerate(zip(arr.shape, meta.shape,
-                                                                                        strict=True))):  # fmt: skip
-            raise FeedError(f"input '{meta.name}': shape {arr.shape} does not match {meta.shape}")
-        return (
-            _U32X2.pack(_DTYPE_CODE[meta.dtype], arr.ndim)
-            + struct.pack(f"<{arr.ndim}q", *arr.shape)
-            + _U64.pack(arr.nbytes)
-        )
 
     def _alive(self) -> subprocess.Popen[bytes]:
         """The running runner; restarts one that was killed or died, unless the client was closed."""
@@ -488,16 +426,16 @@ class LiteRunner:
         """Starts reading a response: drops the previous one, checks magic, raises on a non-ok status."""
         del self._buf[: self._pos]
         self._pos = 0
-        magic, status = _U32X2.unpack_from(self._buf, self._need(8, deadline))
+        magic, status = U32X2.unpack_from(self._buf, self._need(8, deadline))
         if magic != MAGIC:
             self._crashed(f"bad response magic {magic:#x}")
         self._restarts_in_a_row = 0  # this runner serves requests
         if status == STATUS_OK:
             return
-        (msg_len,) = _U32.unpack_from(self._buf, self._need(4, deadline))
+        (msg_len,) = U32.unpack_from(self._buf, self._need(4, deadline))
         off = self._need(msg_len, deadline)
         msg = self._buf[off : off + msg_len].decode(errors="replace")
-        error = _STATUS_ERRORS.get(status)
+        error = STATUS_ERRORS.get(status)
         if error is None:
             self._crashed(f"unknown response status {status}: {msg}")
         if error is InferenceError:
@@ -505,19 +443,8 @@ class LiteRunner:
         raise error(f"runner: {msg}")
 
     def _kernel_failure(self) -> str:
-        """The Lite kernel that failed, from Lite's own error log (the runner's stderr): Predict's status names no op
-        ("Common error code"), its log does (``run kernel failed, name: prelu_4Max`` after ``prelu_fp32.cc ...
-        ReSize] get channel failed``)."""
-        lines = [line for line in self._stderr_text(16384).splitlines() if "[ERROR]" in line]
-        failed = [(k, m.group(1)) for k, line in enumerate(lines) if (m := _KERNEL_FAILED.search(line))
-                  and "SubGraph" not in m.group(1)]  # fmt: skip
-        if not failed:
-            return ""
-        at, kernel = next((k, name) for k, name in failed if name == failed[-1][1])
-        kernel_lines = (m for line in reversed(lines[:at]) if (m := _LOG_SOURCE.search(line)) and "/kernel/" in line)
-        cause = next(kernel_lines, None)
-        why = f": {cause.group(1)} {cause.group(2)}: {cause.group(3).strip()}" if cause else ""
-        return f" (Lite kernel {kernel} failed{why})"
+        """The Lite kernel that failed, from Lite's own error log (the runner's stderr)."""
+        return kernel_failure(self._stderr_text(16384))
 
     def _need(self, n: int, deadline: float) -> int:
         """Makes n unread bytes available in the buffer; returns their offset and consumes them."""
@@ -566,7 +493,7 @@ class LiteRunner:
         raise error
 
     def _stderr_tail(self, lines: int = 5) -> str:
-        return _one_line("\n".join(self._stderr_text(8192).splitlines()[-lines:]))
+        return one_line("\n".join(self._stderr_text(8192).splitlines()[-lines:]))
 
     def _stderr_text(self, last: int) -> str:
         """The runner's last ``last`` bytes of stderr (Lite's log)."""
