@@ -156,7 +156,7 @@ def policy_rows(name: str, bundle: Path, ref: list[str], work: Path, cwd: Path |
     rows.append({"policy": name, "row": "int8 full, all", "ms": work / "int8-all" / "policy.ms",
                  "timing": timing(work / "int8-all" / "policy.ms", feed), "verdict": code, "kept": "none",
                  "flips": flips, "ratio": ratio, "ret": ret,
-                 "named": named[0].split("alone: ")[-1] if named else None,
+                 "named": named[0].split("breaks the bounds alone: ")[-1] if named else None,
                  "loc": (rep.get("localization") or {}).get("lite", {}).get("first_diverging_layer")})  # fmt: skip
     p8 = plan(bundle, work / "int8-plan", "int8", ref, cwd, *env)
     if "error" in p8:
