@@ -8,9 +8,9 @@ policy's std. Judged on the ordinary observation rows (synthetic ±1e4 extremes 
 
 The defaults are set from measurements (``bench/precision_plans.py``, ``bench/results/precision_plans.md``): fp32
 runtimes of trained policies stay within 1 + 1e-4 of a perfect match (worst mean exp|Δ log π| measured 1.00005,
-k3 KL 4e-9, on Pendulum-v1); the fp16 emulation of the same policies within 1.003 (k3 KL 2e-6). Each default sits one to two orders
-of magnitude above what agreeing runtimes reach and below what a broken layer gives (the LayerNorm that fp16
-overflows: mean exp|Δ log π| 1.6, ESS 0.62). A precision plan carries its own bounds (``plan.bounds``).
+k3 KL 4e-9, on Pendulum-v1); the fp16 emulation of the same policies within 1.003 (k3 KL 2e-6). Each default sits
+one to two orders of magnitude above what agreeing runtimes reach and below what a broken layer gives (the LayerNorm
+that fp16 overflows: mean exp|Δ log π| 1.6, ESS 0.62). A precision plan carries its own bounds (``plan.bounds``).
 
 Who decides: under a plan the bounds are the verdict (element-wise numbers of a lowered graph say little). Under fp32
 and fp16 the element-wise tolerance decides and a policy beyond these bounds is a warning: a Gaussian head with a
