@@ -54,13 +54,9 @@ def verify(
     """
     options.validate(bundle)
     default = [n for n in RUNTIMES if not RUNTIMES[n].opt_in]  # opt-in runtimes (emulations) run when named
-    source = RuntimeSource(bundle, cells, options.device, options.device_id)
-    if reference is None:  # a device MindSpore cannot reach ends the run first (exit 3)
-        reason = RUNTIMES[REFERENCE].why_not(source)
-        if reason:
-            raise RuntimeUnavailable(f"reference {REFERENCE}: {reason}")
     if options.device == "ascend" and set(options.runtimes or default) & set(LITE_RUNTIMES):
-        _precision_mode_named(bundle)  # Lite on Ascend runs with the bundle's precision mode, or not at all
+        _precision_mode_named(bundle)  # Lite on Ascend runs with the bundle's precision mode, or not at all (exit 2)
+    source = RuntimeSource(bundle, cells, options.device, options.device_id)
     emulate = ("emulated-fp16",) if emulation_wanted(bundle, options.emulate, options.device) else ()
     required = (*options.required, *(emulate if options.emulate else ()))
     for name in required:  # fail fast, before minutes of comparisons
@@ -80,6 +76,9 @@ def verify(
         env_deterministic = checks[-1].status == "pass"
     checkpoint_matches = _provenance(bundle, checkpoint, checks)
     if reference is None:
+        reason = RUNTIMES[REFERENCE].why_not(source)
+        if reason:
+            raise RuntimeUnavailable(f"reference {REFERENCE}: {reason}")
         progress(f"reference {REFERENCE}: {options.episodes} episodes per mode, {options.observations} observations")
         reference = _build_reference(bundle, source, inputs, options)
         runtimes[REFERENCE] = {"status": "reference"}
