@@ -1,5 +1,6 @@
-"""Every command the README shows exists: each ``python -m MODULE`` flag is in that module's ``--help``, each
-``make`` target is in the Makefile, and every repository path it names is there."""
+"""Every command the READMEs show exists (the project's and the deploy side's, ``inference/README.md``): each
+``python -m MODULE`` flag is in that module's ``--help``, each ``make`` target is in the Makefile, and every
+repository path they name is there."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+README = "\n".join((ROOT / name).read_text() for name in ("README.md", "inference/README.md"))
 
 
 def commands() -> list[str]:
