@@ -11,16 +11,15 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from inference.bundle import Bundle
-from inference.compare.feeds import Feeds
+from inference.compare.feeds import Feeds, row_chunks
 from inference.runtimes.base import Runtime
 
 CHUNK_BYTES = 2 << 20  # graph inputs per call: a small policy's 10k rows in one call, an Atari CNN's 74 at a time
 
 
 def chunk_rows(row_bytes: int, n: int) -> list[slice]:
-    """Consecutive slices of ``range(n)`` of at most ``CHUNK_BYTES`` of inputs each."""
-    step = max(1, CHUNK_BYTES // max(1, row_bytes))
-    return [slice(a, min(a + step, n)) for a in range(0, n, step)] or [slice(0, 0)]
+    """Consecutive slices of ``range(n)`` of at most ``CHUNK_BYTES`` of inputs each (one empty slice for no rows)."""
+    return row_chunks(n, row_bytes, budget=CHUNK_BYTES) or [slice(0, 0)]
 
 
 def input_row_bytes(bundle: Bundle, graph: str) -> int:

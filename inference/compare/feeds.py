@@ -97,9 +97,10 @@ def row_width(rows: np.ndarray) -> int:
     return max(1, int(np.prod(rows.shape[1:], dtype=np.int64)))
 
 
-def row_chunks(stop: int, width: int, start: int = 0) -> list[slice]:
-    """Slices of ``range(start, stop)`` holding about ``CHUNK_ELEMENTS`` elements of ``width`` per row each."""
-    step = max(1, CHUNK_ELEMENTS // max(1, width))
+def row_chunks(stop: int, width: int, start: int = 0, budget: int = CHUNK_ELEMENTS) -> list[slice]:
+    """Slices of ``range(start, stop)`` holding at most ``budget`` units (elements, or bytes) of ``width`` per row
+    each (one row at least)."""
+    step = max(1, budget // max(1, width))
     return [slice(a, min(a + step, stop)) for a in range(start, stop, step)]
 
 
