@@ -23,6 +23,7 @@
 #include <fstream>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "include/api/status.h"
@@ -41,6 +42,18 @@ class Converter {
   Status Convert();
 };
 }  // namespace mindspore
+
+// One core, as far as Lite can tell. Full-quant calibration runs Lite sessions on a fixed 4 threads capped at
+// std::thread::hardware_concurrency() (no converter option sets it), and Lite's kernel workers wait by spinning on
+// sched_yield: with another process busy on the machine, a conversion spends most of its time yielding (numbers:
+// bench/results/convert_contention.md). Answering 1 (the executable's definition is the one Lite's libraries bind
+// to: build_lite.sh exports it) runs calibration on the calling thread, and the .ms is byte-identical
+// (tests/test_lite_runner.py). MSRL_LITE_CONVERT_CORES=N answers N instead (bench/convert_contention.py).
+unsigned int std::thread::hardware_concurrency() noexcept {
+  const char *cores = std::getenv("MSRL_LITE_CONVERT_CORES");
+  const long n = cores ? std::strtol(cores, nullptr, 10) : 1;
+  return n >= 1 && n <= 1024 ? static_cast<unsigned int>(n) : 1;
+}
 
 namespace {
 

@@ -162,6 +162,38 @@ def test_converter_fp16_weights(mlp: Mlp, tmp_path: Path) -> None:
         np.testing.assert_allclose(r.infer(obs)["logits"], mlp.reference(obs), atol=2e-3)  # seen: 2e-4
 
 
+def test_int8_calibration_runs_on_one_thread_and_converts_the_same_bytes(tmp_path: Path) -> None:
+    """Lite's calibration sessions spin their kernel threads on sched_yield, so the converter tells Lite it has one
+    core (its own std::thread::hardware_concurrency, exported for Lite's libraries to bind to); the int8 .ms is the
+    one Lite writes with two calibration threads (MSRL_LITE_CONVERT_CORES=2)."""
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(CONVERTER)], capture_output=True, text=True).stdout
+    assert "_ZNSt6thread20hardware_concurrencyEv" in symbols
+    _mlp_onnx(tmp_path / "dyn.onnx")
+    model = onnx.load(str(tmp_path / "dyn.onnx"))
+    for value in [*model.graph.input, *model.graph.output]:
+        value.type.tensor_type.shape.dim[0].dim_value = 1  # calibration runs the graph at batch 1
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    calibration = tmp_path / "obs"
+    calibration.mkdir()
+    for k, row in enumerate(np.random.default_rng(3).standard_normal((40, 1, 4)).astype(np.float32)):
+        row.tofile(calibration / f"{k:04d}.bin")
+    config = tmp_path / "int8.cfg"
+    config.write_text(
+        "[common_quant_param]\nquant_type=FULL_QUANT\nbit_num=8\nmin_quant_weight_size=0\nmin_quant_weight_channel=0\n"
+        f"[data_preprocess_param]\ncalibrate_path=obs:{calibration}\ncalibrate_size=40\ninput_type=BIN\n"
+        "[full_quant_param]\nactivation_quant_method=MAX_MIN\nbias_correction=true\n"
+    )
+    converted = {}
+    for cores in ("", "2"):
+        env = {k: v for k, v in os.environ.items() if k != "MSRL_LITE_CONVERT_CORES"}
+        env.update({"MSRL_LITE_CONVERT_CORES": cores} if cores else {})
+        out = tmp_path / f"int8-{cores or 'default'}.ms"
+        res = subprocess.run([str(CONVERTER), "--onnx", str(tmp_path / "m.onnx"), "--out", str(out), "--config",
+                              str(config)], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        converted[cores] = out.read_bytes()
+    assert converted[""] == converted["2"] and len(converted[""]) < (tmp_path / "m.onnx").stat().st_size
+
 def test_converter_reports_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x01garbage" * 10)

@@ -337,8 +337,10 @@ elif [[ ! -e "$LIB/libmindspore_converter.so" ]]; then
     say "converter skipped (no libmindspore_converter.so in $LIB; the deploy box only needs the runner)"
 else
     say "compiling msrl-lite-convert"
-    compile "$OUT/msrl-lite-convert" -lmindspore_converter -lmindspore_core -- -I"$SRC" "$CONVERTER_SRC" \
-        "$OBJ/lite_log.o" "$OBJ/protocol.o"
+    # Its std::thread::hardware_concurrency (one core: calibration on one thread, see the source) is what Lite binds to.
+    printf '{ %s; };\n' _ZNSt6thread20hardware_concurrencyEv >"$OBJ/converter.dynlist"
+    compile "$OUT/msrl-lite-convert" -lmindspore_converter -lmindspore_core "-Wl,--dynamic-list=$OBJ/converter.dynlist" \
+        -- -I"$SRC" "$CONVERTER_SRC" "$OBJ/lite_log.o" "$OBJ/protocol.o"
     CONVERTER='"msrl-lite-convert"'
 fi
 
