@@ -253,11 +253,13 @@ def plot_action_diffs(result: VerifyResult, out: Path) -> bool:
                 ax.plot(diffs, label=name, lw=1)
         ax.set(yscale="log", xlabel="episode step", title=f"free-running, {mode}")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("max |Δ action| over episodes (exact 0 drawn at 1e-12)")
+    axes[0].set_ylabel("max |Δ action| over episodes\n(exact 0 drawn at 1e-12)")
     for ax in axes:
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.tight_layout()
+    # Fixed margins: the labels are the same on every report, and tight_layout measured them for a third of the
+    # verify's report time.
+    fig.subplots_adjust(left=0.085, right=0.99, bottom=0.13, top=0.92, wspace=0.05)
     write_atomic(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
     return True
