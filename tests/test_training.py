@@ -49,10 +49,10 @@ def assert_same_weights(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> N
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-# auto: EnvPool for CartPole, gymnasium for Pendulum (EnvPool's differs); gymnasium's CartPole stays covered.
+# auto: EnvPool for CartPole, gymnasium for Pendulum (EnvPool's differs). Gymnasium's CartPole runs the same graphs
+# as EnvPool's (the pinning is the op threads'): its run-to-run bits are test_resume_equals_uninterrupted_run's.
 @pytest.mark.slow
-@pytest.mark.parametrize(("env_id", "backend"), [("CartPole-v1", "auto"), ("Pendulum-v1", "auto"),
-                                                 ("CartPole-v1", "gymnasium")])  # fmt: skip
+@pytest.mark.parametrize(("env_id", "backend"), [("CartPole-v1", "auto"), ("Pendulum-v1", "auto")])
 def test_same_seed_gives_bitwise_identical_metrics_and_weights(tmp_path, env_id, backend):
     cfg = tiny_config(env_id=env_id, env_backend=backend)
     train(cfg, tmp_path / "a")
