@@ -76,7 +76,8 @@ void Usage() {
                "usage: %s --onnx IN.onnx --out OUT.ms [--fp16] [--config FILE] [--verbose]\n"
                "  --fp16     store float32 weights as float16 in the .ms (inputs/outputs stay float32)\n"
                "  --config   Lite's converter configuration file (precision mode, quantization)\n"
-               "  --verbose  pass the converter's own log through to stderr\n",
+               "  --verbose  pass the converter's own log through to stderr\n"
+               "environment: MSRL_LITE_CONVERT_CORES=N, the cores Lite is told of (default 1)\n",
                kProg);
 }
 
