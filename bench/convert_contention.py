@@ -22,6 +22,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from inference.bundle.precision import converter_config
+from msrl_consistency.precision.lowering import full_quant_sections, quant_section, write_calibration
+
 REPO = Path(__file__).resolve().parents[1]
 CONVERTER = REPO / ".lite" / "bin" / "msrl-lite-convert"
 
@@ -40,14 +43,9 @@ def write_case(where: Path, hidden: int = 64, rows: int = 200) -> tuple[Path, Pa
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, str(where / "mlp.onnx"))
-    (where / "obs").mkdir()
-    for k, row in enumerate(rng.standard_normal((rows, 1, 4)).astype(np.float32)):
-        row.tofile(where / "obs" / f"{k:04d}.bin")
-    (where / "int8.cfg").write_text(
-        "[common_quant_param]\nquant_type=FULL_QUANT\nbit_num=8\nmin_quant_weight_size=0\nmin_quant_weight_channel=0\n"
-        f"[data_preprocess_param]\ncalibrate_path=obs:{where / 'obs'}\ncalibrate_size={rows}\ninput_type=BIN\n"
-        "[full_quant_param]\nactivation_quant_method=MAX_MIN\nbias_correction=true\n"
-    )
+    calibration = write_calibration(where / "obs", rng.standard_normal((rows, 4)).astype(np.float32))
+    sections = {"common_quant_param": quant_section("full"), **full_quant_sections({"obs": calibration})}
+    (where / "int8.cfg").write_text(converter_config("cpu", None, sections))  # what the int8 plan writes
     return where / "mlp.onnx", where / "int8.cfg"
 
 

@@ -97,12 +97,15 @@ def _mlp_onnx(
     return weights
 
 
-def _convert(onnx_path: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _convert(
+    onnx_path: Path, out: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(CONVERTER), "--onnx", str(onnx_path), "--out", str(out), *extra],
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
 
 
@@ -166,33 +169,32 @@ def test_int8_calibration_runs_on_one_thread_and_converts_the_same_bytes(tmp_pat
     """Lite's calibration sessions spin their kernel threads on sched_yield, so the converter tells Lite it has one
     core (its own std::thread::hardware_concurrency, exported for Lite's libraries to bind to); the int8 .ms is the
     one Lite writes with two calibration threads (MSRL_LITE_CONVERT_CORES=2)."""
+    from inference.bundle.precision import converter_config
+    from msrl_consistency.precision.lowering import (
+        batch_one_onnx,
+        full_quant_sections,
+        quant_section,
+        write_calibration,
+    )
+
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(CONVERTER)], capture_output=True, text=True).stdout
     assert "_ZNSt6thread20hardware_concurrencyEv" in symbols
     _mlp_onnx(tmp_path / "dyn.onnx")
-    model = onnx.load(str(tmp_path / "dyn.onnx"))
-    for value in [*model.graph.input, *model.graph.output]:
-        value.type.tensor_type.shape.dim[0].dim_value = 1  # calibration runs the graph at batch 1
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    calibration = tmp_path / "obs"
-    calibration.mkdir()
-    for k, row in enumerate(np.random.default_rng(3).standard_normal((40, 1, 4)).astype(np.float32)):
-        row.tofile(calibration / f"{k:04d}.bin")
+    batch_one_onnx(tmp_path / "dyn.onnx", tmp_path / "m.onnx")  # calibration runs the graph at batch 1
+    calibration = write_calibration(tmp_path / "obs", np.random.default_rng(3).standard_normal((40, 4), np.float32))
     config = tmp_path / "int8.cfg"
-    config.write_text(
-        "[common_quant_param]\nquant_type=FULL_QUANT\nbit_num=8\nmin_quant_weight_size=0\nmin_quant_weight_channel=0\n"
-        f"[data_preprocess_param]\ncalibrate_path=obs:{calibration}\ncalibrate_size=40\ninput_type=BIN\n"
-        "[full_quant_param]\nactivation_quant_method=MAX_MIN\nbias_correction=true\n"
-    )
+    config.write_text(converter_config("cpu", None, {"common_quant_param": quant_section("full"),
+                                                     **full_quant_sections({"obs": calibration})}))  # fmt: skip
     converted = {}
     for cores in ("", "2"):
         env = {k: v for k, v in os.environ.items() if k != "MSRL_LITE_CONVERT_CORES"}
         env.update({"MSRL_LITE_CONVERT_CORES": cores} if cores else {})
         out = tmp_path / f"int8-{cores or 'default'}.ms"
-        res = subprocess.run([str(CONVERTER), "--onnx", str(tmp_path / "m.onnx"), "--out", str(out), "--config",
-                              str(config)], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        res = _convert(tmp_path / "m.onnx", out, "--config", str(config), env=env)
         assert res.returncode == 0, res.stderr
         converted[cores] = out.read_bytes()
     assert converted[""] == converted["2"] and len(converted[""]) < (tmp_path / "m.onnx").stat().st_size
+
 
 def test_converter_reports_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.onnx"

@@ -27,6 +27,44 @@ QUANTIZATIONS = {"full": "FULL_QUANT", "weight": "WEIGHT_QUANT"}
 CALIBRATION_SIZE = 200
 
 
+def batch_one_onnx(source: Path, out: Path) -> Path:
+    """A copy of ``source`` with a free batch dim fixed to 1: calibration runs the graph, and Lite needs every shape."""
+    import onnx
+
+    model = onnx.load(str(source))
+    for value in [*model.graph.input, *model.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) and not dims[0].dim_value:
+            dims[0].dim_value = 1
+    onnx.save(model, str(out))
+    return out
+
+
+def write_calibration(where: Path, rows: np.ndarray) -> Path:
+    """One input's calibration rows as Lite reads them: one raw batch-1 ``.bin`` per row in ``where``."""
+    where.mkdir(parents=True, exist_ok=True)
+    for k, row in enumerate(rows):
+        row[None].tofile(where / f"{k:04d}.bin")
+    return where
+
+
+def quant_section(quantization: str, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """``[common_quant_param]``: 8-bit ``quantization`` ("full" or "weight") of every weight, ``skip`` nodes kept."""
+    quant: dict[str, Any] = {"quant_type": QUANTIZATIONS[quantization], "bit_num": 8, "min_quant_weight_size": 0,
+                             "min_quant_weight_channel": 0}  # fmt: skip
+    if skip:
+        quant["skip_quant_node"] = ",".join(skip)
+    return quant
+
+
+def full_quant_sections(dirs: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
+    """The converter's calibration and full-quantization sections for per-input calibration directories."""
+    count = min(len(list(d.iterdir())) for d in dirs.values())
+    return {"data_preprocess_param": {"calibrate_path": ",".join(f"{name}:{path}" for name, path in dirs.items()),
+                                      "calibrate_size": count, "input_type": "BIN"},
+            "full_quant_param": {"activation_quant_method": "MAX_MIN", "bias_correction": "true"}}  # fmt: skip
+
+
 class SessionRuntime:
     """ONNX Runtime on one graph with ``Runtime.infer``'s interface (what ``acting.ModePolicy`` needs)."""
 
@@ -91,8 +129,6 @@ class Int8Lowering:
     def __init__(self, bundle: Bundle, layers: Sequence[Layer], workdir: Path,
                  calibration: Mapping[str, Mapping[str, np.ndarray]], quantization: str = "full") -> None:  # fmt: skip
         """``calibration``: per graph, per input name, the rows Lite calibrates on (full quantization)."""
-        import onnx
-
         from msrl_consistency.artifacts.graphs import DEFAULT_CONVERTER, ConverterUnavailable
 
         if not DEFAULT_CONVERTER.exists():
@@ -102,13 +138,7 @@ class Int8Lowering:
         self.calibration_dirs: dict[str, dict[str, Path]] = {}
         self._converted: dict[tuple[str, frozenset[str]], Path] = {}
         for graph in bundle.graphs:
-            model = onnx.load(str(bundle.file(graph, "onnx")))
-            for value in [*model.graph.input, *model.graph.output]:
-                dims = value.type.tensor_type.shape.dim
-                if len(dims) and not dims[0].dim_value:
-                    dims[0].dim_value = 1  # calibration runs the graph: Lite needs every shape
-            self.fixed[graph] = workdir / f"{graph}.fixed.onnx"
-            onnx.save(model, str(self.fixed[graph]))
+            self.fixed[graph] = batch_one_onnx(bundle.file(graph, "onnx"), workdir / f"{graph}.fixed.onnx")
             if quantization == "full":
                 self.calibration_dirs[graph] = self._calibration_files(graph, calibration[graph])
 
@@ -116,28 +146,15 @@ class Int8Lowering:
         dirs = {}
         metas = {t["name"]: TensorMeta.from_manifest(t) for t in self.bundle.graph(graph)["inputs"]}
         for name, values in rows.items():
-            where = self.workdir / "calibration" / graph / name
-            where.mkdir(parents=True, exist_ok=True)
-            for k, row in enumerate(np.asarray(values, metas[name].dtype)):
-                row[None].tofile(where / f"{k:04d}.bin")
-            dirs[name] = where
+            dirs[name] = write_calibration(self.workdir / "calibration" / graph / name,
+                                           np.asarray(values, metas[name].dtype))  # fmt: skip
         return dirs
 
     def config(self, graph: str, kept: frozenset[str]) -> str:
         """The converter configuration of ``graph`` with ``kept`` in fp32 (``skip_quant_node``)."""
-        quant: dict[str, Any] = {"quant_type": QUANTIZATIONS[self.quantization], "bit_num": 8,
-                                 "min_quant_weight_size": 0, "min_quant_weight_channel": 0}  # fmt: skip
-        skip = kept_nodes(self.layers, kept, graph)
-        if skip:
-            quant["skip_quant_node"] = ",".join(skip)
-        sections: dict[str, dict[str, Any]] = {"common_quant_param": quant}
+        sections = {"common_quant_param": quant_section(self.quantization, kept_nodes(self.layers, kept, graph))}
         if self.quantization == "full":
-            dirs = self.calibration_dirs[graph]
-            count = min(len(list(d.iterdir())) for d in dirs.values())
-            sections["data_preprocess_param"] = {
-                "calibrate_path": ",".join(f"{name}:{path}" for name, path in dirs.items()),
-                "calibrate_size": count, "input_type": "BIN"}  # fmt: skip
-            sections["full_quant_param"] = {"activation_quant_method": "MAX_MIN", "bias_correction": "true"}
+            sections.update(full_quant_sections(self.calibration_dirs[graph]))
         return converter_config(self.bundle.target.get("device", "cpu"), self.bundle.target.get("precision_mode"),
                                 sections)  # fmt: skip
 
