@@ -42,8 +42,6 @@ policy.close()
 """
 
 
-
-
 def measured(args: list[str]) -> tuple[float, float, int]:
     """Wall seconds, peak RSS in MB and exit code of one process."""
     start = time.perf_counter()

@@ -74,8 +74,6 @@ def timed(args: list[str], cwd: Path | None = None) -> tuple[float, int]:
     return run.wall, run.code
 
 
-
-
 def example(name: str, out: Path, *train_args: str) -> Path:
     """Copy an example to ``out`` and run its own training script once (a few seconds)."""
     work = out / name
