@@ -69,18 +69,20 @@ def verify(
         check_env_matches_contract(bundle, inputs.env)
     checks: list[Check] = []
     runtimes: dict[str, dict] = {}
-    localizations: dict[str, Localization] = {}
     env_deterministic = False  # free-running episodes may then skip the env steps that follow the reference
     if inputs.env is not None:
         checks.append(_env_check(inputs.env, options.seed))
         env_deterministic = checks[-1].status == "pass"
     checkpoint_matches = _provenance(bundle, checkpoint, checks)
+    localizations: dict[str, Localization] = {}
+    twin: dict[str, Runtime] | None = None  # the compiled Cell that played the reference episodes, still open
     if reference is None:
         reason = RUNTIMES[REFERENCE].why_not(source)
         if reason:
             raise RuntimeUnavailable(f"reference {REFERENCE}: {reason}")
         progress(f"reference {REFERENCE}: {options.episodes} episodes per mode, {options.observations} observations")
-        reference = _build_reference(bundle, source, inputs, options)
+        keep = TWIN in (*(options.runtimes or default), *required)  # it then serves as ms-graph: compiled once
+        reference, twin = _build_reference(bundle, source, inputs, options, keep)
         runtimes[REFERENCE] = {"status": "reference"}
     episode_diffs: dict[str, dict[str, np.ndarray]] = {}
     names = [n for n in (options.runtimes or default) if n != REFERENCE or reference.origin != REFERENCE]
@@ -90,6 +92,8 @@ def verify(
         checks.append(Check(REFERENCE, "repeatability", "fail", f"the policy Cell gives different outputs for the "
                             f"same input on two calls ({detail})", diagnosis=IN_GRAPH_RANDOMNESS))  # fmt: skip
         checks += [Check(n, "comparison", "skip", "skipped: the reference is not reproducible") for n in names]
+        for rt in (twin or {}).values():
+            rt.close()
         return VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe())
     checks += logits_that_are_probabilities(bundle, reference)
     if checkpoint_matches is False and localizer is not None:
@@ -112,7 +116,10 @@ def verify(
             checks.append(Check(name, "export", "fail", failure, diagnosis={"stage": "runtime", "detail": failure}))
             continue
         reason = RUNTIMES[name].why_not(source)
-        selected[name] = reason or {g: create(name, source, g) for g in bundle.graphs}
+        if reason:
+            selected[name] = reason
+        else:
+            selected[name] = twin if name == TWIN and twin else {g: create(name, source, g) for g in bundle.graphs}
     selected.update(extra_runtimes or {})
     asked = set(options.runtimes or ()) | set(required)  # named by the user: what happens to each is a check
     for name, graph_runtimes in selected.items():
@@ -274,12 +281,16 @@ def nothing_compared(runtimes: Mapping[str, Mapping]) -> Check:
     return Check("verify", "compared", "error", f"nothing was compared against the reference ({detail})")
 
 
-def _build_reference(bundle: Bundle, source: RuntimeSource, inputs: Inputs, options: VerifyOptions) -> Reference:
+def _build_reference(
+    bundle: Bundle, source: RuntimeSource, inputs: Inputs, options: VerifyOptions, keep_twin: bool
+) -> tuple[Reference, dict[str, Runtime] | None]:
+    """The reference, and its compiled twin left open when ``keep_twin`` (it is then the ``ms-graph`` runtime)."""
     ref = {g: create(REFERENCE, source, g).open() for g in bundle.graphs}
     evidence: dict[str, Runtime] = {}
     det = bundle.mode_graph("deterministic")
     without = getattr(source.cells, "without_normalization", None)
     compiled, why = _compiled_twin(bundle, source, ref, options.seed)
+    kept = False
     try:
         if det is not None and without is not None:
             cell = without(det)
@@ -289,12 +300,14 @@ def _build_reference(bundle: Bundle, source: RuntimeSource, inputs: Inputs, opti
             bundle, ref, inputs, options.observations, options.episodes, options.seed, evidence, compiled
         )
         reference.episodes_by = why
-        return reference
+        kept = keep_twin and compiled is not None
+        return reference, compiled if kept else None
     finally:
-        for rt in (*ref.values(), *evidence.values(), *(compiled or {}).values()):
+        for rt in (*ref.values(), *evidence.values(), *((compiled or {}).values() if not kept else ())):
             rt.close()
 
 
+TWIN = "ms-graph"  # the runtime the compiled twin is
 TWIN_PROBE = 256
 
 
@@ -307,10 +320,10 @@ def _compiled_twin(
     kernels in one call (~3 ms). Episodes are sequential, so the reference plays them with the compiled twin
     when the two agree exactly, and stays op by op when they do not.
     """
-    if RUNTIMES["ms-graph"].why_not(source):
+    if RUNTIMES[TWIN].why_not(source):
         return None, f"{REFERENCE} (ms-graph unavailable)"
     feeds = seeded_feeds(bundle, TWIN_PROBE, seed)
-    twin = {g: create("ms-graph", source, g).open() for g in bundle.graphs}
+    twin = {g: create(TWIN, source, g).open() for g in bundle.graphs}
     for graph, rt in twin.items():  # in the feeds' chunks: the twin then compiles the batch sizes it plays and feeds
         want, got = infer_feeds(ref[graph], bundle, graph, feeds), infer_feeds(rt, bundle, graph, feeds)
         if not all(np.array_equal(want[k], got[k], equal_nan=True) for k in want):

@@ -87,6 +87,9 @@ class Runtime(abc.ABC):
         return self.source.bundle.file(self.graph, self.fmt)
 
     def open(self) -> Runtime:
+        """Load the graph; a runtime already open stays as it is (its compiled graphs too)."""
+        if self._open:
+            return self
         reason = self.why_not(self.source)
         if reason:
             raise RuntimeUnavailable(f"{self.name}: {reason}")
