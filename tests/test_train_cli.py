@@ -252,11 +252,15 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(("flag", "value"), [("--hidden-sizes", "32"), ("--run-dir", "elsewhere"),
                                              ("--learning-rate", "0.1")])  # fmt: skip
-def test_resume_refuses_flags_that_cannot_change(tmp_path, flag, value):
+def test_resume_refuses_flags_that_cannot_change(finished_run, tmp_path, flag, value):
+    import shutil
+
     run_dir = tmp_path / "run"
-    assert run_main("--env-id", "CartPole-v1", "--run-dir", str(run_dir), "--total-steps", "64", *TINY) == 0
+    shutil.copytree(finished_run, run_dir)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
     with pytest.raises(UsageError, match=f"{flag} cannot change on --resume"):
         run_main("--resume", str(run_dir), flag, value)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before  # refused before writing
 
 
 @pytest.mark.slow
