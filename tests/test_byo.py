@@ -26,7 +26,7 @@ def report(path: Path) -> dict:
 @pytest.fixture(scope="module")
 def pendulum(tmp_path_factory) -> Path:
     """The guide-style PolicyNet, trained briefly by its own script, exported by it with plain mindspore.export."""
-    return trained_example(tmp_path_factory, "pendulum", "--iterations", "2")
+    return trained_example(tmp_path_factory, "pendulum", "--iterations", "2", "--episodes", "1")
 
 
 @pytest.fixture(scope="module")
