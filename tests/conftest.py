@@ -45,8 +45,9 @@ from msrl_consistency.artifacts import run_dir as rd  # noqa: E402
 from msrl_consistency.config import TrainConfig  # noqa: E402
 from msrl_consistency.training.run import RunResult  # noqa: E402
 
-# One update per compiled call: the smallest train-step graph (2 compile ~0.45 s longer, the automatic 4 ~1.7 s).
-# Grouped updates have their own tests (test_training.py: epoch boundaries, the setting's effect; the presets).
+# One update per compiled call: the smallest train-step graph (2 per call compile ~0.45 s longer). Grouped updates
+# keep their tests: test_training.py's epoch-boundary and updates-per-call tests; test_compile_cache.py,
+# test_data_parallel.py and test_update_precision.py train with 2 per call.
 TINY_RUN = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=2, updates_per_call=1,
                 checkpoint_every=100, progress=False, eval_episodes=0)  # fmt: skip
 
