@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +66,34 @@ def test_same_seed_gives_bitwise_identical_metrics_and_weights(tmp_path, env_id,
     other = tiny_config(env_id=env_id, env_backend=backend, seed=2)
     train(other, tmp_path / "c")
     assert metrics_without_timing(tmp_path / "a") != metrics_without_timing(tmp_path / "c")
+
+
+@pytest.mark.slow
+def test_a_run_reusing_an_earlier_runs_graphs_trains_as_a_fresh_process_does(tmp_path):
+    """The next run of a graph key in a process takes the finished run's compiled Cells, every Parameter reset to a
+    fresh build's (its own seed's weights, zero Adam moments): bitwise the run a fresh process trains. A run still
+    open keeps its Cells."""
+    for run in ("first", "other"):
+        rd.prepare_new_run_dir(tmp_path / run)
+    first = Trainer(tiny_config(env_id="Pendulum-v1", seed=5, eval_episodes=2), tmp_path / "first")
+    other = Trainer(tiny_config(env_id="Pendulum-v1", seed=5, eval_episodes=2), tmp_path / "other")
+    assert other.learner is not first.learner and not other.learner.reused  # both open: nothing shared
+    first.run()
+    first.evaluate(2)
+    first.close()
+    other.close()
+    cfg = tiny_config(env_id="Pendulum-v1", seed=6, eval_episodes=2)
+    train(cfg, tmp_path / "reused")
+    assert rd.read_run_json(tmp_path / "reused")["compile_cache"]["state"] == "reused"
+    code = ("import json, sys\nfrom msrl_consistency import train_policy\n"
+            "from msrl_consistency.config import from_dict\ntrain_policy(from_dict(json.loads(sys.argv[1])))")
+    fresh = {**cfg.to_dict(), "run_dir": str(tmp_path / "fresh"), "compile_cache": False}
+    subprocess.run([sys.executable, "-c", code, json.dumps(fresh)], check=True, capture_output=True, timeout=300)
+    assert rd.read_run_json(tmp_path / "fresh")["compile_cache"]["state"] == "off"
+    assert metrics_without_timing(tmp_path / "reused") == metrics_without_timing(tmp_path / "fresh")
+    assert_same_weights(weights(tmp_path / "reused"), weights(tmp_path / "fresh"))
+    evals = [rd.read_run_json(tmp_path / run)["eval"] for run in ("reused", "fresh")]
+    assert evals[0] == evals[1] and evals[0]
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import numpy as np
 from mindspore import Tensor
 
 from msrl_consistency import compat
-from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec
+from msrl_consistency.agent import DeterministicPolicy, PolicySpec
 from msrl_consistency.envs import make_env
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training.profile import Profile
@@ -26,7 +26,7 @@ class Evaluator:
     """Evaluation episodes of one run: episode k resets with ``seed + 10000 + k`` on whichever rank plays it."""
 
     def __init__(
-        self, env_id: str, seed: int, spec: PolicySpec, policy: ActorCritic, comm: dist.Comm, profile: Profile
+        self, env_id: str, seed: int, spec: PolicySpec, policy: DeterministicPolicy, comm: dist.Comm, profile: Profile
     ) -> None:
         self.env_id, self.seed, self.spec, self.policy = env_id, seed, spec, policy
         self.comm, self.profile = comm, profile
@@ -38,7 +38,7 @@ class Evaluator:
 
     def compile(self) -> int:
         """Compile the evaluation policy on dummy observations (it holds no state, draws no noise); how many."""
-        self._deterministic = compat.CompiledCall(DeterministicPolicy(self.policy))
+        self._deterministic = compat.CompiledCall(self.policy)
         with compat.gc_frozen():
             self._deterministic(Tensor(np.zeros((EVAL_BATCH, self.spec.obs_dim), np.float32)))
         return 1

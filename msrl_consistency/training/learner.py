@@ -1,9 +1,20 @@
 """What learns: the policy, its optimizer and compiled train step built from the config, and the PPO update that
-drives them once per iteration (``update_epochs`` passes of shuffled minibatches, fused or split graphs)."""
+drives them once per iteration (``update_epochs`` passes of shuffled minibatches, fused or split graphs).
+
+A finished run's Cells keep their compiled graphs. The next run in the same process with the same graph key (the
+compile cache's: the config without its host-only fields, the policy spec) takes them instead of compiling the
+same graphs again, 2-5 s per run (a seed sweep in one process, a test suite): every Parameter is first set to what
+a freshly built Learner holds (the new seed's weights, zero Adam moments), so the run trains bitwise as it would
+in a fresh process (``tests/test_training.py``).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import mindspore as ms
@@ -11,7 +22,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from msrl_consistency import compat
-from msrl_consistency.agent import ActorCritic, PolicySpec, RolloutPolicy
+from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, RolloutPolicy
 from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs import EnvInfo
 from msrl_consistency.training import precision as mp
@@ -34,6 +45,17 @@ class Learner:
     rollout_net: RolloutPolicy
     optimizer: nn.Adam
     train_step: PPOTrainStep
+    split: SplitUpdate | None = None  # ``update_graphs = "split"``: the update as three smaller graphs
+    evaluation: DeterministicPolicy | None = None  # what evaluation plays (and export and verify compute)
+    key: str | None = None  # the graph key its Cells compile for (``learner_for_run``); None: never reused
+    reused: bool = False  # its graphs were compiled by an earlier run in this process
+    compiled: bool = False  # a run compiled its graphs (``Trainer.compile_graphs``): only then is it worth keeping
+
+    def cells(self) -> list[nn.Cell]:
+        return [c for c in (self.train_step, self.rollout_net, self.evaluation, *self.split_cells()) if c is not None]
+
+    def split_cells(self) -> list[nn.Cell]:
+        return [] if self.split is None else [self.split.prepare, self.split.gradients, self.split.apply]
 
 
 def build_learner(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Learner:
@@ -52,7 +74,68 @@ def build_learner(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Le
         adv_world_size=world_size if cfg.adv_norm_scope == "global" else 1,
         loss_scale=mp.LossScale() if mp.needs_loss_scale(cfg.update_precision) else None,
     )
-    return Learner(policy, RolloutPolicy(policy), optimizer, train_step)
+    split = SplitUpdate(train_step) if cfg.update_graphs == "split" else None
+    return Learner(policy, RolloutPolicy(policy), optimizer, train_step, split, DeterministicPolicy(policy))
+
+
+# -- reusing a finished run's compiled Cells -------------------------------------------------------------------------
+IDLE_KEPT = 8  # finished runs' Learners kept for reuse, most recent first (a 64x64 MLP's graphs: ~15 MB)
+_idle: OrderedDict[str, Learner] = OrderedDict()
+_idle_lock = threading.Lock()
+
+
+def run_graph_key(cfg: TrainConfig, spec: PolicySpec, world_size: int) -> str:
+    """What decides a run's graphs in this process: the compile cache's key (``compile_cache.graph_key``)."""
+    from msrl_consistency.training.compile_cache import graph_key
+
+    payload = graph_key(cfg.to_dict(), spec.to_dict(), world_size)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def learner_for_run(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Learner:
+    """A Learner for a new run: a finished run's with the same graph key, reset to a fresh build's state, else the
+    fresh build. Data-parallel ranks always build (their graphs hold the ranks' collectives)."""
+    fresh = build_learner(cfg, spec, world_size)
+    if world_size > 1:
+        return fresh
+    fresh.key = run_graph_key(cfg, spec, world_size)
+    with _idle_lock:
+        idle = _idle.pop(fresh.key, None)
+    if idle is None:
+        return fresh
+    _copy_state(fresh, idle)
+    idle.reused = True
+    return idle
+
+
+def release(learner: Learner) -> None:
+    """Offer a finished run's Cells to the next run with the same graph key (``learner_for_run``)."""
+    if learner.key is None or not learner.compiled:
+        return
+    learner.reused = False
+    with _idle_lock:
+        _idle[learner.key] = learner
+        _idle.move_to_end(learner.key)
+        while len(_idle) > IDLE_KEPT:  # the least recently finished go (their graphs with them)
+            _idle.popitem(last=False)
+
+
+def _parameters(learner: Learner) -> list[tuple[str, ms.Parameter]]:
+    """Every Parameter the Learner's graphs read or write, once each, in a fixed order."""
+    seen: dict[int, tuple[str, ms.Parameter]] = {}
+    for cell in learner.cells():
+        for name, param in cell.parameters_and_names():
+            seen.setdefault(id(param), (name, param))
+    return list(seen.values())
+
+
+def _copy_state(source: Learner, into: Learner) -> None:
+    """Set every Parameter of ``into`` to (a copy of) the value ``source`` holds: same names, shapes and dtypes."""
+    theirs, mine = _parameters(source), _parameters(into)
+    if [(n, p.shape, p.dtype) for n, p in theirs] != [(n, p.shape, p.dtype) for n, p in mine]:
+        raise RuntimeError("a reused Learner's Parameters differ from a fresh build's (same graph key)")
+    for (_, value), (_, param) in zip(theirs, mine, strict=True):
+        param.set_data(Tensor(value.asnumpy().copy()))
 
 
 class Updater:
@@ -67,10 +150,9 @@ class Updater:
         self.train_step = learner.train_step
         # Hot-path calls skip Cell.__call__'s per-call bookkeeping (see compat.CompiledCall).
         self._train_call = compat.CompiledCall(self.train_step)
-        self.split: SplitUpdate | None = SplitUpdate(self.train_step) if cfg.update_graphs == "split" else None
+        self.split = learner.split
         if self.split is not None:
-            self._split_calls = [compat.CompiledCall(c) for c in (self.split.prepare, self.split.gradients,
-                                                                  self.split.apply)]  # fmt: skip
+            self._split_calls = [compat.CompiledCall(c) for c in learner.split_cells()]
             self._minibatch = [Tensor(u, ms.int32) for u in range(cfg.iteration_updates)]
 
     def update(self, buf: dict[str, np.ndarray]) -> dict[str, float]:

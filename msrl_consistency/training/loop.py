@@ -37,7 +37,7 @@ from msrl_consistency.training import distributed as dist
 from msrl_consistency.training.compile_cache import CompileCache
 from msrl_consistency.training.evaluate import Evaluator
 from msrl_consistency.training.gae import compute_gae
-from msrl_consistency.training.learner import Updater, build_learner, build_spec
+from msrl_consistency.training.learner import Updater, build_spec, learner_for_run, release
 from msrl_consistency.training.ppo import STEP_METRICS
 from msrl_consistency.training.profile import Profile, format_table, write_report
 from msrl_consistency.training.rollout import Rollout, reward_factor
@@ -83,7 +83,7 @@ class Trainer(RunState):
         compat.set_threads(cfg.threads)
         compat.use_graph_mode()
 
-        learner = build_learner(cfg, self.spec, self.world_size)
+        self.learner = learner = learner_for_run(cfg, self.spec, self.world_size)
         self.policy, self.optimizer, self.train_step = learner.policy, learner.optimizer, learner.train_step
         noise_rng, shuffle_rng = seed_streams(cfg.seed, self.rank)
         self.updater = Updater(cfg, learner, shuffle_rng, self.profile)
@@ -91,7 +91,8 @@ class Trainer(RunState):
         self.ret_rms = RunningMeanStd.zeros(1)  # --normalize-reward: statistics of every env's discounted return
         self.rollout = Rollout(cfg, self.spec, learner.rollout_net, noise_rng, env_seed(cfg, self.rank),
                                self.backend.name, self.world_size, self.profile)  # fmt: skip
-        self.evaluator = Evaluator(cfg.env_id, cfg.seed, self.spec, self.policy, self.comm, self.profile)
+        assert learner.evaluation is not None
+        self.evaluator = Evaluator(cfg.env_id, cfg.seed, self.spec, learner.evaluation, self.comm, self.profile)
         self.iteration, self.global_step, self.episodes = 0, 0, 0
         self.resume_exact = True
         self.reached_return: dict[str, Any] | None = None  # set when --stop-at-return ends the run early
@@ -114,8 +115,12 @@ class Trainer(RunState):
         self.pinning = affinity.pin(cfg.cpu_pin, self.comm.local_rank, self.world_size,
                                     affinity.auto_reason(cfg.device, cfg.threads, env_threads))  # fmt: skip
         self._cache: CompileCache | None = None
-        # Whether this run's graphs come from the compile cache (``use_compile_cache``), for run.json and the profile.
-        self.compile_cache: dict[str, Any] = {"state": "off", "reason": "not opened for this process"}
+        # Whether this run's graphs come from the compile cache (``use_compile_cache``) or an earlier run in this
+        # process (``learner_for_run``), for run.json and the profile.
+        self.compile_cache: dict[str, Any] = (
+            {"state": "reused", "reason": "the graphs of an earlier run in this process (same graph key)"}
+            if learner.reused else {"state": "off", "reason": "not opened for this process"}
+        )
         self.profile.add("setup", time.perf_counter() - self.profile.start)
         self.profile.mark_rss("after setup")
 
@@ -275,7 +280,10 @@ class Trainer(RunState):
     # -- compiled graphs ------------------------------------------------------------------------------------------
     def use_compile_cache(self) -> None:
         """Load and save this run's graphs through the compile cache (``training/compile_cache.py``). A process's
-        entry point calls it before the run's first compile; ``close`` publishes what was compiled."""
+        entry point calls it before the run's first compile; ``close`` publishes what was compiled. A run that took
+        over an earlier run's graphs opens no cache: it has no compiles of its own for the cache to number in order."""
+        if self.learner.reused:
+            return
         self._cache = CompileCache.open(self.cfg.to_dict(), self.spec.to_dict(), self.world_size)
         self.compile_cache = self._cache.describe()
 
@@ -298,6 +306,7 @@ class Trainer(RunState):
             if self.cfg.eval_episodes > 0 and not self.evaluator.compiled:
                 graphs += self.evaluator.compile()
         self.profile.compiled.update({"act", "train"})
+        self.learner.compiled = True
         self.profile.add("compile", time.perf_counter() - t0, graphs)
         self.profile.mark_rss("after compile")
 
@@ -319,11 +328,14 @@ class Trainer(RunState):
         return write_report(self.run_dir, report) if self.rank == 0 else format_table(report)
 
     def close(self) -> None:
+        """End the run: its Cells and their graphs go to the next run with the same graph key in this process
+        (``learner_for_run``), so ``policy`` and the other Cells are not this run's to read after this."""
         if self._cache is not None:
             self._cache.close()
         self.recorder.close()
         self.rollout.close()
         self.pinning.restore()  # a caller that goes on in this process gets its CPUs back
+        release(self.learner)
 
     # -- what benchmarks reach into: bench/scale.py times a real Trainer's act calls and env steps ----------------
     @property
