@@ -73,7 +73,7 @@ def test_a_run_reusing_an_earlier_runs_graphs_trains_as_a_fresh_process_does(tmp
     """The next run of a graph key in a process takes the finished run's compiled Cells, every Parameter reset to a
     fresh build's (its own seed's weights, zero Adam moments): bitwise the run a fresh process trains. A run still
     open keeps its Cells."""
-    for run in ("first", "other"):
+    for run in ("first", "other", "taker", "another"):
         rd.prepare_new_run_dir(tmp_path / run)
     first = Trainer(tiny_config(env_id="Pendulum-v1", seed=5, eval_episodes=2), tmp_path / "first")
     other = Trainer(tiny_config(env_id="Pendulum-v1", seed=5, eval_episodes=2), tmp_path / "other")
@@ -81,8 +81,15 @@ def test_a_run_reusing_an_earlier_runs_graphs_trains_as_a_fresh_process_does(tmp
     first.run()
     first.evaluate(2)
     first.close()
-    other.close()
+    other.close()  # it never compiled: nothing to keep
     cfg = tiny_config(env_id="Pendulum-v1", seed=6, eval_episodes=2)
+    taker = Trainer(cfg, tmp_path / "taker")
+    assert taker.learner is first.learner and taker.learner.reused
+    first.close()  # closing again does not offer the Cells the taker holds
+    another = Trainer(cfg, tmp_path / "another")
+    assert another.learner is not taker.learner and not another.learner.reused
+    another.close()
+    taker.close()
     train(cfg, tmp_path / "reused")
     assert rd.read_run_json(tmp_path / "reused")["compile_cache"]["state"] == "reused"
     code = ("import json, sys\nfrom msrl_consistency import train_policy\n"

@@ -84,6 +84,7 @@ class Trainer(RunState):
         compat.use_graph_mode()
 
         self.learner = learner = learner_for_run(cfg, self.spec, self.world_size)
+        self._released = False
         self.policy, self.optimizer, self.train_step = learner.policy, learner.optimizer, learner.train_step
         noise_rng, shuffle_rng = seed_streams(cfg.seed, self.rank)
         self.updater = Updater(cfg, learner, shuffle_rng, self.profile)
@@ -335,7 +336,9 @@ class Trainer(RunState):
         self.recorder.close()
         self.rollout.close()
         self.pinning.restore()  # a caller that goes on in this process gets its CPUs back
-        release(self.learner)
+        if not self._released:  # once: a second close must not offer Cells another run may have taken since
+            self._released = True
+            release(self.learner)
 
     # -- what benchmarks reach into: bench/scale.py times a real Trainer's act calls and env steps ----------------
     @property
