@@ -103,6 +103,23 @@ def test_a_run_reusing_an_earlier_runs_graphs_trains_as_a_fresh_process_does(tmp
     assert evals[0] == evals[1] and evals[0]
 
 
+def test_kept_cells_that_do_not_match_a_fresh_build_are_left_alone():
+    """A kept Learner is taken only if it holds the fresh build's Parameters (names, shapes, dtypes); otherwise the
+    run gets the fresh build and the kept one is not touched."""
+    from msrl_consistency.envs import describe_env
+    from msrl_consistency.training import learner as lrn
+
+    cfg, other = tiny_config(), tiny_config(hidden_sizes=[8, 8])
+    spec, other_spec = (lrn.build_spec(c, describe_env(c.env_id)) for c in (cfg, other))
+    kept = lrn.build_learner(other, other_spec)
+    kept.key, kept.compiled = lrn.run_graph_key(cfg, spec, 1), True  # as if kept under this config's key
+    before = kept.policy.trainable_params()[0].asnumpy().copy()
+    lrn.release(kept)
+    got = lrn.learner_for_run(cfg, spec)
+    assert got is not kept and not got.reused and lrn._idle.get(got.key) is None
+    np.testing.assert_array_equal(kept.policy.trainable_params()[0].asnumpy(), before)
+
+
 @pytest.mark.slow
 def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
     cfg = tiny_config()  # 4 iterations

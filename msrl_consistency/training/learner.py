@@ -79,7 +79,7 @@ def build_learner(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Le
 
 
 # -- reusing a finished run's compiled Cells -------------------------------------------------------------------------
-IDLE_KEPT = 8  # finished runs' Learners kept for reuse, most recent first (a 64x64 MLP's graphs: ~15 MB)
+IDLE_KEPT = 8  # the most recently finished runs' Learners kept for reuse (a 64x64 MLP's graphs: ~15 MB each)
 _idle: OrderedDict[str, Learner] = OrderedDict()
 _idle_lock = threading.Lock()
 
@@ -101,9 +101,8 @@ def learner_for_run(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> 
     fresh.key = run_graph_key(cfg, spec, world_size)
     with _idle_lock:
         idle = _idle.pop(fresh.key, None)
-    if idle is None:
+    if idle is None or not _copy_state(fresh, idle):
         return fresh
-    _copy_state(fresh, idle)
     idle.reused = True
     return idle
 
@@ -129,13 +128,15 @@ def _parameters(learner: Learner) -> list[tuple[str, ms.Parameter]]:
     return list(seen.values())
 
 
-def _copy_state(source: Learner, into: Learner) -> None:
-    """Set every Parameter of ``into`` to (a copy of) the value ``source`` holds: same names, shapes and dtypes."""
+def _copy_state(source: Learner, into: Learner) -> bool:
+    """Set every Parameter of ``into`` to a copy of ``source``'s value (True); if the two do not hold the same
+    Parameters (names, shapes, dtypes), change nothing (False: the run takes the fresh build)."""
     theirs, mine = _parameters(source), _parameters(into)
     if [(n, p.shape, p.dtype) for n, p in theirs] != [(n, p.shape, p.dtype) for n, p in mine]:
-        raise RuntimeError("a reused Learner's Parameters differ from a fresh build's (same graph key)")
+        return False
     for (_, value), (_, param) in zip(theirs, mine, strict=True):
         param.set_data(Tensor(value.asnumpy().copy()))
+    return True
 
 
 class Updater:
