@@ -84,7 +84,7 @@ demo: setup
 # Tests run on every logical CPU (pytest-xdist; at most 4 workers: each holds a MindSpore runtime). The longest
 # tests are subprocess-heavy (msrun ranks, g++ builds, venvs), so 2 workers on 2 cores cut the suite by ~40%.
 # --dist loadfile: a test file runs on one worker, so its module fixtures (trained runs, exported bundles) are built
-# once, not once per worker (~5% off the suite on 2 cores). TEST_WORKERS=0 runs them in this one process.
+# once, not on every worker that runs some of its tests. TEST_WORKERS=0 runs them in this one process.
 TEST_WORKERS ?= logical
 PYTEST_XDIST = -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 test: setup
