@@ -81,18 +81,28 @@ def files_digest(paths: list[str]) -> str:
     return digest.hexdigest()
 
 
+def graph_config(cfg: dict[str, Any], spec: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """What of a run decides its graphs within one process: the config without its host-only fields, the policy
+    spec, the world size (``training/learner.py`` reuses a finished run's graphs by it)."""
+    return {"config": {k: v for k, v in sorted(cfg.items()) if k not in HOST_ONLY}, "policy_spec": spec,
+            "world_size": world_size}  # fmt: skip
+
+
 def graph_key(cfg: dict[str, Any], spec: dict[str, Any], world_size: int) -> dict[str, Any]:
     """Everything that decides which graphs a run compiles, and in which order, and whether MindSpore reuses them
     (it recompiles when its entry script or that script's local imports changed: a bench script, say)."""
     return {
-        "config": {k: v for k, v in sorted(cfg.items()) if k not in HOST_ONLY},
-        "policy_spec": spec,
-        "world_size": world_size,
+        **graph_config(cfg, spec, world_size),
         "mindspore": compat.mindspore_version(),
         "python": platform.python_version(),
         "sources": sources_digest(),
         "entry_script": files_digest(compat.compile_cache_dependencies()),
     }
+
+
+def key_name(payload: dict[str, Any]) -> str:
+    """A short stable name for a key (a directory name in the cache)."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def file_hashes(path: Path) -> dict[str, str]:
@@ -175,7 +185,7 @@ class CompileCache:
             return cls("off", "this process cached another run's graphs (MindSpore keeps one cache path)")
         _opened_in_this_process = True
         payload = graph_key(cfg, spec, world_size)
-        key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+        key = key_name(payload)
         cache = cls("cold", key=key, directory=root / key)
         cache.payload = payload
         try:

@@ -2,16 +2,14 @@
 drives them once per iteration (``update_epochs`` passes of shuffled minibatches, fused or split graphs).
 
 A finished run's Cells keep their compiled graphs. The next run in the same process with the same graph key (the
-compile cache's: the config without its host-only fields, the policy spec) takes them instead of compiling the
-same graphs again, 2-5 s per run (a seed sweep in one process, a test suite): every Parameter is first set to what
-a freshly built Learner holds (the new seed's weights, zero Adam moments), so the run trains bitwise as it would
-in a fresh process (``tests/test_training.py``).
+config without its host-only fields, the policy spec: ``compile_cache.graph_config``) takes them instead of
+compiling the same graphs again, 2-5 s per run (a seed sweep in one process, a test suite): every Parameter is first
+set to what a freshly built Learner holds (the new seed's weights, zero Adam moments), so the run trains bitwise as
+it would in a fresh process (``tests/test_training.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -85,11 +83,11 @@ _idle_lock = threading.Lock()
 
 
 def run_graph_key(cfg: TrainConfig, spec: PolicySpec, world_size: int) -> str:
-    """What decides a run's graphs in this process: the compile cache's key (``compile_cache.graph_key``)."""
-    from msrl_consistency.training.compile_cache import graph_key
+    """What decides a run's graphs in this process (``compile_cache.graph_config``: versions and sources cannot
+    change between two runs of one process)."""
+    from msrl_consistency.training.compile_cache import graph_config, key_name
 
-    payload = graph_key(cfg.to_dict(), spec.to_dict(), world_size)
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return key_name(graph_config(cfg.to_dict(), spec.to_dict(), world_size))
 
 
 def learner_for_run(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Learner:
