@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -105,3 +107,32 @@ def test_gc_frozen_hides_older_objects_from_collections_and_hands_them_back():
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+_EXIT_SCRIPT = """
+import atexit, gc, sys
+mode, out = sys.argv[1], sys.argv[2]
+# Registered before the import: runs after compat's own handler, so it sees the state the process ends in.
+atexit.register(lambda: open(out + ".last", "w").write(str(gc.get_freeze_count() > 0)))
+if mode == "off":
+    gc.disable()
+import msrl_consistency.compat
+assert gc.isenabled() == (mode == "on"), "the import changed the caller's collector setting"
+log = open(out, "w")  # buffered and never closed: written out when module teardown finalises it
+log.write("written")
+atexit.register(lambda: open(out + ".first", "w").write(str(gc.get_freeze_count() == 0)))
+"""
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_importing_compat_keeps_the_callers_collector_and_the_exit_skips_only_collections(tmp_path, mode):
+    """MindSpore is imported with collection paused and the exit's collections skip what is alive: the caller's
+    collector setting is theirs again after the import, their exit handlers run with nothing frozen yet, and module
+    teardown still flushes their open files."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, mode, str(out)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.read_text() == "written"
+    assert (tmp_path / "out.first").read_text() == "True"  # the caller's handlers ran before the freeze
+    assert (tmp_path / "out.last").read_text() == "True"  # the interpreter's last collections skip the frozen heap
