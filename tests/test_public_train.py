@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -55,6 +56,40 @@ def test_train_refuses_bad_input_before_writing_anything(tmp_path):
     with pytest.raises(UsageError, match="runs from the CLI: python -m msrl_consistency.train --workers 2"):
         train(TrainConfig(workers=2, run_dir=str(tmp_path / "dp")))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_concurrent_run_from_another_thread_is_refused_with_one_line(tmp_path):
+    """MindSpore trains one run at a time per process (a concurrent second one died inside its runtime): the second
+    call gets a ``UsageError`` naming the running thread and writes nothing; the first run ends normally, and
+    training works again once it has."""
+    from msrl_consistency import train_policy as train
+
+    cfg = TrainConfig(env_id="CartPole-v1", seed=2, total_steps=128, **{**TINY_RUN, "compile_cache": False})
+    started, checked, outcome = threading.Event(), threading.Event(), {}
+
+    def hold(trainer) -> None:  # the first iteration waits until the second call was tried
+        started.set()
+        checked.wait(timeout=120)
+
+    def first() -> None:
+        try:
+            outcome["result"] = train(dataclasses.replace(cfg, run_dir=str(tmp_path / "first")), on_iteration=hold)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=first, name="first-run")
+    thread.start()
+    try:
+        assert started.wait(timeout=300), outcome
+        with pytest.raises(UsageError, match="already running in this process \\(thread 'first-run'\\)"):
+            train(dataclasses.replace(cfg, run_dir=str(tmp_path / "second")))
+    finally:
+        checked.set()
+        thread.join(timeout=300)
+    assert "error" not in outcome and outcome["result"].global_step == 128
+    assert not (tmp_path / "second").exists()
+    again = train(dataclasses.replace(cfg, run_dir=str(tmp_path / "after")))  # the guard was released
+    assert again.rank_checksums == outcome["result"].rank_checksums
 
 
 @pytest.mark.parametrize("first", ["import msrl_consistency.train", "from msrl_consistency import train_policy"])

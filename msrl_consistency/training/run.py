@@ -11,9 +11,12 @@ Module-level imports stay light (no MindSpore): the CLI imports this module befo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,9 +74,36 @@ def train_policy(config: TrainConfig, *, on_iteration: IterationHook | None = No
             raise UsageError("train_policy(config) needs config.run_dir (or config.resume)")
         cfg.validate()
         _one_process(cfg)
-    cfg, run_dir, state = prepare_run(cfg, [])
-    _one_process(cfg)  # a resumed run's world size is its stored one
-    return run_training(cfg, run_dir, state, dist.SingleProcess(), on_iteration)
+    with _one_run_at_a_time():
+        cfg, run_dir, state = prepare_run(cfg, [])
+        _one_process(cfg)  # a resumed run's world size is its stored one
+        return run_training(cfg, run_dir, state, dist.SingleProcess(), on_iteration)
+
+
+_running: threading.Thread | None = None  # the thread whose train_policy call is in progress
+_running_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_run_at_a_time() -> Iterator[None]:
+    """One ``train_policy`` at a time in a process: MindSpore 2.10's runtime serves one thread's graphs, and a second
+    run started from another thread dies inside it (``RuntimeError: The pointer[runtime_info] is null``) with the
+    first run's state undefined. The second call is refused before it writes anything. A call from the running
+    thread itself (an ``on_iteration`` hook) is not concurrent: it runs inside the first one's iteration."""
+    global _running
+    me = threading.current_thread()
+    with _running_lock:
+        outer = _running
+        if outer is not None and outer is not me:
+            raise UsageError(f"train_policy is already running in this process (thread {outer.name!r}): MindSpore "
+                             "trains one run at a time per process; start this one after it returns, or in another "
+                             "process (python -m msrl_consistency.train)")  # fmt: skip
+        _running = me
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _running = outer
 
 
 def _one_process(cfg: TrainConfig) -> None:
