@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from test_field import audit, device, report
 
-from inference.bundle.recording import chunk_name, index_recording, read_recording, write_chunk
+from inference.bundle.recording import index_recording, read_recording
+from inference.bundle.recording_chunk import chunk_name, write_chunk
 from inference.errors import UsageError
 from inference.field import Recorder
 

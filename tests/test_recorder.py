@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.bundle.recording import index_recording, read_recording, write_chunk
+from inference.bundle.recording import index_recording, read_recording
+from inference.bundle.recording_chunk import write_chunk
 from inference.errors import UsageError
 from inference.field import Recorder
 

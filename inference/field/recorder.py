@@ -41,15 +41,8 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, sha256_file
-from inference.bundle.recording import (
-    FORMAT,
-    VERSION,
-    Recording,
-    continuation,
-    read_recording,
-    recording_chunks,
-    write_chunk,
-)
+from inference.bundle.recording import Recording, continuation, read_recording, recording_chunks
+from inference.bundle.recording_chunk import FORMAT, VERSION, write_chunk
 from inference.errors import UsageError, first_line
 from inference.field.sink import Sink, lock_directory, opened, unlock
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.bundle.recording import LOCK_FILE, chunk_name, write_chunk
+from inference.bundle.recording_chunk import LOCK_FILE, chunk_name, write_chunk
 from inference.errors import UsageError, first_line
 
 try:
