@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml inference/pyproject.toml | $(PY)
 	@touch $(STAMP)
 
 # The Lite builds need only the venv's pip (it fetches the SDK wheel), not the installed packages: `setup` runs them
-# while pip installs (on 2 cores the set-up of a fresh clone takes ~25 s less).
+# while pip installs (on 2 cores a fresh clone's set-up took 77 s instead of 87).
 $(LITE_RUNNER) $(LITE_CONVERT) &: $(RUNNER_SRC) export/lite_converter.cc inference/lite/build_lite.sh | $(PY)
 	bash inference/lite/build_lite.sh
 	@touch $(LITE_RUNNER) $(LITE_CONVERT)

@@ -35,8 +35,8 @@ os.environ.setdefault("GLOG_v", "3")
 # module imports MindSpore.
 #
 # The garbage collector: the import creates ~160k long-lived objects and little garbage, yet triggers ~370 collections
-# that walk them (0.3-0.5 s of a CLI's start); so it runs with collection paused. At exit the interpreter
-# collects again over everything still alive (0.3-0.5 s more, measured on a verify); ``_skip_exit_collections``
+# that walk them (~0.4 s of a CLI's start); so it runs with collection paused. At exit the interpreter collects
+# again over everything still alive (0.3-0.5 s more); ``_skip_exit_collections``
 # freezes those objects after every other exit handler has run, so the process ends as soon as its files are
 # flushed. Nothing is lost: module teardown and ``__del__`` still run by reference counting; only cyclic garbage
 # left at exit is not walked, and the OS reclaims it with the process.

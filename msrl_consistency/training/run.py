@@ -86,9 +86,9 @@ _running_lock = threading.Lock()
 
 @contextlib.contextmanager
 def _one_run_at_a_time() -> Iterator[None]:
-    """One ``train_policy`` at a time in a process: MindSpore 2.10's runtime serves one thread's graphs, and a second
-    run started from another thread dies inside it (``RuntimeError: The pointer[runtime_info] is null``) with the
-    first run's state undefined. The second call is refused before it writes anything. A call from the running
+    """One ``train_policy`` at a time in a process: MindSpore 2.10's runtime serves one thread's graphs, and two runs
+    stepping at once from two threads died inside it (``RuntimeError: The pointer[runtime_info] is null``), leaving
+    the first run's state undefined. The second call is refused before it writes anything. A call from the running
     thread itself (an ``on_iteration`` hook) is not concurrent: it runs inside the first one's iteration."""
     global _running
     me = threading.current_thread()
