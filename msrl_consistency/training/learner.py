@@ -43,14 +43,14 @@ class Learner:
     rollout_net: RolloutPolicy
     optimizer: nn.Adam
     train_step: PPOTrainStep
+    evaluation: DeterministicPolicy  # what evaluation plays (and export and verify compute)
     split: SplitUpdate | None = None  # ``update_graphs = "split"``: the update as three smaller graphs
-    evaluation: DeterministicPolicy | None = None  # what evaluation plays (and export and verify compute)
     key: str | None = None  # the graph key its Cells compile for (``learner_for_run``); None: never reused
     reused: bool = False  # its graphs were compiled by an earlier run in this process
     compiled: bool = False  # a run compiled its graphs (``Trainer.compile_graphs``): only then is it worth keeping
 
     def cells(self) -> list[nn.Cell]:
-        return [c for c in (self.train_step, self.rollout_net, self.evaluation, *self.split_cells()) if c is not None]
+        return [self.train_step, self.rollout_net, self.evaluation, *self.split_cells()]
 
     def split_cells(self) -> list[nn.Cell]:
         return [] if self.split is None else [self.split.prepare, self.split.gradients, self.split.apply]
@@ -73,7 +73,7 @@ def build_learner(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Le
         loss_scale=mp.LossScale() if mp.needs_loss_scale(cfg.update_precision) else None,
     )
     split = SplitUpdate(train_step) if cfg.update_graphs == "split" else None
-    return Learner(policy, RolloutPolicy(policy), optimizer, train_step, split, DeterministicPolicy(policy))
+    return Learner(policy, RolloutPolicy(policy), optimizer, train_step, DeterministicPolicy(policy), split)
 
 
 # -- reusing a finished run's compiled Cells -------------------------------------------------------------------------

@@ -92,7 +92,6 @@ class Trainer(RunState):
         self.ret_rms = RunningMeanStd.zeros(1)  # --normalize-reward: statistics of every env's discounted return
         self.rollout = Rollout(cfg, self.spec, learner.rollout_net, noise_rng, env_seed(cfg, self.rank),
                                self.backend.name, self.world_size, self.profile)  # fmt: skip
-        assert learner.evaluation is not None
         self.evaluator = Evaluator(cfg.env_id, cfg.seed, self.spec, learner.evaluation, self.comm, self.profile)
         self.iteration, self.global_step, self.episodes = 0, 0, 0
         self.resume_exact = True
