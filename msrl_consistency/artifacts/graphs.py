@@ -29,7 +29,7 @@ from inference.bundle.tensors import TensorMeta
 from inference.errors import first_line
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
-from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, symbolic_batch
+from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, batch_dependent, symbolic_batch
 from msrl_consistency.artifacts.onnx_patterns import (
     drop_noop_slices,
     explicit_reduce_axes,
@@ -218,17 +218,24 @@ def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
 
 
 def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
-    """Export at ``EXPORT_BATCHES``, make the batch symbolic (frozen constants, inputs, batched outputs), then give
-    inputs and outputs the contract's names. ``ConversionError`` when a constant cannot be made symbolic."""
-    exports = []
+    """Export at two of ``EXPORT_BATCHES`` (all three where they differ), make the batch symbolic (frozen constants,
+    inputs, batched outputs), then give inputs and outputs the contract's names. ``ConversionError`` when a constant
+    cannot be made symbolic."""
     cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
-    for batch in EXPORT_BATCHES:
+
+    def export_at(batch: int) -> onnx.ModelProto:
         examples = [Tensor(example(t, batch)) for t in graph.inputs]
         with compat.onnx_ops_marked():
             ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
-        exports.append(onnx.load(str(path)))
+        return onnx.load(str(path))
+
+    batches = EXPORT_BATCHES[:2]
+    exports = [export_at(batch) for batch in batches]
+    if batch_dependent(exports):  # each compile costs ~0.25 s: the third only checks a rewrite
+        batches = EXPORT_BATCHES
+        exports.append(export_at(batches[2]))
     try:
-        model = symbolic_batch(exports)
+        model = symbolic_batch(exports, batches)
     except BatchDependent as exc:
         path.unlink()
         raise ConversionError(f"ONNX: {exc}") from None

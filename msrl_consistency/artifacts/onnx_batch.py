@@ -6,12 +6,16 @@ and BatchNorm1d's internal reshape become shape constants that start with the ex
 batch dimension of the inputs and outputs leaves those constants behind, and the graph fails or returns
 batch-1 shapes at any other batch.
 
-So the graph is exported at three batch sizes and the exports are compared constant by constant (the exporter
-is deterministic: same nodes, same names, only shapes differ). A constant that is the same in all three stays.
-One that changes is rewritten as a function of the runtime batch ``b = Shape(input)[0]``:
+So the graph is exported at two batch sizes and the exports are compared constant by constant (the exporter
+is deterministic: same nodes, same names, only shapes differ). Where nothing differs (most MLPs), the first export
+is kept as it is. Otherwise a third export checks the rule each changing constant is rewritten with, as a function
+of the runtime batch ``b = Shape(input)[0]``:
 
 * an integer tensor whose entries are ``fixed + k * b`` (checked on all three exports): ``fixed + k * b``;
 * a tensor with ``b`` identical rows: its first row expanded to ``[b, ...]``.
+
+The first two batches, 2 and 5, tell apart the constants a policy plausibly derives from its batch (``b // 2``,
+``b // 4``, ``b % 2`` differ between them); the bundle's self-check then runs every format at yet another batch.
 
 Anything else that changes with the batch cannot be made symbolic from the outside; ``BatchDependent`` names the
 constant, and the bundle marks the ONNX (and the ``.ms`` converted from it) as not produced, with that reason.
@@ -25,12 +29,25 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-EXPORT_BATCHES = (2, 3, 5)  # not 1: the exporter and runtimes treat a batch of 1 specially (squeezes, broadcasts)
+# Not 1: the exporter and runtimes treat a batch of 1 specially (squeezes, broadcasts). The third only where the
+# exports at the first two differ (``batch_dependent``).
+EXPORT_BATCHES = (2, 5, 3)
 _PREFIX = "msrl_batch"
 
 
 class BatchDependent(ValueError):
     """A constant of the exported graph depends on the batch in a way that cannot be made symbolic."""
+
+
+def batch_dependent(models: Sequence[onnx.ModelProto]) -> bool:
+    """Whether any constant or node differs between exports at different batch sizes (inputs and outputs aside)."""
+    first, *others = (m.graph for m in models)
+    for graph in others:
+        if len(graph.node) != len(first.node) or list(graph.initializer) != list(first.initializer):
+            return True
+        if any(a != b for a, b in zip(graph.node, first.node, strict=True)):
+            return True
+    return False
 
 
 def symbolic_batch(models: Sequence[onnx.ModelProto], batches: Sequence[int] = EXPORT_BATCHES) -> onnx.ModelProto:
