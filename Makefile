@@ -19,13 +19,15 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 # pip byte-compiles every file it installs on one core (~23 s here, 10k files); compileall does it on every core,
-# skipping the packages no command here imports (PyOpenGL's 2.9k files, pip, setuptools). As with pip, a file that
+# skipping the packages no command here imports (PyOpenGL's 2.9k files, pip, setuptools), and adds this checkout's
+# own packages (installed editable: never compiled, and each process compiles them again where
+# PYTHONDONTWRITEBYTECODE is set). A file edited later is compiled on import as before; as with pip, a file that
 # does not compile is left to compile on import.
 NOT_IMPORTED := /site-packages/(OpenGL|pip|setuptools|pkg_resources)/
 $(STAMP): pyproject.toml inference/pyproject.toml | $(PY)
 	$(PY) -m pip install -q --no-compile -e ./inference -e ".[dev]"
-	-$(PY) -m compileall -q -j 0 -x '$(NOT_IMPORTED)' $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
-		>/dev/null 2>&1
+	-$(PY) -m compileall -q -j 0 -x '$(NOT_IMPORTED)' msrl_consistency inference tests \
+		$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') >/dev/null 2>&1
 	@touch $(STAMP)
 
 # The Lite builds need only the venv's pip (it fetches the SDK wheel), not the installed packages: `setup` runs them
