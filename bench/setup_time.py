@@ -1,0 +1,65 @@
+"""Wall time of `make setup` on a fresh clone (venv, packages, the x86 and aarch64 Lite builds), two revisions.
+
+Each run clones this checkout into a temporary directory, checks out the revision, runs `make setup` and deletes the
+clone (~5 GB each). Runs alternate between the revisions so the machine's load moves both alike; pip takes packages
+from its cache as a fresh clone on this machine does.
+
+    python bench/setup_time.py --base HEAD~1 --head HEAD --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from inference.machine.facts import host_cpu  # noqa: E402
+
+
+def one(rev: str) -> float:
+    root = Path(tempfile.mkdtemp(prefix="setup-time-"))
+    try:
+        clone = root / "clone"
+        subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+        subprocess.run(["git", "checkout", "-q", rev], cwd=clone, check=True)
+        start = time.perf_counter()
+        subprocess.run(["make", "setup"], cwd=clone, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - start
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="HEAD~1")
+    parser.add_argument("--head", default="HEAD")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args(argv)
+    revs = {name: subprocess.check_output(["git", "rev-parse", "--short", rev], cwd=REPO, text=True).strip()
+            for name, rev in (("base", args.base), ("head", args.head))}  # fmt: skip
+    runs: dict[str, list[float]] = {"base": [], "head": []}
+    for _ in range(args.repeats):
+        for name in ("head", "base"):
+            runs[name].append(one(revs[name]))
+    model, simd = host_cpu()
+    print(f"{time.strftime('%Y-%m-%d')}, {model} ({simd}), {args.repeats} alternating runs each, "
+          f"`python bench/setup_time.py --base {args.base} --head {args.head} --repeats {args.repeats}`\n")  # fmt: skip
+    print("| revision | runs, s | median s | vs base |")
+    print("|---|---|---:|---:|")
+    base = statistics.median(runs["base"])
+    for name in ("base", "head"):
+        med = statistics.median(runs[name])
+        print(f"| {name} {revs[name]} | {', '.join(f'{t:.1f}' for t in runs[name])} | {med:.1f} | {med / base:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
