@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 from mindspore import nn
 
+from msrl_consistency import compat
 from msrl_consistency.api import export_policy
 from msrl_consistency.artifacts import graphs
 from msrl_consistency.artifacts.bundle import ExportOptions
@@ -42,7 +43,7 @@ def test_a_third_export_only_where_the_first_two_differ(make, contract, batches,
     obs = np.random.default_rng(0).standard_normal((7, contract["input"]["obs"][0])).astype(np.float32)
     session = ort.InferenceSession(str(bundle.file("policy", "onnx")), providers=["CPUExecutionProvider"])
     got = session.run(None, {"obs": obs})
-    want = [o.asnumpy() for o in (lambda r: r if isinstance(r, tuple) else (r,))(make()(ms.Tensor(obs)))]
+    want = [o.asnumpy() for o in compat.as_tuple(make()(ms.Tensor(obs)))]
     assert [g.shape for g in got] == [w.shape for w in want]  # at a batch none of the exports had
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
