@@ -69,11 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, args.seeds + 1):
             cfg = dataclasses.replace(base, seed=seed)
-            kept = dict(learner._idle)  # the reuse sweep's finished runs, set aside for the baseline run
-            learner._idle.clear()
-            fresh = one_run(cfg, Path(tmp) / f"fresh-{seed}")
-            learner._idle.clear()
-            learner._idle.update(kept)
+            with learner.kept_runs_set_aside():  # the baseline compiles, whatever the sweep's earlier runs left
+                fresh = one_run(cfg, Path(tmp) / f"fresh-{seed}")
             reused = one_run(cfg, Path(tmp) / f"reused-{seed}")
             same = all(np.array_equal(fresh[3][k], reused[3][k]) for k in fresh[3])
             rows.append((seed, *fresh[:3], *reused[:3], same))

@@ -120,6 +120,26 @@ def test_kept_cells_that_do_not_match_a_fresh_build_are_left_alone():
     np.testing.assert_array_equal(kept.policy.trainable_params()[0].asnumpy(), before)
 
 
+def test_runs_started_while_kept_runs_are_set_aside_build_their_own_and_the_kept_ones_come_back():
+    """``kept_runs_set_aside`` (a benchmark's baseline that must compile): inside, a run with a kept run's graph key
+    builds its own Cells; after, the kept run is offered again and what the block's runs left is dropped."""
+    from msrl_consistency.envs import describe_env
+    from msrl_consistency.training import learner as lrn
+
+    cfg = tiny_config(hidden_sizes=[6, 6])  # a graph key no other test keeps
+    spec = lrn.build_spec(cfg, describe_env(cfg.env_id))
+    kept = lrn.build_learner(cfg, spec)
+    kept.key, kept.compiled = lrn.run_graph_key(cfg, spec, 1), True  # as a finished run leaves it
+    lrn.release(kept)
+    with lrn.kept_runs_set_aside():
+        inside = lrn.learner_for_run(cfg, spec)
+        assert inside is not kept and not inside.reused
+        inside.compiled = True
+        lrn.release(inside)  # the block's run finishes: dropped at the end of the block
+    again = lrn.learner_for_run(cfg, spec)
+    assert again is kept and again.reused
+
+
 @pytest.mark.slow
 def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
     cfg = tiny_config()  # 4 iterations

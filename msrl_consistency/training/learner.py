@@ -10,9 +10,11 @@ it would in a fresh process (``tests/test_training.py``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import mindspore as ms
@@ -115,6 +117,21 @@ def release(learner: Learner) -> None:
         _idle.move_to_end(learner.key)
         while len(_idle) > IDLE_KEPT:  # the least recently finished go (their graphs with them)
             _idle.popitem(last=False)
+
+
+@contextlib.contextmanager
+def kept_runs_set_aside() -> Iterator[None]:
+    """Runs started in the block compile their own graphs: the finished runs kept for reuse are set aside, and put
+    back afterwards in place of whatever the block's runs left (a baseline that must compile, as in a fresh process)."""
+    with _idle_lock:
+        kept = OrderedDict(_idle)
+        _idle.clear()
+    try:
+        yield
+    finally:
+        with _idle_lock:
+            _idle.clear()
+            _idle.update(kept)
 
 
 def _parameters(learner: Learner) -> list[tuple[str, ms.Parameter]]:
