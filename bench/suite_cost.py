@@ -149,9 +149,9 @@ def report(args: argparse.Namespace, summary: str, wall: float, cpu: float, test
     rows = [t for t in tests if t["test"]]
     per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for t in rows:
-        counts = per_file[t["test"].split("::")[0]]
-        counts.update({k: t[k] for k in ("wall", "self", "kids", "compiles", "compile_cpu")})
-        counts["tests"] += 1
+        file_sums = per_file[t["test"].split("::")[0]]
+        file_sums.update({k: t[k] for k in ("wall", "self", "kids", "compiles", "compile_cpu")})
+        file_sums["tests"] += 1
     kinds: collections.Counter = collections.Counter()
     counts: collections.Counter = collections.Counter()
     direct = 0.0  # the Python subprocesses the workers started, with their own children
@@ -168,7 +168,7 @@ def report(args: argparse.Namespace, summary: str, wall: float, cpu: float, test
     compile_cpu = sum(t["compile_cpu"] for t in rows)
     model, simd = host_cpu()
     paths = " ".join(args.paths)
-    print(f"{time.strftime('%Y-%m-%d %H:%M')} UTC, {model} ({simd}), {os.cpu_count()} CPUs, "
+    print(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {model} ({simd}), {os.cpu_count()} CPUs, "
           f"`python bench/suite_cost.py{' ' + paths if paths else ''} --workers {args.workers}`\n")
     print(f"pytest: {summary}; {wall:.0f} s wall, {cpu:.0f} CPU-s ({cpu / wall:.2f} cores busy on average)\n")
     total = max(cpu, 1e-9)
