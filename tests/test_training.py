@@ -126,18 +126,21 @@ def test_runs_started_while_kept_runs_are_set_aside_build_their_own_and_the_kept
     from msrl_consistency.envs import describe_env
     from msrl_consistency.training import learner as lrn
 
-    cfg = tiny_config(hidden_sizes=[6, 6])  # a graph key no other test keeps
-    spec = lrn.build_spec(cfg, describe_env(cfg.env_id))
+    cfg, other = tiny_config(hidden_sizes=[6, 6]), tiny_config(hidden_sizes=[5, 5])  # graph keys no other test keeps
+    spec, other_spec = (lrn.build_spec(c, describe_env(c.env_id)) for c in (cfg, other))
     kept = lrn.build_learner(cfg, spec)
     kept.key, kept.compiled = lrn.run_graph_key(cfg, spec, 1), True  # as a finished run leaves it
     lrn.release(kept)
     with lrn.kept_runs_set_aside():
         inside = lrn.learner_for_run(cfg, spec)
         assert inside is not kept and not inside.reused
-        inside.compiled = True
-        lrn.release(inside)  # the block's run finishes: dropped at the end of the block
+        left = lrn.learner_for_run(other, other_spec)
+        for finished in (inside, left):  # the block's runs finish: dropped at the end of the block
+            finished.compiled = True
+            lrn.release(finished)
     again = lrn.learner_for_run(cfg, spec)
     assert again is kept and again.reused
+    assert lrn.learner_for_run(other, other_spec) is not left
 
 
 @pytest.mark.slow
