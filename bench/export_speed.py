@@ -36,7 +36,7 @@ compat.set_threads(1)
 import foreign_policies as fp  # noqa: E402
 from conftest import train_tiny  # noqa: E402
 
-from inference.machine.facts import host_cpu  # noqa: E402
+from inference.machine.facts import cpu_summary  # noqa: E402
 from msrl_consistency.api import export_policy, export_run  # noqa: E402
 from msrl_consistency.artifacts import graphs, selfcheck  # noqa: E402
 from msrl_consistency.artifacts.bundle import ExportOptions  # noqa: E402
@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(args.repeats):
             for a, arm in enumerate(ARMS):
                 times[name][arm].append(timed(export, work / f"{c}-{k}-{a}", arm))
-    model, simd = host_cpu()
-    print(f"{time.strftime('%Y-%m-%d')}, {model} ({simd}), {args.repeats} alternating exports each, "
+    print(f"{time.strftime('%Y-%m-%d')}, {cpu_summary()}, {args.repeats} alternating exports each, "
           f"`python bench/export_speed.py --repeats {args.repeats}`\n")  # fmt: skip
     print("| policy | before, s (median) | self-check only, s | now, s | now vs before |")
     print("|---|---:|---:|---:|---:|")

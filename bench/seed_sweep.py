@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -26,14 +25,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from inference.machine.facts import cpu_summary  # noqa: E402
 from msrl_consistency.config import TrainConfig, parse_config  # noqa: E402
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def one_run(cfg: TrainConfig, run_dir: Path) -> tuple[float, float, str, dict[str, np.ndarray]]:
@@ -76,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((seed, *fresh[:3], *reused[:3], same))
 
     command = f"python bench/seed_sweep.py --env-id {args.env_id} --seeds {args.seeds} --total-steps {args.total_steps}"
-    print(f"{time.strftime('%Y-%m-%d')}, {cpu_model()}, `{command}`")
+    print(f"{time.strftime('%Y-%m-%d')}, {cpu_summary()}, `{command}`")
     print("(one process, the env's preset, compile cache off)\n")
     print("| seed | compile, compiled (s) | compile, reused (s) | run wall, compiled (s) | run wall, reused (s) "
           "| wall reused / compiled | reused run's graphs | weights bitwise equal |")

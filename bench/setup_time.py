@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from inference.machine.facts import host_cpu  # noqa: E402
+from inference.machine.facts import cpu_summary  # noqa: E402
 
 
 def one(rev: str) -> float:
@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeats):
         for name in ("head", "base"):
             runs[name].append(one(revs[name]))
-    model, simd = host_cpu()
-    print(f"{time.strftime('%Y-%m-%d')}, {model} ({simd}), {args.repeats} alternating runs each, "
+    print(f"{time.strftime('%Y-%m-%d')}, {cpu_summary()}, {args.repeats} alternating runs each, "
           f"`python bench/setup_time.py --base {args.base} --head {args.head} --repeats {args.repeats}`\n")  # fmt: skip
     print("| revision | runs, s | median s | vs base |")
     print("|---|---|---:|---:|")

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from inference.machine.facts import host_cpu  # noqa: E402
+from inference.machine.facts import cpu_summary  # noqa: E402
 
 PLUGIN = '''
 import json, os, resource, time
@@ -166,9 +166,8 @@ def report(args: argparse.Namespace, summary: str, wall: float, cpu: float, test
     in_workers = sum(w["self"] for w in workers.values())
     subprocesses = sum(w["kids"] for w in workers.values())
     compile_cpu = sum(t["compile_cpu"] for t in rows)
-    model, simd = host_cpu()
     paths = " ".join(args.paths)
-    print(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {model} ({simd}), {os.cpu_count()} CPUs, "
+    print(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {cpu_summary()}, "
           f"`python bench/suite_cost.py{' ' + paths if paths else ''} --workers {args.workers}`\n")
     print(f"pytest: {summary}; {wall:.0f} s wall, {cpu:.0f} CPU-s ({cpu / wall:.2f} cores busy on average)\n")
     total = max(cpu, 1e-9)
