@@ -19,6 +19,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", help="test files (default: the whole suite)")
     parser.add_argument("--workers", default="logical", help="pytest-xdist workers, as make test (default logical)")
     parser.add_argument("--top", type=int, default=25, help="test files listed (default 25)")
+    parser.add_argument("--keep", type=Path, help="copy the raw records (per test, per subprocess) to this directory")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="suite-cost-") as tmp:
         out = Path(tmp)
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         tests = [json.loads(line) for f in sorted(out.glob("tests-*.jsonl")) for line in f.read_text().splitlines()]
         procs = [line.split("\t") for line in (out / "processes.tsv").read_text().splitlines()
                  if line.count("\t") == 5] if (out / "processes.tsv").exists() else []  # fmt: skip
+        if args.keep:
+            shutil.copytree(out, args.keep, dirs_exist_ok=True)
     cpu = (after.children_user + after.children_system) - (before.children_user + before.children_system)
     report(args, summary, wall, cpu, tests, procs)
     return proc.returncode

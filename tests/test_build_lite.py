@@ -58,8 +58,10 @@ def detect(sdk: Path, env: dict[str, str] | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def tarball_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    """One build against a relocated tarball SDK, named as a release inline runs were not tested on (the 2.0.0
+    libraries, named 2.3.1): the relocation test and the inline-default test both read it (a build is ~20 s)."""
     root = tmp_path_factory.mktemp("sdk")
-    sdk = _relocate(root / "mindspore-lite-2.0.0-linux-x64", "tarball")
+    sdk = _relocate(root / "mindspore-lite-2.3.1-linux-x64", "tarball")
     out = root / "out" / "bin"
     return sdk, out, build("--sdk", str(sdk), "--out", str(out), "--runner-only")
 
@@ -70,7 +72,7 @@ def test_builds_against_a_relocated_tarball_sdk(tarball_build, tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr
     info = json.loads((out / "msrl-lite-runner.json").read_text())
     assert info["sdk"] == str(sdk) and info["sdk_layout"] == "tarball" and info["arch"] == "x86_64"
-    assert info["lite_version"] == "2.0.0" and info["lite_version_source"] == "directory name"
+    assert info["lite_version"] == "2.3.1" and info["lite_version_source"] == "directory name"
     # The MindIR limit is Lite's own answer (its refusal of a v2^31-1 header), not a table.
     assert info["max_mind_ir_version"] == 1 and info["mind_ir_rule"].startswith("probe:")
     assert info["converter"] is None and not (out / "msrl-lite-convert").exists()
@@ -80,7 +82,7 @@ def test_builds_against_a_relocated_tarball_sdk(tarball_build, tmp_path: Path) -
     dyn = subprocess.run(["readelf", "-d", str(runner)], capture_output=True, text=True).stdout
     assert f"[{sdk}/runtime/lib]" in dyn and str(PYPI_SDK) not in dyn
     with LiteRunner(_tiny_ms(tmp_path), runner=runner) as r:
-        assert r.lite_version == "2.0.0" and r.infer(np.zeros((3, 4), np.float32))["logits"].shape == (3, 2)
+        assert r.lite_version == "2.3.1" and r.infer(np.zeros((3, 4), np.float32))["logits"].shape == (3, 2)
     # A second run with nothing changed rebuilds nothing.
     again = build("--sdk", str(sdk), "--out", str(out), "--runner-only")
     assert again.returncode == 0 and "up to date" in again.stderr
@@ -156,12 +158,10 @@ def test_inline_runs_are_on_by_default_only_for_tested_builds(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_a_build_not_tested_inline_hands_off_unless_asked(tmp_path: Path) -> None:
+def test_a_build_not_tested_inline_hands_off_unless_asked(tarball_build, tmp_path: Path) -> None:
     """Built for a Lite release the inline runs were not tested on, the runner and the in-process library both leave
     the graph on Lite's actor thread; MSRL_LITE_INLINE=1 asks for inline runs, and both obey it."""
-    sdk = _relocate(tmp_path / "mindspore-lite-2.3.1-linux-x64", "tarball")  # the 2.0.0 libraries, named 2.3.1
-    out = tmp_path / "out"
-    proc = build("--sdk", str(sdk), "--out", str(out), "--runner-only")
+    _sdk, out, proc = tarball_build  # the 2.0.0 libraries, named 2.3.1
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "msrl-lite-runner.json").read_text())
     assert record["lite_version"] == "2.3.1" and record["inline"]["default"] is False
