@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from cli_inprocess import run_module
 
 from inference.bundle import BundleError, load_bundle
 from inference.bundle.schema import MANIFEST_SCHEMA, errors, load_schema, optional_defaults
@@ -29,8 +30,7 @@ def copy_with(bundle_root: Path, tmp_path: Path, edit) -> Path:
 
 
 def verify(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "msrl_consistency.verify", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    return run_module("msrl_consistency.verify", *args, cwd=cwd)
 
 
 # -- 9. the manifest is a contract too -------------------------------------------------------------------------------

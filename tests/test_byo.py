@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from byo_examples import trained_example
+from cli_inprocess import run_module
 
 SMALL = ["--observations", "400", "--episodes", "2"]
 
 
 def run(cwd: Path, *args: str, module: str = "msrl_consistency.verify") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return run_module(module, *args, cwd=cwd)
 
 
 def report(path: Path) -> dict:

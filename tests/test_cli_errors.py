@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_inprocess import run_module
 
 
 def cli(module: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", f"msrl_consistency.{module}", *args], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    return run_module(f"msrl_consistency.{module}", *args)
 
 
 def assert_usage_error(proc: subprocess.CompletedProcess[str], message: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import lite_build
 import numpy as np
 import pytest
+from cli_inprocess import run_module
 
 from inference.bundle import load_bundle, sha256_file
 from inference.errors import UsageError
@@ -259,9 +260,8 @@ def test_bad_recordings_are_one_line_errors(cartpole_bundle, cartpole_ckpt, tmp_
              (renamed, "chunk-000002.npz holds chunk 0 of its recording"),
              (floats, "field 'episode' is float64, expected int64")]
     for bad, message in cases:
-        proc = subprocess.run([sys.executable, "-m", "msrl_consistency.verify", "--bundle", str(cartpole_bundle.root),
-                               "--ckpt", str(cartpole_ckpt), "--audit", str(bad), "--out", str(tmp_path / "r")],
-                              capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
+        proc = run_module("msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt",
+                          str(cartpole_ckpt), "--audit", str(bad), "--out", str(tmp_path / "r"), cwd=REPO)  # fmt: skip
         assert proc.returncode == 2, (bad, proc.stderr[-1500:])
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (bad, lines)

@@ -16,6 +16,7 @@ import foreign_policies as fp
 import numpy as np
 import pytest
 from byo_examples import EXAMPLES, example_module, trained_example
+from cli_inprocess import run_module
 
 from inference.bundle.contract import PolicyContract
 from inference.compare.verifier import VerifyOptions
@@ -35,7 +36,7 @@ def stages(result) -> set[str]:
 
 
 def cli(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return run_module(module, *args, cwd=cwd)
 
 
 # -- carried state: a GRU on CartPole-v1 ----------------------------------------------------------------------------

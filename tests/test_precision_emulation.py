@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from cli_inprocess import run_module
 from onnx import TensorProto, helper, numpy_helper
 
 from inference.runtimes.fp16_emulation import emulate_fp16, session
@@ -116,7 +116,7 @@ def team(tmp_path_factory) -> Path:
 
 
 def cli(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+    return run_module(module, *args, cwd=cwd)
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import gymnasium as gym
 import lite_build
 import numpy as np
 import pytest
+from cli_inprocess import run_module
 
 from inference.compare.verifier import VerifyOptions
 from inference.errors import UsageError
@@ -31,8 +32,7 @@ EVERY_RUNTIME = ("ms-graph", "ms-mindir", "lite", "onnxruntime")
 
 
 def cli(cwd: Path, module: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+    return run_module(module, *args, cwd=cwd, env=env)
 
 
 def report(path: Path) -> dict:
@@ -370,9 +370,11 @@ def test_a_broken_onnxruntime_is_unavailable_with_its_reason(tmp_path):
 def test_a_broken_onnxruntime_as_the_only_runtime_is_not_verified(cartpole_bundle, cartpole_ckpt, tmp_path):
     (tmp_path / "onnxruntime").mkdir()
     (tmp_path / "onnxruntime" / "__init__.py").write_text("raise ImportError('libonnxruntime.so: cannot open')\n")
-    proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
-               "--runtimes", "onnxruntime", *SMALL, "--out", str(tmp_path / "r"),
-               env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    args = ["--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt), "--runtimes", "onnxruntime", *SMALL,
+            "--out", str(tmp_path / "r")]  # fmt: skip
+    # A process of its own: the broken onnxruntime is the one its interpreter finds first.
+    proc = subprocess.run([sys.executable, "-m", "msrl_consistency.verify", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "nothing was compared" in proc.stdout and "does not import: libonnxruntime.so" in proc.stdout
 

@@ -1,0 +1,55 @@
+"""``cli_inprocess.run_module``: what the CLI tests run in their own process says and exits as a real ``python -m``
+process does, and leaves the test process as it found it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_inprocess import run_module
+
+
+@pytest.mark.parametrize("module", ["msrl_consistency.verify", "msrl_consistency.export"])
+def test_a_usage_error_reads_as_from_a_real_process(module, tmp_path):
+    args = ["--ckpt", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "out")]
+    if module.endswith("verify"):
+        args = ["--bundle", str(tmp_path / "missing"), *args]
+    real = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)  # fmt: skip
+    here = run_module(module, *args, cwd=tmp_path)
+    assert real.returncode == 2 and real.stderr.startswith("error: ")
+    assert (here.returncode, here.stdout, here.stderr) == (real.returncode, real.stdout, real.stderr)
+
+
+def test_the_working_directory_environment_modules_and_signals_are_put_back(tmp_path, monkeypatch):
+    """The call sees its working directory first on sys.path (a module there shadows one imported before); what it
+    sets or imports does not outlive it."""
+    (tmp_path / "shadow_mod.py").write_text("WHERE = 'cwd'\n")
+    (tmp_path / "probe_cli.py").write_text(
+        "import os, signal, sys\nimport shadow_mod\nprint(shadow_mod.WHERE, os.getcwd() == sys.argv[1], sys.argv[2:])\n"
+        "os.environ['LEAKED'] = '1'\nos.environ.pop('GONE')\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "os.write(2, b'from fd 2\\n')\nsys.exit(5)\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "shadow_mod.py").write_text("WHERE = 'elsewhere'\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    import shadow_mod
+
+    monkeypatch.setenv("GONE", "x")
+    before = (os.getcwd(), list(sys.path), signal.getsignal(signal.SIGTERM))
+    proc = run_module("probe_cli", str(tmp_path), "a", "b", cwd=tmp_path, env={"GIVEN": "1"})
+    assert proc.returncode == 5 and proc.stdout == "cwd True ['a', 'b']\n" and proc.stderr == "from fd 2\n"
+    assert (os.getcwd(), list(sys.path), signal.getsignal(signal.SIGTERM)) == before
+    assert "LEAKED" not in os.environ and "GIVEN" not in os.environ and os.environ["GONE"] == "x"
+    assert sys.modules["shadow_mod"] is shadow_mod and shadow_mod.WHERE == "elsewhere"
+    assert "probe_cli" not in sys.modules
+
+
+def test_pythonpath_needs_a_process(tmp_path):
+    with pytest.raises(ValueError, match="start a process"):
+        run_module("msrl_consistency.verify", cwd=Path(tmp_path), env={"PYTHONPATH": str(tmp_path)})
