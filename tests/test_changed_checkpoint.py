@@ -4,10 +4,7 @@ parameters differ, by default (bundle mode, no --localize), even where every run
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import foreign_policies as fp
@@ -15,6 +12,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 import shaped_policies as sp
+from cli_inprocess import run_module
 from mindspore import Tensor
 
 from msrl_consistency.api import export_policy
@@ -49,10 +47,9 @@ def test_a_nudged_checkpoint_names_its_layer_in_bundle_mode(case, tmp_path):
     weight.set_data(Tensor(value))
     ms.save_checkpoint(cell, str(tmp_path / "nudged.ckpt"))
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "msrl_consistency.verify", "--bundle", "bundle", "--cell", factory,
-                           "--ckpt", "nudged.ckpt", "--runtimes", "onnxruntime", "--observations", "200", "--episodes",
-                           "1", *source, "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
+    proc = run_module("msrl_consistency.verify", "--bundle", "bundle", "--cell", factory, "--ckpt", "nudged.ckpt",
+                      "--runtimes", "onnxruntime", "--observations", "200", "--episodes", "1", *source, "--out",
+                      str(out), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     provenance = next(c for c in report["checks"] if c["name"] == "provenance")

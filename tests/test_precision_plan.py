@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import lite_build
 import numpy as np
 import pytest
+from cli_inprocess import run_module
 
 from inference.compare.policy_level import flip_rate_ucb, mismatch
 from msrl_consistency.precision.evaluate import Evaluation
@@ -83,8 +83,8 @@ def test_the_batch_invariance_matrix_sees_a_row_that_depends_on_its_batch():
     assert all(steady[s]["bitwise_equal_share"] == 1.0 and steady[s]["max_ulp"] == 0 for s in ("8", "64", "256"))
 
 
-def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, timeout=1800)
+def cli(module: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return run_module(module, *args, cwd=cwd)
 
 
 @pytest.mark.slow
