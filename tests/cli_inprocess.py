@@ -2,7 +2,7 @@
 writes, not the process around it.
 
 The module's ``__main__`` block runs as ``python -m`` runs it (``runpy``, ``sys.argv``, the working directory first
-on ``sys.path``, a module of that directory shadowing one of the same name imported before), its output is read from
+on ``sys.path``, a module of that directory shadowing another copy of it imported before), its output is read from
 file descriptors 1 and 2 (MindSpore's and Lite's C++ lines included) and its exit code from ``SystemExit``. Nothing
 it changes outlives the call: the environment, the working directory, ``sys.path``, the signal handlers and the
 modules it imported from the working directory are put back. What it saves is the second interpreter: a MindSpore
@@ -69,7 +69,8 @@ def _process_state(cwd: Path, env: dict[str, str]) -> Iterator[None]:
     saved_env, saved_cwd, saved_path, saved_argv = dict(os.environ), os.getcwd(), list(sys.path), list(sys.argv)
     saved_signals = {sig: signal.getsignal(sig) for sig in SIGNALS}
     saved_interrupts = (INTERRUPTS.requested, INTERRUPTS._defer)
-    shadowed = {name: sys.modules.pop(name) for name in _local_modules(cwd) if name in sys.modules}
+    shadowed = {name: sys.modules.pop(name) for name in _local_modules(cwd)
+                if name in sys.modules and not _from(sys.modules[name], cwd)}  # fmt: skip
     before = set(sys.modules)
     os.environ.update(env)
     os.chdir(cwd)
@@ -77,9 +78,11 @@ def _process_state(cwd: Path, env: dict[str, str]) -> Iterator[None]:
     try:
         yield
     finally:
-        for name in set(sys.modules) - before:  # what it imported from its working directory goes with it
-            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(cwd) + os.sep):
-                del sys.modules[name]
+        # What it imported from its working directory goes with it: a module or package new to this process, and
+        # its submodules. (New submodules of packages loaded before stay: they are this process's own.)
+        local = {name for name in set(sys.modules) - before if "." not in name and _from(sys.modules[name], cwd)}
+        for name in [n for n in sys.modules if n.partition(".")[0] in local]:
+            del sys.modules[name]
         sys.modules.update(shadowed)
         for sig, handler in saved_signals.items():
             signal.signal(sig, handler)
@@ -88,6 +91,15 @@ def _process_state(cwd: Path, env: dict[str, str]) -> Iterator[None]:
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+def _from(module: object, directory: Path) -> bool:
+    """Whether a top-level module or package was imported from ``directory``."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return False
+    path = Path(file).resolve()
+    return (path.parent.parent if path.name == "__init__.py" else path.parent) == directory
 
 
 def _local_modules(cwd: Path) -> set[str]:

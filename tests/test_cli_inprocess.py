@@ -29,15 +29,21 @@ def test_the_working_directory_environment_modules_and_signals_are_put_back(tmp_
     """The call sees its working directory first on sys.path (a module there shadows one imported before); what it
     sets or imports does not outlive it."""
     (tmp_path / "shadow_mod.py").write_text("WHERE = 'cwd'\n")
+    (tmp_path / "ours").mkdir()  # a package this process imported from the same directory, as the checkout's own
+    (tmp_path / "ours" / "__init__.py").write_text("")
+    (tmp_path / "ours" / "late.py").write_text("")
     (tmp_path / "probe_cli.py").write_text(
-        "import os, signal, sys\nimport shadow_mod\nprint(shadow_mod.WHERE, os.getcwd() == sys.argv[1], sys.argv[2:])\n"
+        "import os, signal, sys\nimport ours.late, shadow_mod\n"
+        "print(shadow_mod.WHERE, os.getcwd() == sys.argv[1], sys.argv[2:])\n"
         "os.environ['LEAKED'] = '1'\nos.environ.pop('GONE')\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "os.write(2, b'from fd 2\\n')\nsys.exit(5)\n"
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "shadow_mod.py").write_text("WHERE = 'elsewhere'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(elsewhere))
+    import ours
     import shadow_mod
 
     monkeypatch.setenv("GONE", "x")
@@ -48,6 +54,8 @@ def test_the_working_directory_environment_modules_and_signals_are_put_back(tmp_
     assert "LEAKED" not in os.environ and "GIVEN" not in os.environ and os.environ["GONE"] == "x"
     assert sys.modules["shadow_mod"] is shadow_mod and shadow_mod.WHERE == "elsewhere"
     assert "probe_cli" not in sys.modules
+    # A submodule it imported of a package loaded before stays, as one module: it is this process's too.
+    assert sys.modules["ours"] is ours and sys.modules["ours.late"] is ours.late
 
 
 def test_pythonpath_needs_a_process(tmp_path):

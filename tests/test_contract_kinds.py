@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import foreign_policies as fp
@@ -15,6 +14,7 @@ import layer_policies as lp
 import mindspore as ms
 import numpy as np
 import pytest
+from cli_inprocess import run_module
 from mindspore import Tensor, nn
 
 from inference.bundle import Bundle, load_bundle
@@ -189,8 +189,8 @@ def test_a_checkpoint_with_optimizer_state_exports_and_lists_what_it_ignored(tmp
 
 # -- export --env ----------------------------------------------------------------------------------------------------
 def export_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "msrl_consistency.export", "--cell", "layer_policies:make_no_state",
-                           "--out", "bundle", *args], cwd=cwd, capture_output=True, text=True, timeout=600)  # fmt: skip
+    return run_module("msrl_consistency.export", "--cell", "layer_policies:make_no_state", "--out", "bundle", *args,
+                      cwd=cwd)  # fmt: skip
 
 
 def test_export_env_checks_the_contract_against_the_env_before_writing(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import lite_build
 import pytest
+from cli_inprocess import run_module
 
 from inference.bundle import load_bundle
 from inference.bundle.precision import PrecisionModeMissing, lite_precision
@@ -22,10 +23,6 @@ from inference.lite.common import DeviceUnavailable, ModelLoadError, runner_avai
 REPO = Path(__file__).resolve().parents[1]
 _ok, _why = runner_available()
 needs_runner = pytest.mark.skipif(not _ok and not lite_build.required(), reason=_why)
-
-
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=600)
 
 
 def deploy_python(code: str) -> dict:
@@ -39,15 +36,16 @@ def deploy_python(code: str) -> dict:
 @pytest.fixture(scope="module")
 def ascend_bundle(cartpole_ckpt, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ascend") / "bundle"
-    proc = run("-m", "msrl_consistency.export", "--ckpt", str(cartpole_ckpt), "--out", str(out),
-               "--target", "ascend310", "--precision-mode", "enforce_origin", "--check-samples", "16")  # fmt: skip
+    proc = run_module("msrl_consistency.export", "--ckpt", str(cartpole_ckpt), "--out", str(out),
+                      "--target", "ascend310", "--precision-mode", "enforce_origin", "--check-samples", "16",
+                      cwd=REPO)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
 
 
 def test_an_ascend_target_without_a_mode_is_refused_in_one_line_naming_lites_default(cartpole_ckpt, tmp_path):
-    proc = run("-m", "msrl_consistency.export", "--ckpt", str(cartpole_ckpt), "--out", str(tmp_path / "b"),
-               "--target", "ascend910b")  # fmt: skip
+    proc = run_module("msrl_consistency.export", "--ckpt", str(cartpole_ckpt), "--out", str(tmp_path / "b"),
+                      "--target", "ascend910b", cwd=REPO)  # fmt: skip
     assert proc.returncode == 2
     line = proc.stderr.strip()
     assert len(line.splitlines()) == 1 and line.startswith("error: ")

@@ -15,6 +15,7 @@ from pathlib import Path
 import browser
 import lite_build
 import pytest
+from cli_inprocess import run_module
 
 from inference.report.html import page
 from inference.report.reading import Run, load_run
@@ -29,8 +30,8 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def verify(bundle: Path, ckpt: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return cli("-m", "msrl_consistency.verify", "--bundle", str(bundle), "--ckpt", str(ckpt), "--out", str(out),
-               "--quiet", *SMALL, *extra)  # fmt: skip
+    return run_module("msrl_consistency.verify", "--bundle", str(bundle), "--ckpt", str(ckpt), "--out", str(out),
+                      "--quiet", *SMALL, *extra)  # fmt: skip
 
 
 def nudged_run(ckpt: Path, out: Path) -> Path:
