@@ -5,8 +5,9 @@ The module's ``__main__`` block runs as ``python -m`` runs it (``runpy``, ``sys.
 on ``sys.path``, a module of that directory shadowing another copy of it imported before), its output is read from
 file descriptors 1 and 2 (MindSpore's and Lite's C++ lines included) and its exit code from ``SystemExit``. Nothing
 it changes outlives the call: the environment, the working directory, ``sys.path``, the signal handlers and the
-modules it imported from the working directory are put back. What it saves is the second interpreter: a MindSpore
-CLI pays ~1.5 CPU-s to start before it does anything.
+modules it imported from the working directory are put back. It installs no Ctrl-C handling: a signal disposition
+of this process is inherited by every process the tests start later. What it saves is the second interpreter: a
+MindSpore CLI pays ~1.5 CPU-s to start before it does anything.
 
 Where the process itself is the subject (a signal, a kill, a deploy box without MindSpore, an import's own cost, a
 compile cache across processes) the tests start a real one.
@@ -67,8 +68,9 @@ def _process_state(cwd: Path, env: dict[str, str]) -> Iterator[None]:
     """A fresh ``python -m`` process's view of the environment, the working directory and its modules; all of it
     restored at exit."""
     saved_env, saved_cwd, saved_path, saved_argv = dict(os.environ), os.getcwd(), list(sys.path), list(sys.argv)
-    saved_signals = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    saved_signals = {sig: signal.getsignal(sig) for sig in SIGNALS}  # None: a handler set from C (MindSpore's)
     saved_interrupts = (INTERRUPTS.requested, INTERRUPTS._defer)
+    INTERRUPTS.install = lambda: None  # the CLI's Ctrl-C handling is tested in processes of their own
     shadowed = {name: sys.modules.pop(name) for name in _local_modules(cwd)
                 if name in sys.modules and not _from(sys.modules[name], cwd)}  # fmt: skip
     before = set(sys.modules)
@@ -85,8 +87,10 @@ def _process_state(cwd: Path, env: dict[str, str]) -> Iterator[None]:
             del sys.modules[name]
         sys.modules.update(shadowed)
         for sig, handler in saved_signals.items():
-            signal.signal(sig, handler)
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
         INTERRUPTS.requested, INTERRUPTS._defer = saved_interrupts
+        del INTERRUPTS.install  # the class's own again
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
         os.environ.clear()

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from cli_inprocess import run_module
 
+from inference.errors import INTERRUPTS
+
 
 @pytest.mark.parametrize("module", ["msrl_consistency.verify", "msrl_consistency.export"])
 def test_a_usage_error_reads_as_from_a_real_process(module, tmp_path):
@@ -20,9 +22,13 @@ def test_a_usage_error_reads_as_from_a_real_process(module, tmp_path):
         args = ["--bundle", str(tmp_path / "missing"), *args]
     real = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=tmp_path,
                           timeout=300)  # fmt: skip
+    handlers = [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)]
     here = run_module(module, *args, cwd=tmp_path)
     assert real.returncode == 2 and real.stderr.startswith("error: ")
     assert (here.returncode, here.stdout, here.stderr) == (real.returncode, real.stdout, real.stderr)
+    # The CLI's Ctrl-C handling was not installed here: this process's dispositions are what later processes inherit.
+    assert [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)] == handlers
+    assert "install" not in vars(INTERRUPTS)
 
 
 def test_the_working_directory_environment_modules_and_signals_are_put_back(tmp_path, monkeypatch):

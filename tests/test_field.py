@@ -29,10 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not lite_build.BUILT and not lite_build.required(), reason=lite_build.WHY_NOT)
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """A child's SIGINT at its default, as in a terminal, even where the suite was started with it ignored (as a
+    background job is): the child's Python would keep it ignored, and Ctrl-C would not reach its loop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def device(code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run ``code`` on the deploy side: a fresh Python without MindSpore."""
     script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=timeout,
+                          preexec_fn=ctrl_c_as_in_a_terminal)  # fmt: skip
 
 
 def play_record(bundle_root: Path, out: Path, *args: str) -> None:
@@ -199,7 +206,8 @@ def _record_until(bundle, out, chunks: int) -> subprocess.Popen:
     """A deploy-side process recording forever into ``out``, once ``chunks`` chunks are on disk."""
     script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(
         RECORD_FOREVER.format(bundle=str(bundle.root), out=str(out)))  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            preexec_fn=ctrl_c_as_in_a_terminal)  # fmt: skip
     assert proc.stdout.readline().strip() == "recording"
     deadline = time.monotonic() + 60
     while len(list(out.glob("chunk-*.npz"))) < chunks and time.monotonic() < deadline:
