@@ -70,14 +70,14 @@ def _process_state(cwd: Path, env: dict[str, str]) -> Iterator[None]:
     saved_env, saved_cwd, saved_path, saved_argv = dict(os.environ), os.getcwd(), list(sys.path), list(sys.argv)
     saved_signals = {sig: signal.getsignal(sig) for sig in SIGNALS}  # None: a handler set from C (MindSpore's)
     saved_interrupts = (INTERRUPTS.requested, INTERRUPTS._defer)
-    INTERRUPTS.install = lambda: None  # the CLI's Ctrl-C handling is tested in processes of their own
     shadowed = {name: sys.modules.pop(name) for name in _local_modules(cwd)
                 if name in sys.modules and not _from(sys.modules[name], cwd)}  # fmt: skip
     before = set(sys.modules)
-    os.environ.update(env)
-    os.chdir(cwd)
-    sys.path.insert(0, str(cwd))
     try:
+        INTERRUPTS.install = lambda: None  # the CLI's Ctrl-C handling is tested in processes of their own
+        os.environ.update(env)
+        os.chdir(cwd)
+        sys.path.insert(0, str(cwd))
         yield
     finally:
         # What it imported from its working directory goes with it: a module or package new to this process, and
