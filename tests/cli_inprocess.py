@@ -16,6 +16,7 @@ compile cache across processes) the tests start a real one.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import os
 import runpy
@@ -33,15 +34,16 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def run_module(
-    module: str, *args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None
+    module: str, *args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([python, "-m", module, *args], cwd=cwd, env={**os.environ, **env}, capture_output=True,
-    text=True)``, in this process."""
+    text=True, timeout=timeout)``, in this process. Past ``timeout`` every thread's stack goes to the process's
+    stderr and the process exits (``faulthandler``): a hang fails the run as ``subprocess.run``'s timeout did."""
     if env and "PYTHONPATH" in env:
         raise ValueError("PYTHONPATH is read as an interpreter starts: start a process for it")
     where = Path(cwd or os.getcwd()).resolve()
     argv = [sys.executable, "-m", module, *args]
-    with _process_state(where, env or {}), _captured() as (out, err):
+    with _process_state(where, env or {}), _deadline(timeout), _captured() as (out, err):
         sys.argv = [sys.executable, *args]  # runpy replaces argv[0] with the module's path, as -m does
         try:
             with warnings.catch_warnings():  # imported before by the tests: its code runs again as __main__, as
@@ -51,6 +53,18 @@ def run_module(
         except SystemExit as exc:
             code = _exit_code(exc.code)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Past ``seconds``, the stacks on this process's own stderr (not the call's captured one), then exit."""
+    stream = os.fdopen(os.dup(2), "w")
+    faulthandler.dump_traceback_later(seconds, exit=True, file=stream)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        stream.close()
 
 
 def _exit_code(code: object) -> int:

@@ -67,3 +67,12 @@ def test_the_working_directory_environment_modules_and_signals_are_put_back(tmp_
 def test_pythonpath_needs_a_process(tmp_path):
     with pytest.raises(ValueError, match="start a process"):
         run_module("msrl_consistency.verify", cwd=Path(tmp_path), env={"PYTHONPATH": str(tmp_path)})
+
+
+def test_a_hang_past_the_timeout_ends_the_process_with_the_stacks(tmp_path):
+    (tmp_path / "hangs.py").write_text("import time\ntime.sleep(60)\n")
+    code = f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom cli_inprocess import run_module\n"
+    code += f"run_module('hangs', cwd={str(tmp_path)!r}, timeout=1)\nprint('returned')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "returned" not in proc.stdout
+    assert "Timeout (0:00:01)!" in proc.stderr and "hangs.py" in proc.stderr, proc.stderr[-2000:]

@@ -269,7 +269,8 @@ def test_bad_recordings_are_one_line_errors(cartpole_bundle, cartpole_ckpt, tmp_
              (floats, "field 'episode' is float64, expected int64")]
     for bad, message in cases:
         proc = run_module("msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt",
-                          str(cartpole_ckpt), "--audit", str(bad), "--out", str(tmp_path / "r"), cwd=REPO)  # fmt: skip
+                          str(cartpole_ckpt), "--audit", str(bad), "--out", str(tmp_path / "r"), cwd=REPO,
+                          timeout=300)  # fmt: skip
         assert proc.returncode == 2, (bad, proc.stderr[-1500:])
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (bad, lines)

@@ -116,7 +116,7 @@ def team(tmp_path_factory) -> Path:
 
 
 def cli(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_module(module, *args, cwd=cwd)
+    return run_module(module, *args, cwd=cwd, timeout=900)
 
 
 @pytest.mark.slow

@@ -84,7 +84,7 @@ def test_the_batch_invariance_matrix_sees_a_row_that_depends_on_its_batch():
 
 
 def cli(module: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return run_module(module, *args, cwd=cwd)
+    return run_module(module, *args, cwd=cwd, timeout=1800)
 
 
 @pytest.mark.slow
