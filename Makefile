@@ -12,26 +12,33 @@ export GLOG_v ?= 3
 
 .PHONY: setup lite lite-aarch64 aarch64-tools browser deploy-venv demo test gate gate-aarch64 lint bench clean
 
-# The training distribution depends on the deploy one (./inference, on no index): both in one command, so pip
-# takes the local checkout for that dependency.
+# The training distribution depends on the deploy one (./inference, on no index): both in one command, so the
+# installer takes the local checkout for that dependency.
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# pip byte-compiles every file it installs on one core (~23 s here, 10k files); compileall does it on every core,
+# The packages install with uv, which pip puts in the venv: MindSpore alone unpacks to 2.5 GB, and uv unpacks wheels
+# in parallel (on 2 cores the whole install took 17 s where pip took 52). uv reads no pip.conf: where it cannot
+# install (an index only pip is configured for, no uv wheel for this platform), pip installs, as it did before.
+# install(REQUIREMENTS): one resolution for all of them.
+install = ( $(PY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --python $(PY) $(1) ) \
+	|| { echo "uv could not install; pip installs instead" >&2; $(PY) -m pip install -q --no-compile $(1); }
+
+# Neither installer byte-compiles here (pip would on one core, ~23 s for 10k files); compileall does it on every core,
 # skipping the packages no command here imports (PyOpenGL's 2.9k files, pip, setuptools), and adds this checkout's
 # own packages (installed editable: never compiled, and each process compiles them again where
 # PYTHONDONTWRITEBYTECODE is set). A file edited later is compiled on import as before; as with pip, a file that
 # does not compile is left to compile on import.
 NOT_IMPORTED := /site-packages/(OpenGL|pip|setuptools|pkg_resources)/
 $(STAMP): pyproject.toml inference/pyproject.toml | $(PY)
-	$(PY) -m pip install -q --no-compile -e ./inference -e ".[dev]"
+	$(call install,-e ./inference -e ".[dev]")
 	-$(PY) -m compileall -q -j 0 -x '$(NOT_IMPORTED)' msrl_consistency inference tests \
 		$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') >/dev/null 2>&1
 	@touch $(STAMP)
 
 # The Lite builds need only the venv's pip (it fetches the SDK wheel), not the installed packages: `setup` runs them
-# while pip installs (on 2 cores a fresh clone's set-up took 77 s instead of 87).
+# while the packages install (on 2 cores a fresh clone's set-up took 77 s instead of 87).
 $(LITE_RUNNER) $(LITE_CONVERT) &: $(RUNNER_SRC) export/lite_converter.cc inference/lite/build_lite.sh | $(PY)
 	bash inference/lite/build_lite.sh
 	@touch $(LITE_RUNNER) $(LITE_CONVERT)
@@ -140,7 +147,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 bench: setup
-	$(PY) -m pip install -q -e ./inference -e ".[bench,box2d]"
+	$(call install,-e ./inference -e ".[bench,box2d]")
 	$(PY) bench/train_throughput.py
 	$(PY) bench/update_cost.py
 	$(PY) bench/inference_latency.py
