@@ -20,10 +20,16 @@ $(PY):
 
 # The packages install with uv, which pip puts in the venv: MindSpore alone unpacks to 2.5 GB, and uv unpacks wheels
 # in parallel (on 2 cores the whole install took 17 s where pip took 52). uv reads no pip.conf: where it cannot
-# install (an index only pip is configured for, no uv wheel for this platform), pip installs, as it did before.
-# install(REQUIREMENTS): one resolution for all of them.
-install = ( $(PY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --python $(PY) $(1) ) \
-	|| { echo "uv could not install; pip installs instead" >&2; $(PY) -m pip install -q --no-compile $(1); }
+# install (an index only pip is configured for, no uv wheel for this platform), pip installs, as it did before;
+# INSTALLER=pip skips uv (an index policy uv would bypass). install(REQUIREMENTS): one resolution for all of them.
+INSTALLER ?= uv
+PIP_INSTALL = $(PY) -m pip install -q --no-compile $(1)
+ifeq ($(INSTALLER),pip)
+install = $(PIP_INSTALL)
+else
+install = ( $(PY) -m pip install -q --only-binary=:all: uv && $(VENV)/bin/uv pip install -q --python $(PY) $(1) ) \
+	|| { echo "uv could not install; pip installs instead" >&2; $(PIP_INSTALL); }
+endif
 
 # Neither installer byte-compiles here (pip would on one core, ~23 s for 10k files); compileall does it on every core,
 # skipping the packages no command here imports (PyOpenGL's 2.9k files, pip, setuptools), and adds this checkout's
