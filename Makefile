@@ -152,8 +152,10 @@ gate-aarch64: lite-aarch64
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# pip, as configured: PyTorch's CPU wheel comes from the index or find-links pip.conf names (uv would take PyPI's
+# CUDA build of the same version).
 bench: setup
-	$(call install,-e ./inference -e ".[bench,box2d]")
+	$(PY) -m pip install -q -e ./inference -e ".[bench,box2d]"
 	$(PY) bench/train_throughput.py
 	$(PY) bench/update_cost.py
 	$(PY) bench/inference_latency.py
