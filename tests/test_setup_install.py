@@ -22,7 +22,7 @@ exit 0
 """
 
 
-def install(tmp_path: Path, fail: str = "@never@", *make_args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def install(tmp_path: Path, *make_args: str, fail: str = "@never@") -> tuple[subprocess.CompletedProcess, list[str]]:
     """``make`` the install stamp with a venv whose ``python`` and ``uv`` fail on a command containing ``fail``."""
     if shutil.which("make") is None:
         pytest.fail("make is not installed")
@@ -35,7 +35,7 @@ def install(tmp_path: Path, fail: str = "@never@", *make_args: str) -> tuple[sub
     proc = subprocess.run(["make", "--no-print-directory", f"VENV={venv}", *make_args, f"{venv}/.installed"],
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     calls = log.read_text().splitlines() if log.exists() else []
-    return proc, [c.replace('"', "") for c in calls if "sysconfig" not in c and "compileall" not in c]
+    return proc, [c for c in calls if "sysconfig" not in c and "compileall" not in c]
 
 
 def test_uv_installs_the_packages(tmp_path):
@@ -48,7 +48,7 @@ def test_uv_installs_the_packages(tmp_path):
 
 @pytest.mark.parametrize("fail", ["pip install -q --only-binary", "uv pip install"], ids=["no uv wheel", "uv fails"])
 def test_where_uv_cannot_install_pip_installs_the_same_requirements_and_says_so(tmp_path, fail):
-    proc, calls = install(tmp_path, fail)
+    proc, calls = install(tmp_path, fail=fail)
     assert proc.returncode == 0, proc.stderr
     assert calls[-1] == f"python -m pip install -q --no-compile {REQUIREMENTS}"
     assert proc.stderr.count("uv could not install; pip installs instead") == 1
@@ -56,12 +56,12 @@ def test_where_uv_cannot_install_pip_installs_the_same_requirements_and_says_so(
 
 
 def test_installer_pip_never_runs_uv(tmp_path):
-    proc, calls = install(tmp_path, "@never@", "INSTALLER=pip")
+    proc, calls = install(tmp_path, "INSTALLER=pip")
     assert proc.returncode == 0, proc.stderr
     assert calls == [f"python -m pip install -q --no-compile {REQUIREMENTS}"]
 
 
 def test_a_failed_install_fails_the_set_up(tmp_path):
-    proc, calls = install(tmp_path, "install -q")  # uv's bootstrap, and then pip's own install, fail
+    proc, _ = install(tmp_path, fail="install -q")  # uv's bootstrap, and then pip's own install, fail
     assert proc.returncode != 0
     assert not (tmp_path / "venv" / ".installed").exists()
