@@ -9,7 +9,9 @@ frames (seeded weights, ``tests/foreign_policies.py``). Two tables:
 * verify: wall time of a full verify (10k observations, 20 episodes per mode) with ``--runtimes lite`` (the
   baseline, same run) and with ``--runtimes lite-aarch64``, each required, on the genuine bundle and on one whose
   second hidden layer was scaled by 1.5 (the CNN: its second convolution moved by 0.5): exit codes, and the layer each
-  names.
+  names; and lite-aarch64 once more with every runner a plain start (``MSRL_LITE_FORK_SERVER=0``), the baseline of
+  the runners forked from a fork server (``inference.lite.forks``). Each verify starts its own fork server, as a
+  verify command does.
 
     python bench/lite_aarch64.py [--steps 8192] [--envs CartPole-v1,Pendulum-v1] [--arm-cpu neoverse-n1]
 """
@@ -70,10 +72,14 @@ def accuracy_rows(label: str, bundle, cells) -> list[str]:
     return rows
 
 
-def timed_verify(run, runtime: str) -> tuple[float, int, str]:
-    """(seconds, exit code, first diverging layer) of ``run()``'s verify with ``runtime`` required."""
+def timed_verify(run, runtime: str, fork_server: bool = True) -> tuple[float, int, str]:
+    """(seconds, exit code, first diverging layer) of ``run()``'s verify with ``runtime`` required; the Lite runners
+    forked from a fork server this verify starts, or (``fork_server=False``) each started as a plain process."""
     from inference.compare.verifier import VerifyOptions
+    from inference.lite import forks
 
+    forks.close_all()
+    os.environ["MSRL_LITE_FORK_SERVER"] = "1" if fork_server else "0"
     start = time.perf_counter()
     result = run(VerifyOptions(observations=OBSERVATIONS, episodes=20, runtimes=(runtime,), required=(runtime,)))
     loc = result.localizations.get(runtime)
@@ -121,13 +127,16 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---|---:|")
     for label, bundle, cells, _genuine, _nudged in cases:
         print("\n".join(accuracy_rows(label, bundle, cells)), flush=True)
-    print("\n| policy | bundle | lite: s, exit, layer | lite-aarch64: s, exit, layer | aarch64 / x86 time |")
-    print("|---|---|---|---|---:|")
+    print("\n| policy | bundle | lite: s, exit, layer | lite-aarch64: s, exit, layer | aarch64 / x86 time "
+          "| lite-aarch64, plain starts: s, exit, layer | forked / plain starts time |")
+    print("|---|---|---|---|---:|---|---:|")
     for label, _bundle, _cells, genuine, nudged in cases:
         for kind, run in (("genuine", genuine), ("layer changed", nudged)):
             x86, arm = (timed_verify(run, name) for name in RUNTIMES)
+            plain = timed_verify(run, "lite-aarch64", fork_server=False)
             print(f"| {label} | {kind} | {x86[0]:.1f}, {x86[1]}, {x86[2]} | {arm[0]:.1f}, {arm[1]}, {arm[2]} | "
-                  f"{arm[0] / x86[0]:.1f}x |", flush=True)
+                  f"{arm[0] / x86[0]:.1f}x | {plain[0]:.1f}, {plain[1]}, {plain[2]} | {arm[0] / plain[0]:.2f}x |",
+                  flush=True)
 
 
 def scaled(ckpt: Path, out: Path):

@@ -116,6 +116,8 @@ def test_the_arm_kernels_run_inline_bitwise_as_handed_off_and_ignore_the_fp16_sw
         for name, lite in (("inline", inline), ("handoff", handoff), ("fp16", fp16), ("x86", x86)):
             answers[name] = [lite.infer(*call) for call in calls]
         said = (inline.runs_inline, handoff.runs_inline, fp16.cpu_fp16_outcome)
+        # under emulation every runner is forked from a loaded one, each with its own environment (MSRL_LITE_INLINE)
+        assert inline.forked and handoff.forked and fp16.forked and not x86.forked
     assert said[:2] == (True, False)  # the default here serves inline; the hand-off ran on Lite's actor thread
     assert said[2].startswith("ignored: The mindspore-lite library does not support fp16"), said[2]
 

@@ -260,7 +260,7 @@ CXXFLAGS=(-O2 -std=c++17 -Wall -fPIC -D_GLIBCXX_USE_CXX11_ABI=$CXX_ABI -I"$INC_R
 # -rpath-link resolves the runtime's own dependencies at link time; a DT_RPATH (not RUNPATH, which is not
 # inherited by those indirect dependencies) lets the binaries run without LD_LIBRARY_PATH.
 LDFLAGS=(-L"$LIB" -Wl,-rpath-link,"$LIB" -Wl,--disable-new-dtags -Wl,-rpath,"$LIB")
-COMMON=(main protocol json lite_log errors mindir_probe pinning server inline_run device_context)
+COMMON=(main protocol json lite_log errors mindir_probe pinning server inline_run device_context fork_server)
 INPROCESS=(inprocess protocol json lite_log errors pinning device_context)  # libmsrl-lite.so: Lite in the caller's process
 # inline_run.cc defines Lite's ActorThreadPool::PushActorToQueue so the graph runs on the calling thread: the
 # runner exports it from the executable; in a Python process it is libmsrl-lite-inline.so, which

@@ -29,6 +29,7 @@ from typing import IO, Any, NoReturn
 import numpy as np
 
 from inference.bundle.tensors import FeedError
+from inference.lite import forks
 from inference.lite.common import (
     DEFAULT_MAX_ROWS,
     DTYPES,
@@ -88,8 +89,10 @@ class LiteRunner:
     ``inline`` runs the graph on the runner's serving thread (True) or Lite's actor thread (False); None: as
     ``MSRL_LITE_INLINE`` and the build's default say (``runner/inline_run.h``). ``launcher`` is the command the runner
     runs under, e.g. ``qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu neoverse-n1`` for a runner built for
-    another architecture (``inference.runtimes.lite_aarch64``). ``cpu_fp16`` lets Lite compute in float16 on a CPU
-    with float16 arithmetic (``CPUDeviceInfo::SetEnableFP16``; other CPUs ignore it). ``precision_mode`` and
+    another architecture (``inference.runtimes.lite_aarch64``). ``fork_server``: fork the runner from one that has
+    loaded Lite (``forks.py``); None: under a launcher; never with ``MSRL_LITE_FORK_SERVER=0``. ``cpu_fp16`` lets Lite
+    compute in float16 on a CPU with float16 arithmetic (``CPUDeviceInfo::SetEnableFP16``; other CPUs ignore it).
+    ``precision_mode`` and
     ``config``: Lite's precision mode and runtime configuration; None: those of the model's bundle
     (``common.lite_precision_args``; an Ascend run without a mode is refused).
     """
@@ -108,6 +111,7 @@ class LiteRunner:
         max_restarts: int = 3,
         inline: bool | None = None,
         launcher: tuple[str, ...] | list[str] = (),
+        fork_server: bool | None = None,
         cpu_fp16: bool = False,
         precision_mode: str | None = None,
         config: str | None = None,
@@ -126,7 +130,8 @@ class LiteRunner:
         self._restarts_in_a_row = 0
         self._closed = False
         self._last_failure = ""
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | forks.ForkedRunner | None = None
+        self.forked = False  # the current runner was forked from a fork server
         self._stderr: IO[bytes] | None = None
         self._buf = bytearray()  # bytes received from the runner; self._pos is the parse position
         self._pos = 0
@@ -138,8 +143,9 @@ class LiteRunner:
             )
         self.runner = exe
         self.precision_mode, self.config = lite_precision_args(model_path, device, precision_mode, config)
-        self._cmd = [
-            *launcher,
+        self._launcher = tuple(launcher)
+        self.fork_server = forks.wanted(self._launcher, fork_server)
+        self._argv = [
             str(exe),
             "--model",
             self.model_path,
@@ -155,6 +161,7 @@ class LiteRunner:
             *(["--precision-mode", self.precision_mode] if self.precision_mode else []),
             *(["--config", self.config] if self.config else []),
         ]
+        self._cmd = [*self._launcher, *self._argv]
         self._start()
         self.lite_version: str = self._hello["lite_version"]
         self.device: str = self._hello["device"]
@@ -181,15 +188,23 @@ class LiteRunner:
         self._stderr = tempfile.TemporaryFile(prefix="msrl-lite-runner-")  # noqa: SIM115 - closed in _discard
         self._buf = bytearray()
         self._pos = 0
-        self._proc = subprocess.Popen(
-            self._cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=env,
-            start_new_session=True,
-            bufsize=0,
-        )
+        self._proc, self.forked = None, False
+        if self.fork_server:
+            try:
+                self._proc = forks.spawn(self._launcher, self._argv, env, self._stderr, self.load_timeout)
+                self.forked = True
+            except (forks.ForkServerError, OSError) as exc:
+                log.warning("starting the Lite runner for %s as a plain process: %s", self.model_path, exc)
+        if self._proc is None:
+            self._proc = subprocess.Popen(
+                self._cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=env,
+                start_new_session=True,
+                bufsize=0,
+            )
         self._in = self._proc.stdin.fileno()  # type: ignore[union-attr]
         self._out = self._proc.stdout.fileno()  # type: ignore[union-attr]
         self._hello = self._handshake(self.load_timeout)
@@ -369,7 +384,7 @@ class LiteRunner:
 
     # ---- internals ----------------------------------------------------------------------------------
 
-    def _alive(self) -> subprocess.Popen[bytes]:
+    def _alive(self) -> subprocess.Popen[bytes] | forks.ForkedRunner:
         """The running runner; restarts one that was killed or died, unless the client was closed."""
         if self._closed:
             raise LiteRunnerError("runner is closed")
@@ -505,7 +520,11 @@ class LiteRunner:
         return self._stderr.read().decode(errors="replace")
 
     @staticmethod
-    def _kill(proc: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    def _kill(proc: subprocess.Popen[bytes] | forks.ForkedRunner) -> None:
+        if proc.poll() is None:  # a forked runner is reaped by its fork server: never signal a pid it let go
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # a forked runner not yet in its own session
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -86,7 +86,7 @@ class LiteRuntime:
     def __init__(self, path: Path, outputs: Sequence[str]) -> None:
         from inference.lite.client import LiteRunner
 
-        self.runner, self.outputs = LiteRunner(path, timeout=60.0), list(outputs)
+        self.runner, self.outputs = LiteRunner(path, timeout=60.0, fork_server=True), list(outputs)  # one per plan
 
     def infer(self, *arrays: np.ndarray) -> dict[str, np.ndarray]:
         got = self.runner.infer(*arrays)

@@ -7,7 +7,8 @@
 //
 // Files by job: protocol.* (framing, dtypes), json.* (handshake JSON), lite_log.* (Lite log scraping),
 // errors.* (handshake failure kinds), mindir_probe.* (which MindIR versions this Lite reads), pinning.*
-// (CPU pinning), server.* (request loop), request_hook_*.cc (none in the shipped binary; faults in the test one).
+// (CPU pinning), server.* (request loop), fork_server.* (--fork-server: runners forked from one that loaded Lite),
+// request_hook_*.cc (none in the shipped binary; faults in the test one).
 
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 
 #include "device_context.h"
 #include "errors.h"
+#include "fork_server.h"
 #include "include/api/context.h"
 #include "include/api/model.h"
 #include "include/api/status.h"
@@ -190,19 +192,9 @@ int Info(const std::string &lite_version, const std::string &source) {
   return msrl::WriteAll(msrl::ProtocolFd(), line.data(), line.size()) ? 0 : 1;
 }
 
-}  // namespace
-
-int main(int argc, char **argv) {
-  // Load failures are classified from Lite's ERROR log lines, so GLOG_v must not silence them. Lite reads
-  // GLOG_v during static initialisation, hence the re-exec instead of a plain setenv.
-  if (const char *v = std::getenv("GLOG_v"); v != nullptr && std::atoi(v) > 3) {
-    setenv("GLOG_v", "3", 1);
-    execv("/proc/self/exe", argv);
-    // Only returns where this binary cannot exec itself (under qemu-user without binfmt_misc): say so, then go on.
-    std::fprintf(stderr, "msrl-lite-runner: GLOG_v > 3 hides the errors that classify a load failure; run with "
-                         "GLOG_v <= 3\n");
-  }
-
+// One runner: parse the arguments, load the model, say hello, serve until quit or EOF. A plain start and a
+// fork server's child (fork_server.h) both end here.
+int Serve(int argc, char **argv) {
   // stdout is the protocol channel: keep a private handle to it and point fd 1 at stderr, so any printf or
   // log line from the libraries lands in the diagnostics stream instead of corrupting frames.
   std::fflush(stdout);
@@ -255,4 +247,20 @@ int main(int argc, char **argv) {
   // Skip static destructors of the Lite libraries: nothing to flush and their teardown is not needed.
   std::fflush(stderr);
   _exit(rc);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  // Load failures are classified from Lite's ERROR log lines, so GLOG_v must not silence them. Lite reads
+  // GLOG_v during static initialisation, hence the re-exec instead of a plain setenv.
+  if (const char *v = std::getenv("GLOG_v"); v != nullptr && std::atoi(v) > 3) {
+    setenv("GLOG_v", "3", 1);
+    execv("/proc/self/exe", argv);
+    // Only returns where this binary cannot exec itself (under qemu-user without binfmt_misc): say so, then go on.
+    std::fprintf(stderr, "msrl-lite-runner: GLOG_v > 3 hides the errors that classify a load failure; run with "
+                         "GLOG_v <= 3\n");
+  }
+  if (argc == 2 && std::string(argv[1]) == "--fork-server") _exit(msrl::RunForkServer(STDIN_FILENO, Serve));
+  return Serve(argc, argv);
 }
