@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copytree(out, args.keep, dirs_exist_ok=True)
     cpu = (after.children_user + after.children_system) - (before.children_user + before.children_system)
     report(args, summary, wall, cpu, tests, procs)
+    failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    if failed:  # a suite that did not pass is no baseline: say which tests, on stderr
+        print("\n".join(["tests that did not pass:", *failed]), file=sys.stderr)
     return proc.returncode
 
 

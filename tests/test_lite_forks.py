@@ -62,6 +62,15 @@ def test_forked_runners_answer_bitwise_as_a_plain_start_from_one_server(mlp: Mlp
     assert all(r.returncode == 0 for r in (a._proc, b._proc) if r is not None)
 
 
+def test_a_relative_model_path_is_read_where_the_caller_is_now(mlp: Mlp, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    LiteRunner(mlp.ms, fork_server=True).close()  # the fork server starts here
+    monkeypatch.chdir(mlp.ms.parent)
+    with LiteRunner(mlp.ms.name, fork_server=True) as r:
+        assert r.forked
+        np.testing.assert_allclose(r.infer(OBS)["logits"], mlp.reference(OBS), atol=1e-5)
+
+
 def test_threads_starting_runners_at_once_each_get_their_own(mlp: Mlp) -> None:
     def one(_: int) -> tuple[int, np.ndarray]:
         with LiteRunner(mlp.ms, fork_server=True) as r:

@@ -92,9 +92,8 @@ class LiteRunner:
     another architecture (``inference.runtimes.lite_aarch64``). ``fork_server``: fork the runner from one that has
     loaded Lite (``forks.py``); None: under a launcher; never with ``MSRL_LITE_FORK_SERVER=0``. ``cpu_fp16`` lets Lite
     compute in float16 on a CPU with float16 arithmetic (``CPUDeviceInfo::SetEnableFP16``; other CPUs ignore it).
-    ``precision_mode`` and
-    ``config``: Lite's precision mode and runtime configuration; None: those of the model's bundle
-    (``common.lite_precision_args``; an Ascend run without a mode is refused).
+    ``precision_mode`` and ``config``: Lite's precision mode and runtime configuration; None: those of the model's
+    bundle (``common.lite_precision_args``; an Ascend run without a mode is refused).
     """
 
     def __init__(

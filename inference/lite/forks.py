@@ -8,10 +8,12 @@ each start after the first costs only its model's load. ``LiteRunner`` starts it
 and precision plans (natively a start takes ~0.3 s, a fork ~0.03 s). A deploy ``Policy``'s one runner is a plain
 process: no second process with Lite loaded on the device.
 
-A forked runner is the runner a plain start gives: its own session, its own stdin, stdout and stderr, the environment
-it was given. What Lite reads while its libraries load (``GLOG_v`` and the like) is the fork server's, so there is one
-fork server per such environment. ``ForkedRunner`` has the part of ``subprocess.Popen`` the client uses (``pid``,
-``poll``, ``wait``, ``returncode``, ``stdin``, ``stdout``); its exit status comes from the fork server, which reaps it.
+A forked runner is the runner a plain start gives: its own session, its own stdin, stdout and stderr, the caller's
+working directory, the environment it was given. What Lite reads while its libraries load (``GLOG_v`` and the like)
+is the fork server's, so there is one fork server per such environment. ``ForkedRunner`` has the part of
+``subprocess.Popen`` the client uses (``pid``, ``poll``, ``wait``, ``returncode``, ``stdin``, ``stdout``); its exit
+status comes from the fork server, which reaps it. The server takes requests only on the socket pair its own process
+holds: nothing else on the machine can ask it to start a runner.
 Where a fork server cannot start or answer, the runner starts as a plain process (logged): the fork server saves
 time, nothing depends on it. ``MSRL_LITE_FORK_SERVER=0`` starts every runner as a plain process.
 """
@@ -41,6 +43,7 @@ OP_SPAWN = 1
 READY, STARTED, EXITED = 0, 1, 2
 ANSWER = struct.Struct("<IIii")  # magic, kind, a, b
 SPAWN_HEAD = struct.Struct("<IIII")  # magic, op, argc, envc
+MAX_PACKET = 64 * 1024  # an argv and an environment; well within a datagram socket's send buffer
 # Read while Lite's libraries load (glog's flags, Lite's and MindSpore's switches, the loader's): a fork server serves
 # only runners whose environment agrees with its own on these.
 LOAD_TIME_PREFIXES = ("GLOG_", "MSLITE_", "MS_", "LD_", "QEMU_")
@@ -91,12 +94,14 @@ class ForkServer:
             raise ForkServerError(f"fork server {why}")
 
     def spawn(self, argv: Sequence[str], env: dict[str, str], fds: tuple[int, int, int], timeout: float) -> int:
-        """Forks a runner with ``argv`` (argv[0] the runner), ``env`` and ``fds`` as its stdin, stdout, stderr;
-        returns its pid. ForkServerError if the server cannot."""
-        strings = [*argv, *(f"{k}={v}" for k, v in env.items())]
+        """Forks a runner with ``argv`` (argv[0] the runner), ``env``, this process's working directory and ``fds`` as
+        its stdin, stdout, stderr; returns its pid. ForkServerError if the server cannot."""
+        strings = [os.getcwd(), *argv, *(f"{k}={v}" for k, v in env.items())]  # a relative path means the same
         packet = SPAWN_HEAD.pack(MAGIC, OP_SPAWN, len(argv), len(env)) + b"".join(
             os.fsencode(s) + b"\0" for s in strings
         )
+        if len(packet) > MAX_PACKET:
+            raise ForkServerError(f"argv and environment take {len(packet)} bytes, over a spawn packet's {MAX_PACKET}")
         with self._lock:
             if self.dead:
                 raise ForkServerError("fork server is gone")

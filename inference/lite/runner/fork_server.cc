@@ -55,6 +55,7 @@ bool ReportExits(int sock) {
 }
 
 struct Spawn {
+  std::string cwd;
   std::vector<std::string> argv, env;
 };
 
@@ -65,12 +66,16 @@ bool Parse(const char *data, size_t n, Spawn *out) {
   std::memcpy(head, data, sizeof head);
   if (head[0] != kMagic || head[1] != kOpSpawn || head[2] == 0) return false;
   size_t pos = sizeof head;
-  for (uint64_t i = 0; i < static_cast<uint64_t>(head[2]) + head[3]; ++i) {
+  for (uint64_t i = 0; i <= static_cast<uint64_t>(head[2]) + head[3]; ++i) {  // the cwd, argv, env
     if (pos >= n) return false;
     const void *end = std::memchr(data + pos, '\0', n - pos);
     if (end == nullptr) return false;
     const size_t len = static_cast<const char *>(end) - (data + pos);
-    (i < head[2] ? out->argv : out->env).emplace_back(data + pos, len);
+    if (i == 0) {
+      out->cwd.assign(data + pos, len);
+    } else {
+      (i <= head[2] ? out->argv : out->env).emplace_back(data + pos, len);
+    }
     pos += len + 1;
   }
   return pos == n;
@@ -88,6 +93,7 @@ bool Parse(const char *data, size_t n, Spawn *out) {
     if (fds[i] >= kFds) close(fds[i]);
   }
   setsid();  // its own process group, as a plain start's (the client kills the group)
+  if (chdir(spawn->cwd.c_str()) != 0) _exit(126);  // the caller's working directory: relative paths mean the same
   clearenv();
   for (std::string &kv : spawn->env) putenv(kv.data());  // the strings live until _exit
   std::vector<char *> argv;

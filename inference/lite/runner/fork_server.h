@@ -4,16 +4,16 @@
 // inference/lite/forks.py.
 //
 // Protocol, one packet per message on a SOCK_SEQPACKET socket (the fork server's stdin), integers little-endian:
-// * client -> server, spawn: u32 magic, u32 op (1), u32 argc, u32 envc, then argc + envc NUL-terminated strings (the
-//   runner's argv, argv[0] included, and its whole environment as KEY=VALUE), with three file descriptors attached
-//   (SCM_RIGHTS): the runner's stdin, stdout and stderr.
+// * client -> server, spawn: u32 magic, u32 op (1), u32 argc, u32 envc, then 1 + argc + envc NUL-terminated strings
+//   (the runner's working directory, its argv, argv[0] included, and its whole environment as KEY=VALUE), with three
+//   file descriptors attached (SCM_RIGHTS): the runner's stdin, stdout and stderr.
 // * server -> client: u32 magic, u32 kind, i32 a, i32 b. kind 0 ready (a: the server's pid) once, when it starts;
 //   kind 1 started (a: the runner's pid, or -errno if it could not fork), one per spawn, in order; kind 2 exited
 //   (a: pid, b: the wait status as waitpid gives it), when a runner ends.
 //
-// A forked runner is the runner a plain start gives, in its own session, with the environment it was sent (what
-// Lite reads while its libraries load, e.g. GLOG_v, is the server's: the client starts one server per such
-// environment), and dies with the server (PR_SET_PDEATHSIG). The server ends when its socket closes.
+// A forked runner is the runner a plain start gives, in its own session, with the working directory and environment
+// it was sent (what Lite reads while its libraries load, e.g. GLOG_v, is the server's: the client starts one server
+// per such environment), and dies with the server (PR_SET_PDEATHSIG). The server ends when its socket closes.
 #pragma once
 
 namespace msrl {
