@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from inference.lite import emulation as emu
+from inference.lite import forks
 from inference.lite.client import LiteRunner
 from inference.runtimes.base import RuntimeSource
 from inference.runtimes.registry import RUNTIMES
@@ -112,19 +113,22 @@ def test_the_arm_kernels_run_inline_bitwise_as_handed_off_and_ignore_the_fp16_sw
     calls = [feeds] + [[f[k : k + 1] for f in feeds] for k in range(4)]  # a batch, then rows one by one
     answers = {}
     with arm_runner(sample) as inline, arm_runner(sample, inline=False) as handoff, \
-            arm_runner(sample, cpu_fp16=True) as fp16, LiteRunner(sample) as x86:  # fmt: skip
-        for name, lite in (("inline", inline), ("handoff", handoff), ("fp16", fp16), ("x86", x86)):
+            arm_runner(sample, cpu_fp16=True) as fp16, arm_runner(sample, fork_server=False) as plain, \
+            LiteRunner(sample) as x86:  # fmt: skip
+        for name, lite in (("inline", inline), ("handoff", handoff), ("fp16", fp16), ("plain", plain), ("x86", x86)):
             answers[name] = [lite.infer(*call) for call in calls]
         said = (inline.runs_inline, handoff.runs_inline, fp16.cpu_fp16_outcome)
-        # under emulation every runner is forked from a loaded one, each with its own environment (MSRL_LITE_INLINE)
-        assert inline.forked and handoff.forked and fp16.forked and not x86.forked
+        # under emulation a runner is forked from a loaded one, with its own environment (MSRL_LITE_INLINE), and
+        # answers with the bits of one started as a plain process
+        forked = forks.wanted(emu.launcher())  # unless MSRL_LITE_FORK_SERVER=0
+        assert (inline.forked, handoff.forked, fp16.forked, plain.forked, x86.forked) == (forked,) * 3 + (False,) * 2
     assert said[:2] == (True, False)  # the default here serves inline; the hand-off ran on Lite's actor thread
     assert said[2].startswith("ignored: The mindspore-lite library does not support fp16"), said[2]
 
     def bits(name: str) -> list[bytes]:
         return [a[k].tobytes() for a in answers[name] for k in sorted(a)]
 
-    assert bits("inline") == bits("handoff") == bits("fp16")  # and the float16 switch changes nothing
+    assert bits("inline") == bits("handoff") == bits("fp16") == bits("plain")  # the float16 switch changes nothing
     for got, want in zip(answers["inline"], answers["x86"], strict=True):
         for k in ("log_prob", "value"):
             assert float(np.abs(got[k] - want[k]).max()) < 1e-4
