@@ -128,14 +128,16 @@ def test_runners_of_a_fork_server_that_died_go_with_it_and_the_next_start_gets_a
 
 def test_a_runner_without_a_fork_server_starts_as_a_plain_process(mlp: Mlp, tmp_path: Path, caplog) -> None:
     """A runner built before ``--fork-server`` existed refuses it: the start falls back, and says so."""
-    old = tmp_path / "msrl-lite-runner"
-    old.write_text(f'#!/bin/sh\n[ "$1" = --fork-server ] && exit 2\nexec {runner_path()} "$@"\n')
+    old, asked = tmp_path / "msrl-lite-runner", tmp_path / "asked"
+    old.write_text(f'#!/bin/sh\n[ "$1" = --fork-server ] && echo >> {asked} && exit 2\nexec {runner_path()} "$@"\n')
     old.chmod(old.stat().st_mode | stat.S_IXUSR)
-    with caplog.at_level("WARNING", logger="inference.lite.client"), LiteRunner(mlp.ms, runner=old,
-                                                                                fork_server=True) as r:  # fmt: skip
-        assert not r.forked
-        np.testing.assert_allclose(r.infer(OBS)["logits"], mlp.reference(OBS), atol=1e-5)
+    with caplog.at_level("WARNING", logger="inference.lite.client"):
+        for _ in range(3):
+            with LiteRunner(mlp.ms, runner=old, fork_server=True) as r:
+                assert not r.forked
+                np.testing.assert_allclose(r.infer(OBS)["logits"], mlp.reference(OBS), atol=1e-5)
     assert "as a plain process: fork server died while starting" in caplog.text
+    assert asked.read_text() == "\n"  # asked once: the later starts do not pay a failed server start first
 
 
 def test_the_fork_server_is_for_launchers_and_callers_that_ask_and_can_be_turned_off(monkeypatch) -> None:

@@ -237,7 +237,8 @@ def _exists(pid: int) -> bool:
 
 
 _servers: dict[tuple[object, ...], ForkServer] = {}
-_servers_lock = threading.Lock()
+_refused: dict[tuple[object, ...], str] = {}  # a server that would not start is not asked again (a runner build
+_servers_lock = threading.Lock()  # without --fork-server would pay a failed start before every plain one)
 
 
 def spawn(launcher: Sequence[str], argv: Sequence[str], env: dict[str, str], stderr: IO[bytes],
@@ -251,9 +252,15 @@ def spawn(launcher: Sequence[str], argv: Sequence[str], env: dict[str, str], std
     key = (tuple(launcher), exe, st.st_size, st.st_mtime_ns, load_env)
     deadline = time.monotonic() + timeout
     with _servers_lock:
+        if key in _refused:
+            raise ForkServerError(_refused[key])
         server = _servers.get(key)
         if server is None or server.dead or server.owner != os.getpid():
-            server = _servers[key] = ForkServer([*launcher, exe], env, timeout)
+            try:
+                server = _servers[key] = ForkServer([*launcher, exe], env, timeout)
+            except ForkServerError as exc:
+                _refused[key] = str(exc)
+                raise
     stdin_r, stdin_w = os.pipe()
     stdout_r, stdout_w = os.pipe()
     try:
@@ -274,6 +281,7 @@ def close_all() -> None:
     with _servers_lock:
         servers = [s for s in _servers.values() if s.owner == os.getpid()]
         _servers.clear()
+        _refused.clear()
     for server in servers:
         with contextlib.suppress(Exception):
             server.close()
