@@ -192,7 +192,7 @@ class LiteRunner:
             try:
                 self._proc = forks.spawn(self._launcher, self._argv, env, self._stderr, self.load_timeout)
                 self.forked = True
-            except (forks.ForkServerError, OSError) as exc:
+            except OSError as exc:  # forks.ForkServerError, or the pipes or the runner's file
                 log.warning("starting the Lite runner for %s as a plain process: %s", self.model_path, exc)
         if self._proc is None:
             self._proc = subprocess.Popen(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import select
 import signal
@@ -36,8 +35,6 @@ from collections.abc import Sequence
 from typing import IO
 
 from inference.lite.protocol import MAGIC
-
-log = logging.getLogger(__name__)
 
 OP_SPAWN = 1
 READY, STARTED, EXITED = 0, 1, 2
@@ -84,10 +81,9 @@ class ForkServer:
         self.dead = False
         self._ready = False
         deadline = time.monotonic() + timeout
-        while not self._ready and not self.dead:
-            self._pump(deadline - time.monotonic())
-            if time.monotonic() >= deadline and not self._ready:
-                break
+        with self._lock:
+            while not self._ready and not self.dead and time.monotonic() < deadline:
+                self._read(deadline - time.monotonic())
         if not self._ready:
             why = f"{'died' if self.dead else f'gave no answer within {timeout:g} s'} while starting: {self.log_tail()}"
             self.close()
@@ -116,7 +112,7 @@ class ForkServer:
             if not self._started:
                 why = self.log_tail()
                 if not self.dead:
-                    self.close_locked()
+                    self._close_locked()
                 raise ForkServerError(f"fork server did not fork a runner: {why}")
             pid = self._started.pop(0)
         if pid < 0:
@@ -137,10 +133,6 @@ class ForkServer:
                     return None
             if time.monotonic() >= deadline:
                 return None
-
-    def _pump(self, timeout: float) -> None:
-        with self._lock:
-            self._read(timeout)
 
     def _read(self, timeout: float) -> None:
         """Reads what the server said within ``timeout`` (the lock held)."""
@@ -189,9 +181,9 @@ class ForkServer:
 
     def close(self) -> None:
         with self._lock:
-            self.close_locked()
+            self._close_locked()
 
-    def close_locked(self) -> None:
+    def _close_locked(self) -> None:
         """Ends the server (its runners die with it, PR_SET_PDEATHSIG)."""
         if not self.dead:
             self._died()
@@ -231,8 +223,8 @@ def _exists(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # there, another user's
+        pass
     return True
 
 
@@ -256,6 +248,8 @@ def spawn(launcher: Sequence[str], argv: Sequence[str], env: dict[str, str], std
             raise ForkServerError(_refused[key])
         server = _servers.get(key)
         if server is None or server.dead or server.owner != os.getpid():
+            if server is not None and server.dead:
+                server.close()  # its log file; the process was waited for when it died
             try:
                 server = _servers[key] = ForkServer([*launcher, exe], env, timeout)
             except ForkServerError as exc:
