@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from inference.lite.protocol import MAGIC
+from inference.lite.protocol import MAGIC, one_line
 
 OP_SPAWN = 1
 READY, STARTED, EXITED = 0, 1, 2
@@ -177,7 +177,7 @@ class ForkServer:
             return ""
         self._log.seek(0, os.SEEK_END)
         self._log.seek(max(0, self._log.tell() - 2048))
-        return " | ".join(line.strip() for line in self._log.read().decode(errors="replace").splitlines()[-5:])
+        return one_line("\n".join(self._log.read().decode(errors="replace").splitlines()[-5:]))
 
     def close(self) -> None:
         with self._lock:
