@@ -80,6 +80,9 @@ def test_a_run_that_compared_nothing_exits_3_naming_why(cartpole_bundle, cartpol
     compared = next(c for c in rep["checks"] if c["name"] == "compared")
     assert compared["status"] == "error" and "nothing was compared" in compared["summary"]
     assert "<error message=" in (tmp_path / "r" / "junit.xml").read_text()
+    # Known before the reference's episodes and feeds: they are not computed for nothing.
+    assert rep["runtimes"]["ms-cell"]["reason"] == "not built: no runtime to compare it with"
+    assert "reference ms-cell" not in proc.stderr  # no progress line of a reference being built
     # Every requested runtime skipped for another reason (a MindIR newer than this Lite reads): still nothing compared.
     proc = cli(tmp_path, "msrl_consistency.verify", *args, "--runtimes", "lite-mindir")
     assert proc.returncode == 3 and "nothing was compared" in proc.stdout, proc.stdout[-2000:]

@@ -14,12 +14,24 @@ from inference.bundle import Bundle
 from inference.compare.feeds import Feeds, row_chunks
 from inference.runtimes.base import Runtime
 
-CHUNK_BYTES = 2 << 20  # graph inputs per call: a small policy's 10k rows in one call, an Atari CNN's 74 at a time
+CHUNK_BYTES = 2 << 20  # graph inputs per call at most: an Atari CNN's 74 frames at a time
+# Rows per call at most, and the size every call is filled up to: the largest batch of the batch-invariance check
+# (``batch_invariance.SIZES``), so a graph compiled for that check serves the feeds too. A compiled graph (MindSpore's,
+# one per input shape) then never sees the feeds' own count: a verify of 400 observations compiled each graph of
+# each MindSpore runtime once more for 402 rows (~0.1 s each).
+CHUNK_ROWS = 256
 
 
 def chunk_rows(row_bytes: int, n: int) -> list[slice]:
-    """Consecutive slices of ``range(n)`` of at most ``CHUNK_BYTES`` of inputs each (one empty slice for no rows)."""
-    return row_chunks(n, row_bytes, budget=CHUNK_BYTES) or [slice(0, 0)]
+    """Consecutive slices of ``range(n)`` of at most ``CHUNK_ROWS`` rows and ``CHUNK_BYTES`` of inputs each (one
+    empty slice for no rows)."""
+    budget = min(CHUNK_BYTES, CHUNK_ROWS * max(1, row_bytes))
+    return row_chunks(n, row_bytes, budget=budget) or [slice(0, 0)]
+
+
+def chunk_size(row_bytes: int) -> int:
+    """The batch every chunk runs at: ``CHUNK_ROWS``, or fewer where that many rows exceed ``CHUNK_BYTES``."""
+    return max(1, min(CHUNK_ROWS, CHUNK_BYTES // max(1, row_bytes)))
 
 
 def input_row_bytes(bundle: Bundle, graph: str) -> int:
@@ -32,15 +44,14 @@ def infer_rows(
     runtime: Runtime, n: int, row_bytes: int, inputs: Callable[[np.ndarray], Sequence[np.ndarray]]
 ) -> dict[str, np.ndarray]:
     """``runtime`` on ``n`` rows, a chunk at a time (``inputs(rows)`` builds the graph inputs of those rows), the
-    outputs joined. When there are several chunks, the last is filled up to the others' size with copies of its own
-    rows (their outputs dropped): a compiled graph then sees one batch size, and holds one set of buffers. An output
+    outputs joined. Every chunk is filled up to ``chunk_size`` rows with copies of its own rows (their outputs
+    dropped): a compiled graph then sees one batch size whatever ``n`` is, and holds one set of buffers. An output
     that does not follow its chunk's batch (a state-independent std) is the first chunk's."""
-    chunks = chunk_rows(row_bytes, n)
-    size = chunks[0].stop - chunks[0].start
+    chunks, size = chunk_rows(row_bytes, n), chunk_size(row_bytes)
     parts, sizes = [], []
     for at in chunks:
         rows = np.arange(at.start, at.stop)
-        padded = np.resize(rows, size) if len(chunks) > 1 and len(rows) < size else rows
+        padded = np.resize(rows, size) if 0 < len(rows) < size else rows
         out = runtime.infer(*inputs(padded))
         parts.append({k: v[: len(rows)] if np.ndim(v) and np.shape(v)[0] == len(padded) else v for k, v in out.items()})
         sizes.append(len(rows))

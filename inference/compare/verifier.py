@@ -76,17 +76,25 @@ def verify(
     checkpoint_matches = _provenance(bundle, checkpoint, checks)
     localizations: dict[str, Localization] = {}
     twin: dict[str, Runtime] | None = None  # the compiled Cell that played the reference episodes, still open
+    origin = REFERENCE if reference is None else reference.origin
+    names = [n for n in (options.runtimes or default) if n != REFERENCE or origin != REFERENCE]
+    names += [n for n in (*required, *emulate) if n not in names]
+    blocked = {n: _blocked(RUNTIMES[n], source) for n in names}  # before the reference: it may be for nothing
     if reference is None:
         reason = RUNTIMES[REFERENCE].why_not(source)
         if reason:
             raise RuntimeUnavailable(f"reference {REFERENCE}: {reason}")
-        progress(f"reference {REFERENCE}: {options.episodes} episodes per mode, {options.observations} observations")
-        keep = TWIN in (*(options.runtimes or default), *required)  # it then serves as ms-graph: compiled once
-        reference, twin = _build_reference(bundle, source, inputs, options, keep)
-        runtimes[REFERENCE] = {"status": "reference"}
+        if not extra_runtimes and all(blocked.values()):  # nothing to compare it with: exit 3 now, not minutes later
+            reference = Reference(seeded_feeds(bundle, 64, options.seed), {}, {}, {}, options.seed, options.episodes,
+                                  skipped_episodes="not played: no runtime to compare them with")  # fmt: skip
+            runtimes[REFERENCE] = {"status": "reference", "reason": "not built: no runtime to compare it with"}
+        else:
+            progress(f"reference {REFERENCE}: {options.episodes} episodes per mode, {options.observations} "
+                     "observations")  # fmt: skip
+            keep = TWIN in (*(options.runtimes or default), *required)  # it then serves as ms-graph: compiled once
+            reference, twin = _build_reference(bundle, source, inputs, options, keep)
+            runtimes[REFERENCE] = {"status": "reference"}
     episode_diffs: dict[str, dict[str, np.ndarray]] = {}
-    names = [n for n in (options.runtimes or default) if n != REFERENCE or reference.origin != REFERENCE]
-    names += [n for n in (*required, *emulate) if n not in names]
     if reference.repeat_differs:
         detail = "; ".join(f"{g}: {', '.join(outs)}" for g, outs in reference.repeat_differs.items())
         checks.append(Check(REFERENCE, "repeatability", "fail", f"the policy Cell gives different outputs for the "
@@ -110,16 +118,14 @@ def verify(
         checks.append(Check("inputs", f"episodes.{mode}", "skip", f"no {mode} mode: {why}"))
     selected: dict[str, Mapping[str, Runtime] | str] = {}
     for name in names:
-        failure = RUNTIMES[name].export_failure(source)
-        if failure is not None:  # the manifest says this format failed at export: a failure of this runtime
-            runtimes[name] = {"status": "failed-export", "reason": failure}
-            checks.append(Check(name, "export", "fail", failure, diagnosis={"stage": "runtime", "detail": failure}))
-            continue
-        reason = RUNTIMES[name].why_not(source)
-        if reason:
-            selected[name] = reason
-        else:
-            selected[name] = twin if name == TWIN and twin else {g: create(name, source, g) for g in bundle.graphs}
+        match blocked[name]:
+            case ("failed-export", failure):  # the manifest says this format failed at export: this runtime fails
+                runtimes[name] = {"status": "failed-export", "reason": failure}
+                checks.append(Check(name, "export", "fail", failure, diagnosis={"stage": "runtime", "detail": failure}))
+            case ("unavailable", reason):
+                selected[name] = reason
+            case None:
+                selected[name] = twin if name == TWIN and twin else {g: create(name, source, g) for g in bundle.graphs}
     selected.update(extra_runtimes or {})
     asked = set(options.runtimes or ()) | set(required)  # named by the user: what happens to each is a check
     for name, graph_runtimes in selected.items():
@@ -271,6 +277,16 @@ def logits_that_are_probabilities(bundle: Bundle, reference: Reference) -> list[
                                 "every row lies in [0, 1] and sums to 1: if it holds probabilities, declare "
                                 f"probs = \"{a.logits}\" (sampling from softmax(probabilities) is another policy)"))
     return checks
+
+
+def _blocked(runtime: type[Runtime], source: RuntimeSource) -> tuple[str, str] | None:
+    """Why ``runtime`` cannot be compared: ``("failed-export", why)`` (its format failed at export: a failure of
+    the runtime), ``("unavailable", why)`` (not on this machine), or None."""
+    failure = runtime.export_failure(source)
+    if failure is not None:
+        return "failed-export", failure
+    reason = runtime.why_not(source)
+    return ("unavailable", reason) if reason else None
 
 
 def nothing_compared(runtimes: Mapping[str, Mapping]) -> Check:
