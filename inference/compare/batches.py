@@ -14,24 +14,27 @@ from inference.bundle import Bundle
 from inference.compare.feeds import Feeds, row_chunks
 from inference.runtimes.base import Runtime
 
-CHUNK_BYTES = 2 << 20  # graph inputs per call at most: an Atari CNN's 74 frames at a time
-# Rows per call at most, and the size every call is filled up to: the largest batch of the batch-invariance check
-# (``batch_invariance.SIZES``), so a graph compiled for that check serves the feeds too. A compiled graph (MindSpore's,
-# one per input shape) then never sees the feeds' own count: a verify of 400 observations compiled each graph of
-# each MindSpore runtime once more for 402 rows (~0.1 s each).
+CHUNK_BYTES = 2 << 20  # graph inputs per call: a small policy's 10k rows in one call, an Atari CNN's 74 at a time
+# A few feeds (at most SMALL_FEEDS rows) run in calls of CHUNK_ROWS rows instead: the largest batch of the
+# batch-invariance check (``batch_invariance.SIZES``) and of the compiled twin's probe, so the graphs compiled for those
+# serve the feeds too (a MindSpore graph compiles once per input shape, ~0.1 s; a verify of 400 observations compiled
+# each graph of each MindSpore runtime once more for its 402 rows). More rows stay in CHUNK_BYTES calls: the reference
+# Cell runs op by op, 20-40 ms a call whatever its rows, so 10k rows in 256-row calls would cost it seconds.
 CHUNK_ROWS = 256
+SMALL_FEEDS = 4 * CHUNK_ROWS
+
+
+def chunk_size(row_bytes: int, n: int) -> int:
+    """Rows per call for ``n`` rows of ``row_bytes``: ``CHUNK_ROWS`` for a few rows, else as many as ``CHUNK_BYTES``
+    holds; never more than ``CHUNK_BYTES`` holds (one row at least)."""
+    fit = max(1, CHUNK_BYTES // max(1, row_bytes))
+    return min(CHUNK_ROWS if n <= SMALL_FEEDS else max(n, 1), fit)
 
 
 def chunk_rows(row_bytes: int, n: int) -> list[slice]:
-    """Consecutive slices of ``range(n)`` of at most ``CHUNK_ROWS`` rows and ``CHUNK_BYTES`` of inputs each (one
-    empty slice for no rows)."""
-    budget = min(CHUNK_BYTES, CHUNK_ROWS * max(1, row_bytes))
-    return row_chunks(n, row_bytes, budget=budget) or [slice(0, 0)]
-
-
-def chunk_size(row_bytes: int) -> int:
-    """The batch every chunk runs at: ``CHUNK_ROWS``, or fewer where that many rows exceed ``CHUNK_BYTES``."""
-    return max(1, min(CHUNK_ROWS, CHUNK_BYTES // max(1, row_bytes)))
+    """Consecutive slices of ``range(n)`` of ``chunk_size`` rows (the last may be shorter; one empty slice for no
+    rows)."""
+    return row_chunks(n, 1, budget=chunk_size(row_bytes, n)) or [slice(0, 0)]
 
 
 def input_row_bytes(bundle: Bundle, graph: str) -> int:
@@ -44,10 +47,10 @@ def infer_rows(
     runtime: Runtime, n: int, row_bytes: int, inputs: Callable[[np.ndarray], Sequence[np.ndarray]]
 ) -> dict[str, np.ndarray]:
     """``runtime`` on ``n`` rows, a chunk at a time (``inputs(rows)`` builds the graph inputs of those rows), the
-    outputs joined. Every chunk is filled up to ``chunk_size`` rows with copies of its own rows (their outputs
-    dropped): a compiled graph then sees one batch size whatever ``n`` is, and holds one set of buffers. An output
-    that does not follow its chunk's batch (a state-independent std) is the first chunk's."""
-    chunks, size = chunk_rows(row_bytes, n), chunk_size(row_bytes)
+    outputs joined. A chunk shorter than ``chunk_size`` (the last, or a few rows' only one) is filled up to it with
+    copies of its own rows (their outputs dropped): a compiled graph then sees one batch size, and holds one set of
+    buffers. An output that does not follow its chunk's batch (a state-independent std) is the first chunk's."""
+    chunks, size = chunk_rows(row_bytes, n), chunk_size(row_bytes, n)
     parts, sizes = [], []
     for at in chunks:
         rows = np.arange(at.start, at.stop)
