@@ -3,8 +3,8 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
-#include <regex>
 
 #include "json.h"
 #include "lite_log.h"
@@ -39,13 +39,42 @@ void FailHandshake(Exit code, const char *kind, const std::string &msg) {
   FailHandshake(f);
 }
 
+namespace {
+// Digits after optional whitespace from `at` (a regex's \s*(\d+)): the position after them, npos without digits.
+size_t ReadNumber(const std::string &s, size_t at, int64_t *value) {
+  while (at < s.size() && std::isspace(static_cast<unsigned char>(s[at]))) ++at;
+  size_t end = at;
+  while (end < s.size() && end - at < 18 && std::isdigit(static_cast<unsigned char>(s[end]))) ++end;
+  if (end == at) return std::string::npos;
+  *value = std::stoll(s.substr(at, end - at));
+  return end;
+}
+}  // namespace
+
+// What /maximum mind ir version:\s*(\d+).*mind ir version:\s*(\d+)/i finds, without <regex> (which alone took
+// most of the runner's compile time): the first "maximum ..." with a number, then the last "mind ir version:" with a
+// number later on that line.
 bool ParseMindIRRefusal(const std::string &log, int64_t *max_version, int64_t *file_version) {
-  static const std::regex kRefusal(R"(maximum mind ir version:\s*(\d+).*mind ir version:\s*(\d+))", std::regex::icase);
-  std::smatch m;
-  if (!std::regex_search(log, m, kRefusal)) return false;
-  *max_version = std::stoll(m[1].str());
-  *file_version = std::stoll(m[2].str());
-  return true;
+  static const std::string kMax = "maximum mind ir version:", kFile = "mind ir version:";
+  std::string low(log);
+  for (char &c : low) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (size_t at = low.find(kMax); at != std::string::npos; at = low.find(kMax, at + 1)) {
+    int64_t max = 0, file = 0;
+    const size_t rest = ReadNumber(low, at + kMax.size(), &max);
+    if (rest == std::string::npos) continue;
+    const size_t eol = low.find_first_of("\r\n", rest);
+    const size_t line_end = eol == std::string::npos ? low.size() : eol;
+    if (line_end < rest + kFile.size()) continue;
+    for (size_t f = low.rfind(kFile, line_end - kFile.size()); f != std::string::npos && f >= rest;
+         f = f == 0 ? std::string::npos : low.rfind(kFile, f - 1)) {
+      if (ReadNumber(low, f + kFile.size(), &file) != std::string::npos) {
+        *max_version = max;
+        *file_version = file;
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 LoadFailure ClassifyLoadFailure(const std::string &log, const mindspore::Status &status, const std::string &model,
