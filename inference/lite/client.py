@@ -193,7 +193,9 @@ class LiteRunner:
                 self._proc = forks.spawn(self._launcher, self._argv, env, self._stderr, self.load_timeout)
                 self.forked = True
             except OSError as exc:  # forks.ForkServerError, or the pipes or the runner's file
-                log.warning("starting the Lite runner for %s as a plain process: %s", self.model_path, exc)
+                said = isinstance(exc, forks.ForkServerRefused)  # warned at the first refusal: once per process
+                log.log(logging.DEBUG if said else logging.WARNING,
+                        "starting the Lite runner for %s as a plain process: %s", self.model_path, exc)  # fmt: skip
         if self._proc is None:
             self._proc = subprocess.Popen(
                 self._cmd,

@@ -50,6 +50,10 @@ class ForkServerError(OSError):
     """The fork server did not start, died or did not answer: the runner starts as a plain process instead."""
 
 
+class ForkServerRefused(ForkServerError):
+    """A fork server that would not start earlier in this process (said then): the runner starts plain at once."""
+
+
 def wanted(launcher: Sequence[str], asked: bool | None = None) -> bool:
     """Whether a runner starts from a fork server: as ``asked``, by default under a launcher (emulation); never with
     ``MSRL_LITE_FORK_SERVER=0``."""
@@ -245,7 +249,7 @@ def spawn(launcher: Sequence[str], argv: Sequence[str], env: dict[str, str], std
     deadline = time.monotonic() + timeout
     with _servers_lock:
         if key in _refused:
-            raise ForkServerError(_refused[key])
+            raise ForkServerRefused(_refused[key])
         server = _servers.get(key)
         if server is None or server.dead or server.owner != os.getpid():
             if server is not None and server.dead:
