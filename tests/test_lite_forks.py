@@ -136,7 +136,7 @@ def test_a_runner_without_a_fork_server_starts_as_a_plain_process(mlp: Mlp, tmp_
             with LiteRunner(mlp.ms, runner=old, fork_server=True) as r:
                 assert not r.forked
                 np.testing.assert_allclose(r.infer(OBS)["logits"], mlp.reference(OBS), atol=1e-5)
-    said = [r for r in caplog.records if "as a plain process: fork server died while starting" in r.getMessage()]
+    said = [rec for rec in caplog.records if "as a plain process: fork server died while starting" in rec.getMessage()]
     assert len(said) == 1  # a warning once, not one per runner
     assert asked.read_text() == "\n"  # asked once: the later starts do not pay a failed server start first
 

@@ -31,12 +31,6 @@ def chunk_size(row_bytes: int, n: int) -> int:
     return min(CHUNK_ROWS if n <= SMALL_FEEDS else max(n, 1), fit)
 
 
-def chunk_rows(row_bytes: int, n: int) -> list[slice]:
-    """Consecutive slices of ``range(n)`` of ``chunk_size`` rows (the last may be shorter; one empty slice for no
-    rows)."""
-    return row_chunks(n, 1, budget=chunk_size(row_bytes, n)) or [slice(0, 0)]
-
-
 def input_row_bytes(bundle: Bundle, graph: str) -> int:
     """Bytes of one row of ``graph``'s inputs (observations, noise, states), from the contract's shapes."""
     return sum(int(np.prod([d for d in m.shape[1:]], dtype=np.int64)) * np.dtype(m.dtype).itemsize
@@ -50,7 +44,8 @@ def infer_rows(
     outputs joined. A chunk shorter than ``chunk_size`` (the last, or a few rows' only one) is filled up to it with
     copies of its own rows (their outputs dropped): a compiled graph then sees one batch size, and holds one set of
     buffers. An output that does not follow its chunk's batch (a state-independent std) is the first chunk's."""
-    chunks, size = chunk_rows(row_bytes, n), chunk_size(row_bytes, n)
+    size = chunk_size(row_bytes, n)
+    chunks = row_chunks(n, 1, budget=size) or [slice(0, 0)]  # one call of no rows for none
     parts, sizes = [], []
     for at in chunks:
         rows = np.arange(at.start, at.stop)

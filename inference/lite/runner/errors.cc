@@ -40,7 +40,8 @@ void FailHandshake(Exit code, const char *kind, const std::string &msg) {
 }
 
 namespace {
-// Digits after optional whitespace from `at` (a regex's \s*(\d+)): the position after them, npos without digits.
+// Digits after optional whitespace from `at` (a regex's \s*(\d+)), at most 18 so std::stoll cannot overflow: the
+// position after them, npos without digits.
 size_t ReadNumber(const std::string &s, size_t at, int64_t *value) {
   while (at < s.size() && std::isspace(static_cast<unsigned char>(s[at]))) ++at;
   size_t end = at;
