@@ -75,7 +75,7 @@ def verify(bundle: Path, report: Path, ref: list[str], cwd: Path | None, *extra:
 def plan(bundle: Path, out: Path, lower: str, ref: list[str], cwd: Path | None, *extra: str) -> dict:
     """The plan's manifest record, or ``{"error": ...}`` when the tool wrote none (exit and last line)."""
     proc = sh("-m", "msrl_consistency.precision", "--bundle", str(bundle), *ref, "--lower", lower, "--out", str(out),
-              "--force", "--quiet", *extra, cwd=cwd)  # fmt: skip
+              "--force", "--quiet", "--observations", "4000", "--episodes", "10", *extra, cwd=cwd)  # the verify's judge
     if not (out / "manifest.json").is_file():
         return {"error": f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"}
     return json.loads((out / "manifest.json").read_text())["plan"]

@@ -39,3 +39,38 @@ LAYERNORM_CONTRACT = {
     "outputs": {"names": ["logits"]},
     "action": {"kind": "categorical", "logits": "logits"},
 }
+
+
+# -- a parameter-free sub-Cell fp16 overflows, on a Gaussian head with a state-independent std -----------------------
+class UnitNorm(nn.Cell):
+    """``x / sqrt(sum x^2)``: parameter-free; the sum of squares of raw readings overflows fp16 (> 65504)."""
+
+    def construct(self, x: Tensor) -> Tensor:
+        return x / ops.sqrt((x * x).sum(-1, keepdims=True))
+
+
+class SensorPolicy(nn.Cell):
+    """Pendulum's readings scaled to raw sensor units (x300: sums of squares ~1e5-6e6), unit-normed, then a Dense
+    and tanh to the mean; the std is one Parameter (shape [1], the same for every state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unitnorm = UnitNorm()
+        self.fc = nn.Dense(3, 1)
+        self.log_std = ms.Parameter(Tensor([-0.5], ms.float32), name="log_std")
+
+    def construct(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        return ops.tanh(self.fc(self.unitnorm(obs * 300.0))) * 2.0, ops.exp(self.log_std)
+
+
+def make_sensor() -> SensorPolicy:
+    ms.set_seed(0)
+    return SensorPolicy()
+
+
+SENSOR_CONTRACT = {
+    "env_id": "Pendulum-v1",
+    "input": {"obs": [3]},
+    "outputs": {"names": ["mean", "std"]},
+    "action": {"kind": "gaussian", "mean": "mean", "std": "std", "squash": "clip", "low": [-2.0], "high": [2.0]},
+}

@@ -134,7 +134,7 @@ def test_all_fp16_fails_naming_the_layernorm_and_the_fp16_plan_keeps_it_and_veri
     assert not any(c["status"] == "fail" for c in report["checks"] if c["runtime"] != "emulated-fp16")
 
     proc = cli(team, "msrl_consistency.precision", "--bundle", "bundle", "--cell", "precision_policies:make_layernorm",
-               "--lower", "fp16", "--out", "plan", "--states", "1000", "--episodes", "3")  # fmt: skip
+               "--lower", "fp16", "--out", "plan", "--observations", "3000", "--episodes", "3")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     manifest = json.loads((team / "plan" / "manifest.json").read_text())
     assert manifest["plan"]["kept"] == ["norm"] and manifest["target"]["computes_in"] == "fp16"
@@ -146,5 +146,42 @@ def test_all_fp16_fails_naming_the_layernorm_and_the_fp16_plan_keeps_it_and_veri
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = json.loads((team / "plan-report" / "report.json").read_text())
     assert report["runtimes"]["emulated-fp16"]["status"] == "ran"  # the plan's fp16 judged on the emulation
-    assert report["runtimes"]["emulated-fp16"]["precision"]["judged_as"] == "plan"
+    assert report["runtimes"]["emulated-fp16"]["precision"]["judged_as"] == "fp16"  # the verifier's preset
     assert "norm" in report["runtimes"]["emulated-fp16"]["precision"]["why"]
+
+
+@pytest.mark.slow
+def test_a_sensor_policy_fp16_overflows_is_named_precision_and_its_plan_is_one_verify_passes(tmp_path):
+    """A parameter-free unit norm over raw readings (sums of squares beyond fp16's range) on a Gaussian head whose std
+    is one Parameter (shape [1]): only the fp16 runtime fails, so the stage is precision; the plan search judges its
+    candidates as verify does, so its plan verifies 0 and its all-fp16 candidate fails as verify fails it."""
+    shutil.copy(HERE / "precision_policies.py", tmp_path)
+    from precision_policies import SENSOR_CONTRACT, make_sensor
+
+    from msrl_consistency.api import export_policy
+    from msrl_consistency.artifacts.bundle import ExportOptions
+
+    export_policy(make_sensor(), SENSOR_CONTRACT, tmp_path / "bundle", options=ExportOptions(formats=("mindir",
+                                                                                                       "onnx")))
+    judge = ["--cell", "precision_policies:make_sensor", "--observations", "1000", "--episodes", "3"]
+    proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", "bundle", "--emulate", "fp16", "--out", "all", *judge)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    report = json.loads((tmp_path / "all" / "report.json").read_text())
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert failed and all(c["runtime"] == "emulated-fp16" for c in failed)
+    assert all(c["diagnosis"]["stage"] == "precision" for c in failed), [c["diagnosis"] for c in failed]
+    assert "only the fp16 runtime differs" in failed[0]["diagnosis"]["detail"]
+    assert report["options"]["judged_as"] == {"emulated-fp16": "fp16"}
+
+    proc = cli(tmp_path, "msrl_consistency.precision", "--bundle", "bundle", "--lower", "fp16", "--out", "plan", *judge)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    plan = json.loads((tmp_path / "plan" / "manifest.json").read_text())["plan"]
+    assert plan["kept"] and not plan["all_lowered"]["ok"] and plan["final"]["ok"]
+    proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", "plan", "--out", "plan-report", *judge)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]  # accepted by the search: verify passes
+
+    proc = cli(tmp_path, "msrl_consistency.precision", "--bundle", "bundle", "--lower", "fp16", "--out", "none",
+               "--keep", "none", *judge)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]  # every layer in fp16: the search rejects
+    proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", "none", "--out", "none-report", *judge)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]  # ... and verify fails it

@@ -1,10 +1,11 @@
 """Precision plans: the search finds the cheapest kept set (any set, not a prefix or suffix), the mismatch numbers
 in policy terms, the batch-invariance matrix, and an int8 plan end to end (Lite's full quantization calibrated on
-visited states, its ``.ms`` given back a dynamic batch, verify exit 0 under the plan's bounds)."""
+visited states, its ``.ms`` given back a dynamic batch, verify exit 0 as the search judged it)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def _fake(kept_needed: set[str]):
 
     def evaluate(kept: frozenset[str]) -> Evaluation:
         ok = kept_needed <= kept
-        return Evaluation(kept, {}, {}, {}, [] if ok else ["beyond"], 0.5 if ok else 2.0)
+        return Evaluation(kept, {}, {}, [] if ok else ["beyond"], 0.5 if ok else 2.0)
 
     return evaluate
 
@@ -37,14 +38,14 @@ def test_the_search_keeps_the_cheapest_set_even_when_it_is_not_a_prefix_or_suffi
     assert result.kept == {"B", "D"} and result.final.ok and not result.all_lowered.ok
     assert "cheapest" in result.method
     # C (cost 5) keeps the bounds with B alone: the cheapest set is {B, C}, not {B, D} or every layer after B
-    cheap = search(layers, lambda kept: Evaluation(kept, {}, {}, {}, [] if {"B"} <= kept and kept & {"C", "D"} else
+    cheap = search(layers, lambda kept: Evaluation(kept, {}, {}, [] if {"B"} <= kept and kept & {"C", "D"} else
                                                    ["beyond"], 0.0))  # fmt: skip
     assert cheap.kept == {"B", "C"}
 
 
 def test_the_search_lowers_everything_when_the_bounds_allow_it():
     layers = [Layer(s, "Dense", cost=1) for s in "ABC"]
-    result = search(layers, lambda kept: Evaluation(kept, {}, {}, {}, [], 0.1))
+    result = search(layers, lambda kept: Evaluation(kept, {}, {}, [], 0.1))
     assert result.kept == frozenset() and result.evaluations == 4  # three alone, then every layer lowered
 
 
@@ -89,17 +90,24 @@ def cli(module: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProces
 
 @pytest.mark.slow
 @pytest.mark.skipif(not lite_build.BUILT and not lite_build.required(), reason=lite_build.WHY_NOT)
-def test_an_int8_plan_end_to_end(cartpole_bundle, cartpole_ckpt, tmp_path):
+def test_an_int8_plan_end_to_end_and_the_search_and_verify_are_one_judge(cartpole_bundle, cartpole_ckpt, tmp_path):
+    judge = ["--observations", "600", "--episodes", "2", "--seed", "3"]
     out = tmp_path / "int8"
     proc = cli("msrl_consistency.precision", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
-               "--lower", "int8", "--out", str(out), "--states", "1000", "--episodes", "2")  # fmt: skip
+               "--lower", "int8", "--out", str(out), *judge)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     plan = manifest["plan"]
     assert plan["lower"] == "int8" and plan["quantization"] == "full" and plan["final"]["ok"]
+    assert plan["judge"] == {**plan["judge"], "runtime": "lite", "preset": "int8", "observations": 600, "episodes": 2,
+                             "seed": 3}  # fmt: skip
+    assert plan["source_graphs"] == {g: cartpole_bundle.graph(g)["files"]["onnx"]["sha256"]
+                                     for g in cartpole_bundle.graphs}  # fmt: skip
     assert "visits in seeded episodes" in plan["calibration"]["source"] and plan["calibration"]["count"] > 50
     assert {layer["scope"] for layer in plan["layers"]} >= {"actor.layers.0", "post-processing"}
     assert all("sensitivity" in layer and "badness" in layer["sensitivity"] for layer in plan["layers"])
+    badness = [layer["sensitivity"]["badness"] for layer in plan["layers"] if "Dense" in layer["kind"]]
+    assert len(set(badness)) > 1, badness  # the sensitivity ranks the layers: no score every layer shares
     assert manifest["target"]["computes_in"] == "int8"
     config = (out / "lite_converter.policy.cfg").read_text()
     assert "quant_type=FULL_QUANT" in config and "calibrate_path=obs:" in config
@@ -119,12 +127,33 @@ def test_an_int8_plan_end_to_end(cartpole_bundle, cartpole_ckpt, tmp_path):
         alone = np.concatenate([runner.infer(obs[k : k + 1])["logits"] for k in range(len(obs))])
     assert whole.shape == (len(obs), 2) and np.array_equal(whole, alone)
 
-    proc = cli("msrl_consistency.verify", "--bundle", str(out), "--ckpt", str(cartpole_ckpt), "--observations",
-               "600", "--episodes", "2", "--out", str(tmp_path / "report"))  # fmt: skip
+    # One judge: the plan the search accepted is a bundle verify passes with the same observations, episodes and seed
+    proc = cli("msrl_consistency.verify", "--bundle", str(out), "--ckpt", str(cartpole_ckpt), *judge, "--out",
+               str(tmp_path / "report"))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     lite = report["runtimes"]["lite"]
     assert lite["status"] == "ran" and lite["precision"]["computes_in"] == "int8"
-    assert lite["precision"]["judged_as"] == "plan"
+    assert lite["precision"]["judged_as"] == "int8" and lite["precision"]["bounds"]["flip_rate_ucb"] == 0.01
     gate = next(c for c in report["checks"] if c["runtime"] == "lite" and c["name"] == "policy.policy")
-    assert gate["status"] in ("pass", "warn") and gate["metrics"]["bounds"]["preset"] == "plan"  # warn: few rows
+    assert gate["status"] in ("pass", "warn") and gate["metrics"]["bounds"]["preset"] == "int8"  # warn: few rows
+
+    # ... and every layer lowered: the search's verdict on that bundle is verify's, whichever it is
+    every = tmp_path / "every"
+    proc = cli("msrl_consistency.precision", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
+               "--lower", "int8", "--out", str(every), "--keep", "none", *judge)  # fmt: skip
+    accepted = json.loads((every / "manifest.json").read_text())["plan"]["final"]["ok"]
+    assert proc.returncode == (0 if accepted else 1), proc.stderr[-2000:]
+    verdict = cli("msrl_consistency.verify", "--bundle", str(every), "--ckpt", str(cartpole_ckpt), *judge,
+                  "--runtimes", "lite", "--out", str(tmp_path / "every-report"))  # fmt: skip
+    assert verdict.returncode == (0 if accepted else 1), verdict.stdout[-3000:]
+
+    # The adversary: the int8 plan pasted onto the float32 bundle (its .ms untouched), its bounds at 1e300
+    forged = tmp_path / "forged"
+    shutil.copytree(cartpole_bundle.root, forged)
+    data = json.loads((forged / "manifest.json").read_text())
+    data["plan"] = {**plan, "bounds": {k: 1e300 for k in plan["bounds"]}}
+    (forged / "manifest.json").write_text(json.dumps(data))
+    proc = cli("msrl_consistency.verify", "--bundle", str(forged), "--ckpt", str(cartpole_ckpt), *judge)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "claims int8 for layer" in proc.stderr and "float32" in proc.stderr, proc.stderr[-1000:]

@@ -171,12 +171,17 @@ def test_returns_rule_of_the_fp16_preset():
     assert returns_check("rt", "x", "", {}, ref, same, fp16).status == "pass"
     assert returns_check("rt", "x", "", {}, ref, worse, fp16).status == "fail"
     # A chaotic env: paired episodes part ways and their returns scatter. A mean beyond the bound that is within the
-    # noise of three episodes cannot be judged (warn, with what would judge it); the same shift steady is a failure.
-    scattered_ref, scattered = np.array([-80.0, 10.0, -20.0]), np.array([-120.0, 15.0, -18.0])
+    # noise of three episodes cannot be judged: not a pass but an error (exit 3) naming the episodes that would decide;
+    # the same shift steady is a failure, and so is any shift beyond 4x the bound, however noisy.
+    scattered_ref, scattered = np.array([-80.0, 10.0, -20.0]), np.array([-86.0, 12.0, -23.0])  # moved 2.3, bound 1.9
     check = returns_check("rt", "x", "", {}, scattered_ref, scattered, fp16)
-    assert check.status == "warn" and "within the noise of 3 paired episodes" in check.summary, check.summary
+    assert check.status == "error" and "within the noise of 3 paired episodes" in check.summary, check.summary
+    assert check.metrics["episodes_to_decide"] > 3 and f"about {check.metrics['episodes_to_decide']} episodes" in \
+        check.summary  # fmt: skip
     steady = returns_check("rt", "x", "", {}, np.full(20, -30.0), np.full(20, -39.4), fp16)
     assert steady.status == "fail"
+    far = returns_check("rt", "x", "", {}, scattered_ref, np.array([-120.0, 15.0, -18.0]), fp16)  # 29% of the scale
+    assert far.status == "fail" and far.metrics["mean_return_noise"] > abs(far.metrics["mean_return"] + 30)
     from scipy import stats as scipy_stats  # a dev dependency
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=30), rng.normal(0.8, size=30)

@@ -33,6 +33,7 @@ ASCEND_MODES: dict[str, str] = {
     "enforce_fp16": "fp16",
 }
 LITE_DEFAULT_MODE = "enforce_fp16"
+LOWERED = ("fp16", "int8")  # what a precision plan lowers its layers to
 CONVERTER_CONFIG = "lite_converter.cfg"
 # On the CPU the same argument asks Lite for its fp16 kernels (CPUDeviceInfo::SetEnableFP16).
 CPU_MODES = ("enforce_fp32", "enforce_fp16")
@@ -131,15 +132,15 @@ def lite_precision(manifest: Mapping[str, Any], device: str, arch: str | None, w
     if device == "ascend":
         if target.get("device") not in ASCEND_TARGETS or not mode:
             raise PrecisionModeMissing(refusal(f"{where} (target {target.get('device', 'cpu')})"))
-        preset = "plan" if plan else computes_in(mode, graph_precision)
+        preset = plan["lower"] if plan and plan.get("lower") in LOWERED else computes_in(mode, graph_precision)
         return DevicePrecision(mode, preset, f"Ascend precision mode {mode} ({ASCEND_MODES[mode]}), from the "
                                f"bundle's target {target['device']}", plan.get("lower") if plan else None)  # fmt: skip
     if plan and plan.get("lower") == "int8":
         kept = ", ".join(plan.get("kept") or []) or "none"
-        return DevicePrecision(None, "plan", f"int8 plan: Lite's quantized kernels, kept in fp32: {kept}", "int8")
+        return DevicePrecision(None, "int8", f"int8 plan: Lite's quantized kernels, kept in fp32: {kept}", "int8")
     if plan and plan.get("lower") == "fp16":
         if cpu_fp16_honoured(arch):
-            return DevicePrecision("enforce_fp16", "plan", "fp16 plan: Lite's fp16 CPU kernels, the kept layers "
+            return DevicePrecision("enforce_fp16", "fp16", "fp16 plan: Lite's fp16 CPU kernels, the kept layers "
                                    "in fp32 (its runtime configuration's execution plan)", "fp16")  # fmt: skip
         return DevicePrecision(None, "fp32", f"fp32: this Lite build ({arch or 'unknown'} CPU) has no fp16 kernels, "
                                "so the fp16 plan computes in fp32 here; emulated-fp16 judges the plan")  # fmt: skip

@@ -3,11 +3,13 @@ tolerance and policy-level bounds, with the reason in words for the report.
 
 * ``lite``: what the bundle's target makes Lite compute in on this device (``bundle.precision.lite_precision``: an
   Ascend precision mode, an int8 plan's quantized kernels, an fp16 plan where this Lite build has fp16 kernels);
-* ``emulated-fp16``: fp16 (an fp16 plan's bounds when the bundle follows one), an emulation on this CPU;
+* ``emulated-fp16``: fp16 (an fp16 plan's kept layers in fp32), an emulation on this CPU;
 * the MindSpore and ONNX Runtime paths: the graphs' own precision.
 
-``--tolerance`` overrides the preset of every runtime. A precision plan's preset (``plan``) is the plan's own: its
-element-wise tolerance and policy bounds as ``python -m msrl_consistency.precision`` measured and recorded them.
+``--tolerance`` overrides the preset of every runtime. The verifier owns every bar: a runtime that computes a precision
+plan's lowered layers is judged with the preset of the precision it computes in (``int8`` or ``fp16``), never with
+numbers the bundle carries; a plan's recorded bounds may only tighten them (``PolicyBounds.tightened``), and the plan
+itself is checked against the files it describes before anything runs (``inference.bundle.plan_claims``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from inference.bundle import Bundle
 from inference.bundle.precision import DevicePrecision, lite_precision
-from inference.compare.policy_bounds import PLAN_BOUNDS, POLICY_BOUNDS, PolicyBounds
+from inference.compare.policy_bounds import POLICY_BOUNDS, PolicyBounds
 from inference.compare.stats import PRESETS, Preset, Tolerance, tolerance_for
 
 LITE_RUNTIMES = ("lite", "lite-mindir", "lite-python")
@@ -32,15 +34,6 @@ class Judgement:
     info: dict[str, Any]  # for the report: precision_mode, computes_in, why, judged_as
 
 
-def plan_preset(plan: dict[str, Any]) -> tuple[Preset, PolicyBounds]:
-    """A precision plan's preset: its measured element-wise tolerance, its flip and return bounds."""
-    bounds = PolicyBounds.from_dict({**PLAN_BOUNDS.to_dict(), **(plan.get("bounds") or {})})
-    tol = Tolerance(**{k: float(v) for k, v in plan["tolerance"].items() if k in ("atol", "rtol", "scale")})
-    preset = Preset("plan", tol, max_flip_rate=bounds.flip_rate_ucb or 0.0, free_running="returns",
-                    return_tolerance=bounds.return_difference or 0.05, judge_rows="visited")  # fmt: skip
-    return preset, bounds
-
-
 def runtime_precision(bundle: Bundle, name: str, device: str) -> DevicePrecision:
     """What ``name`` computes ``bundle`` in on ``device`` here (``PrecisionModeMissing`` for Lite on Ascend without
     a mode)."""
@@ -50,7 +43,7 @@ def runtime_precision(bundle: Bundle, name: str, device: str) -> DevicePrecision
 
         kept = ", ".join(plan.get("kept") or []) if plan.get("lower") == "fp16" else ""
         why = f"fp16: {EMULATION_NOTE}" + (f"; the plan's kept layers in fp32 ({kept})" if kept else "")
-        return DevicePrecision(None, "plan" if plan.get("lower") == "fp16" else "fp16", why, "fp16")
+        return DevicePrecision(None, "fp16", why, "fp16")
     if name in LITE_RUNTIMES:
         return lite_precision(bundle.manifest, device, platform.machine(), f"bundle {bundle.root}")
     own = "the training Cell" if name in ("ms-cell", "ms-graph") else "the exported graph"
@@ -61,13 +54,13 @@ def judgement(bundle: Bundle, name: str, device: str, tolerance: str | None) -> 
     """The preset, tolerance and policy bounds ``name`` is judged with, and why (``tolerance``: ``--tolerance``)."""
     precision = runtime_precision(bundle, name, device)
     preset_name = tolerance or precision.preset
-    if preset_name == "plan" and bundle.plan:
-        preset, bounds = plan_preset(bundle.plan)
-        tol = preset.tolerance
-    else:
-        preset_name = preset_name if preset_name in PRESETS else bundle.precision
-        preset, tol, bounds = PRESETS[preset_name], tolerance_for(preset_name, name), POLICY_BOUNDS[preset_name]
-    info = {**precision.to_dict(), "judged_as": preset_name}
+    preset_name = preset_name if preset_name in PRESETS else bundle.precision
+    preset, tol, bounds = PRESETS[preset_name], tolerance_for(preset_name, name), POLICY_BOUNDS[preset_name]
+    plan = bundle.plan or {}
+    if plan.get("lower") == preset_name:  # the plan's own numbers, where stricter than the verifier's
+        bounds = bounds.tightened(plan.get("bounds"))
+    info = {**precision.to_dict(), "judged_as": preset_name,
+            "tolerance": {**tol.to_dict(), "rule": tol.describe()}, "bounds": bounds.to_dict()}  # fmt: skip
     if tolerance:
         info["why"] += f" (judged as {tolerance}: --tolerance)"
     return Judgement(preset, tol, bounds, info)

@@ -222,28 +222,38 @@ def _flipped_at_a_tie(
     return differs.shape == ties.shape and bool(differs.any() and (~differs | ties).all())
 
 
+# A mean return this far beyond the preset's bound (4x: 20% of the scale under a 5% bound) fails whatever the noise of
+# the paired episodes: no lowered precision is allowed to solve the task that much worse, however few episodes ran.
+RETURN_GAP_CAP = 4.0
+
+
 def returns_check(
     runtime: str, name: str, summary: str, metrics: dict, ref: np.ndarray, got: np.ndarray, preset: Preset
 ) -> Check:
     """Reduced precision: episodes may part ways, the task may not be solved worse (mean and distribution).
 
     The episodes are paired (same env seeds, same noise): a mean beyond the preset's bound fails when the paired
-    differences say it is more than their noise (3 standard errors); when it is not, the run is too short to tell,
-    which is said (warn) with the number of episodes, never passed silently nor failed on chance."""
+    differences say it is more than their noise (3 standard errors), and always beyond ``RETURN_GAP_CAP`` times the
+    bound. Between the two the run is too short to tell: that is not a pass but an error (could not judge: exit 3),
+    naming how many paired episodes would decide."""
     ref_mean, got_mean = float(np.mean(ref)), float(np.mean(got))
     bound = preset.return_tolerance * max(abs(ref_mean), float(np.std(ref)), 1.0)
     ks, p_value = ks_two_sample(ref, got)
     deltas = np.asarray(got, np.float64) - np.asarray(ref, np.float64)
-    noise = 3.0 * float(np.std(deltas, ddof=1)) / np.sqrt(len(deltas)) if len(deltas) > 1 else np.inf
+    spread = float(np.std(deltas, ddof=1)) if len(deltas) > 1 else np.inf
+    noise = 3.0 * spread / np.sqrt(len(deltas)) if len(deltas) > 1 else np.inf
     metrics.update({"mean_return": got_mean, "reference_mean_return": ref_mean, "mean_return_bound": bound,
                     "mean_return_noise": noise, "ks_statistic": ks, "ks_p_value": p_value})  # fmt: skip
     verdict = f"; mean return {got_mean:.4g} vs {ref_mean:.4g} (bound ±{bound:.3g}), KS p = {p_value:.2f}"
     moved = abs(got_mean - ref_mean)
-    if p_value < preset.ks_alpha or (moved > bound and moved > noise):
+    if p_value < preset.ks_alpha or (moved > bound and (moved > noise or moved > RETURN_GAP_CAP * bound)):
         return Check(runtime, name, "fail", summary + verdict, metrics)
     if moved <= bound:
         return Check(runtime, name, "pass", summary + verdict + f": the same returns, as the {preset.name} preset "
                      "judges episodes", metrics)  # fmt: skip
-    return Check(runtime, name, "warn", summary + verdict + f", within the noise of {len(deltas)} paired episodes "
-                 f"(3 standard errors of their differences: {noise:.3g}); more episodes (--episodes) would judge "
-                 "it", metrics)  # fmt: skip
+    # 3 * spread / sqrt(n) < moved decides: the paired episodes that would tell this move from their noise
+    needed = int(np.ceil((3.0 * spread / moved) ** 2)) + 1 if np.isfinite(spread) else None
+    metrics["episodes_to_decide"] = needed
+    return Check(runtime, name, "error", summary + verdict + f": beyond the bound but within the noise of "
+                 f"{len(deltas)} paired episodes (3 standard errors of their differences: {noise:.3g}), so not "
+                 f"judged; about {needed or 'more'} episodes (--episodes) would decide", metrics)

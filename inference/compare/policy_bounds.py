@@ -6,16 +6,23 @@ actions (NeMo RL: 1.05), the importance weights' effective sample size (verl: 0.
 95% upper confidence bound of the action-flip rate and, for a Gaussian head, the shift of the mean in units of the
 policy's std. Judged on the ordinary observation rows (synthetic ±1e4 extremes are judged element-wise only).
 
-The defaults are set from measurements (``bench/precision_plans.py``, ``bench/results/precision_plans.md``): fp32
-runtimes of trained policies stay within 1 + 1e-4 of a perfect match (worst mean exp|Δ log π| measured 1.00005,
-k3 KL 4e-9, on Pendulum-v1); the fp16 emulation of the same policies within 1.003 (k3 KL 2e-6). Each default sits
-one to two orders of magnitude above what agreeing runtimes reach and below what a broken layer gives (the LayerNorm
-that fp16 overflows: mean exp|Δ log π| 1.6, ESS 0.62). A precision plan carries its own bounds (``plan.bounds``).
+For every continuous head (deterministic or Gaussian) the env action itself is bounded too: its error relative to the
+action range (``action_error``, max and p99 over rows), so a policy whose log-ratio says nothing (a deterministic
+action) is still judged in its own terms.
 
-Who decides: under a plan the bounds are the verdict (element-wise numbers of a lowered graph say little). Under fp32
-and fp16 the element-wise tolerance decides and a policy beyond these bounds is a warning: a Gaussian head with a
-very small std turns differences the tolerance accepts into large log-ratios, which is the policy's sharpness, not a
-fault of the runtime.
+The bounds belong to the verifier, one set per precision a runtime computes in, never to the bundle under test: a
+precision plan recorded in a manifest may only tighten them (``PolicyBounds.tightened``). The defaults are set from
+measurements (``bench/precision_plans.py``, ``bench/results/precision_plans.md``): fp32 runtimes of trained policies
+stay within 1 + 1e-4 of a perfect match (worst mean exp|Δ log π| measured 1.00005, k3 KL 4e-9, on Pendulum-v1); the
+fp16 emulation of the same policies within 1.003 (k3 KL 2e-6). Each default sits one to two orders of magnitude above
+what agreeing runtimes reach and below what a broken layer gives (the LayerNorm that fp16 overflows: mean
+exp|Δ log π| 1.6, ESS 0.62). int8 may move the policy by no more than fp16 moves it, plus at most 1% flips (upper
+bound), 2% of the action range at p99 and 5% of the return.
+
+Who decides (``Preset.policy_decides``): under int8 the bounds are the verdict (element-wise numbers of a quantized
+graph say little). Under fp32 and fp16 the element-wise tolerance decides and a policy beyond these bounds is a
+warning: a Gaussian head with a very small std turns differences the tolerance accepts into large log-ratios, which is
+the policy's sharpness, not a fault of the runtime.
 """
 
 from __future__ import annotations
@@ -39,23 +46,35 @@ class PolicyBounds:
     mean_shift_in_std: float  # Gaussian heads: p99 over rows of max |Δ mean| / std, at most
     flip_rate_ucb: float | None = None  # discrete actions: 95% upper bound of the flip rate, at most (None: not gated)
     return_difference: float | None = None  # paired episodes: |Δ mean return| / max(|ref mean|, 1), at most
+    action_error_p99: float | None = None  # continuous actions: p99 over rows of max |Δ action| / range, at most
+    action_error_max: float | None = None  # continuous actions: the largest |Δ action| / range, at most
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PolicyBounds:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+    def tightened(self, claimed: Mapping[str, Any] | None) -> PolicyBounds:
+        """These bounds with every number of ``claimed`` (a plan's recorded bounds) that is stricter: a bundle may ask
+        to be judged more strictly, never less. A value that is not a finite number is ignored."""
+        out = asdict(self)
+        for key, value in (claimed or {}).items():
+            if key not in out or isinstance(value, bool) or not isinstance(value, int | float) or \
+                    not np.isfinite(value):  # fmt: skip
+                continue
+            mine = out[key]
+            if mine is None:
+                continue  # not gated by the verifier: a claim cannot add a bar it would then own
+            out[key] = max(mine, min(float(value), 1.0)) if key == "ess" else min(mine, float(value))
+        return PolicyBounds(**out)
 
 
 POLICY_BOUNDS: dict[str, PolicyBounds] = {
-    "fp32": PolicyBounds(mean_exp_abs=1.001, ess=0.999, k3_kl=1e-6, mean_shift_in_std=1e-3),
-    "fp16": PolicyBounds(mean_exp_abs=1.05, ess=0.9, k3_kl=1e-3, mean_shift_in_std=0.05),
-}
-# A precision plan's defaults (``python -m msrl_consistency.precision``): lowering is allowed to move the policy, by
-# no more than fp16 moves it (the gates above), plus at most 1% flips (upper bound) and 5% of the return.
-PLAN_BOUNDS = PolicyBounds(mean_exp_abs=1.05, ess=0.9, k3_kl=1e-3, mean_shift_in_std=0.1, flip_rate_ucb=0.01,
-                           return_difference=0.05)  # fmt: skip
+    "fp32": PolicyBounds(mean_exp_abs=1.001, ess=0.999, k3_kl=1e-6, mean_shift_in_std=1e-3, action_error_p99=1e-4,
+                         action_error_max=1e-3),
+    "fp16": PolicyBounds(mean_exp_abs=1.05, ess=0.9, k3_kl=1e-3, mean_shift_in_std=0.05, action_error_p99=0.01,
+                         action_error_max=0.05),
+    "int8": PolicyBounds(mean_exp_abs=1.05, ess=0.9, k3_kl=1e-3, mean_shift_in_std=0.1, flip_rate_ucb=0.01,
+                         return_difference=0.05, action_error_p99=0.02, action_error_max=0.1),
+}  # fmt: skip
 
 
 def gate_metrics(
@@ -81,6 +100,8 @@ def gate_metrics(
         out["flip_rate"] = {"count": flips, "rate": flips / max(1, len(ra)), "ucb": flip_rate_ucb(flips, len(ra))}
     if "mean_shift_in_std" in metrics:
         out["mean_shift_in_std"] = metrics["mean_shift_in_std"]
+    if "action_error" in metrics:
+        out["action_error"] = metrics["action_error"]
     return out
 
 
@@ -102,6 +123,10 @@ def judge(metrics: Mapping[str, Any], bounds: PolicyBounds, rate_only: bool = Fa
     shift = (metrics.get("mean_shift_in_std") or {}).get("p99")
     if shift is not None and not shift <= bounds.mean_shift_in_std:
         broken.append(f"p99 |Δ mean| / std {shift:.3g} > {bounds.mean_shift_in_std:g}")
+    error = metrics.get("action_error") or {}
+    for key, bound in (("p99", bounds.action_error_p99), ("max", bounds.action_error_max)):
+        if bound is not None and error.get(key) is not None and not error[key] <= bound:
+            broken.append(f"{key} |Δ action| {error[key]:.3g} of the action range > {bound:g}")
     return broken
 
 
@@ -118,6 +143,10 @@ def describe(metrics: Mapping[str, Any]) -> str:
     shift = (metrics.get("mean_shift_in_std") or {}).get("p99")
     if shift is not None:
         parts.append(f"p99 |Δ mean| / std {shift:.2e}")
+    error = metrics.get("action_error") or {}
+    if error.get("max") is not None:
+        parts.append(f"|Δ action| of the {error.get('relative_to', 'action range')}: p99 {error['p99']:.2e}, "
+                     f"max {error['max']:.2e}")
     return "; ".join(parts)
 
 
@@ -136,33 +165,31 @@ def plan_culprit(plan: Mapping[str, Any]) -> str:
 
 def policy_check(
     runtime: str, graph: str, bundle: Any, ref: Any, got: Mapping[str, np.ndarray], bounds: PolicyBounds,
-    preset: str,
+    preset: Any,
 ) -> Check | None:  # fmt: skip
-    """The ``policy.<graph>`` check: the graph's policy-level mismatch on the ordinary rows against ``bounds``
-    (None when the graph gives none of these numbers, e.g. a deterministic action without scores)."""
-    rows = ref.feeds.finite & ref.feeds.ordinary
-    if preset == "plan":  # a plan is judged on the observations the policy really saw (``Preset.judge_rows``)
-        visited = rows & np.isin(ref.feeds.source, ("episode", "recorded"))
-        rows = visited if visited.any() else rows
+    """The ``policy.<graph>`` check: the graph's policy-level mismatch against ``bounds`` on the rows ``preset``
+    (a ``stats.Preset``) judges, among the ordinary ones (None when the graph gives none of these numbers)."""
+    rows = preset.judged(ref.feeds) & ref.feeds.ordinary
+    rows = rows if rows.any() else ref.feeds.finite & ref.feeds.ordinary
     noise = ref.feeds.noise.get(graph)
     metrics = gate_metrics(bundle.contract(graph), ref.outputs[graph], got, noise, rows)
-    if not any(k in metrics for k in ("mismatch", "flip_rate", "mean_shift_in_std")):
+    if not any(k in metrics for k in ("mismatch", "flip_rate", "mean_shift_in_std", "action_error")):
         return None
-    metrics["bounds"] = {**bounds.to_dict(), "preset": preset}
+    metrics["bounds"] = {**bounds.to_dict(), "preset": preset.name}
     broken = judge(metrics, bounds, rate_only=True)
     text = describe(metrics)
     unsure = [] if broken else judge(metrics, bounds)  # within on the rate, beyond on its upper bound: too few rows
-    if broken and preset != "plan":
-        return Check(runtime, f"policy.{graph}", "warn", f"the policy moved beyond the {preset} bounds although the "
-                     f"element-wise tolerance decides here: {'; '.join(broken)} ({text})", metrics)  # fmt: skip
+    if broken and not preset.policy_decides:
+        return Check(runtime, f"policy.{graph}", "warn", f"the policy moved beyond the {preset.name} bounds although "
+                     f"the element-wise tolerance decides here: {'; '.join(broken)} ({text})", metrics)  # fmt: skip
     if broken:
         culprit = plan_culprit(bundle.plan) if bundle.plan else ""
-        return Check(runtime, f"policy.{graph}", "fail", f"the policy moved beyond the {preset} bounds: "
+        return Check(runtime, f"policy.{graph}", "fail", f"the policy moved beyond the {preset.name} bounds: "
                      f"{'; '.join(broken)} ({text}){culprit}", metrics,
-                     {"stage": "precision", "detail": "the runtime's action distribution differs from the reference's "
-                      "beyond what its precision plan allows"})  # fmt: skip
+                     {"stage": "precision", "detail": f"the runtime's action distribution differs from the "
+                      f"reference's beyond what {preset.name} allows"})  # fmt: skip
     if unsure:
-        return Check(runtime, f"policy.{graph}", "warn", f"within the {preset} policy bounds on the rate, but too few "
-                     f"observations ({metrics['rows']}) to bound it: {'; '.join(unsure)}; more --observations "
+        return Check(runtime, f"policy.{graph}", "warn", f"within the {preset.name} policy bounds on the rate, but too "
+                     f"few observations ({metrics['rows']}) to bound it: {'; '.join(unsure)}; more --observations "
                      f"would ({text})", metrics)  # fmt: skip
-    return Check(runtime, f"policy.{graph}", "pass", f"within the {preset} policy bounds: {text}", metrics)
+    return Check(runtime, f"policy.{graph}", "pass", f"within the {preset.name} policy bounds: {text}", metrics)

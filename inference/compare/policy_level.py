@@ -127,7 +127,21 @@ def action_difference(contract: PolicyContract, ref: np.ndarray, got: np.ndarray
     span = _action_range(contract)
     if span is not None and diff.size:
         out["max_action_diff_relative_to_range"] = float((diff / np.broadcast_to(span, diff.shape[1:])).max())
+    if diff.size:
+        out["action_error"] = action_error(ref, diff, span)
     return out
+
+
+def action_error(ref: np.ndarray, diff: np.ndarray, span: np.ndarray | None) -> dict[str, Any]:
+    """Each row's largest |Δ action| relative to the action range (an unbounded action: to twice the reference's
+    largest |action|), its p99 and max over rows: the action-level bound of a continuous head."""
+    if span is not None and np.isfinite(span).all() and (np.asarray(span) > 0).all():
+        rel, what = diff / np.broadcast_to(span, diff.shape[1:]), "action range"
+    else:
+        finite = np.abs(ref.astype(np.float64))[np.isfinite(ref)]
+        rel, what = diff / max(2.0 * float(finite.max(initial=0.0)), 1e-12), "reference's action span"
+    per_row = np.where(np.isfinite(rel), rel, np.inf).max(1)
+    return {"p99": float(np.percentile(per_row, 99)), "max": float(per_row.max()), "relative_to": what}
 
 
 def same_action_log_probs(

@@ -50,8 +50,8 @@ RUNTIME_FAILURE = {
 }
 LOWERED = {
     "stage": "precision",
-    "detail": "the graph follows a precision plan: its lowered layers move the policy beyond the plan's bounds (the "
-    "layers the plan measured as breaking them alone are named in its policy check)",
+    "detail": "the graph follows a precision plan: its lowered layers move the policy beyond what their precision "
+    "allows (the layers the plan measured as breaking the bounds alone are named in its policy check)",
 }
 IN_GRAPH_RANDOMNESS = {
     "stage": "sampling",
@@ -118,7 +118,7 @@ def check_runtime(
         for graph in bundle.graphs:
             check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance, preset)
             checks.append(check)
-            gate = policy_check(name, graph, bundle, ref, got[graph], policy, preset.name) if policy else None
+            gate = policy_check(name, graph, bundle, ref, got[graph], policy, preset) if policy else None
             checks += [gate] if gate is not None else []
         info["nan_propagation"] = _nan_facts(ref, got)
         worst = {g: _worst_rows(bundle, g, ref, got[g]) for g in bundle.graphs}
@@ -127,7 +127,8 @@ def check_runtime(
         info["batch_invariance"] = batch_invariance(bundle, runtimes, ref.feeds)
         failed = [c for c in checks if c.name.startswith("observations.") and c.status == "fail"]
         if failed:
-            diagnosis = repeat.diagnosis or (LOWERED if preset.name == "plan" else gather_diagnosis(
+            lowered = bool(bundle.plan) and preset.name == (bundle.plan or {}).get("lower")
+            diagnosis = repeat.diagnosis or (LOWERED if lowered else gather_diagnosis(
                 bundle, ref, got, comparisons, tolerance, checkpoint_matches
             ))  # fmt: skip
             for c in failed:

@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from inference.bundle import MODES, Bundle, sha256_file
+from inference.bundle.plan_claims import check_plan
 from inference.bundle.spaces import check_env_spaces
 from inference.compare import episodes as E
 from inference.compare.acting import available_modes
 from inference.compare.batches import infer_feeds
 from inference.compare.checks import Check, VerifyResult
-from inference.compare.device_precision import LITE_RUNTIMES, emulation_wanted, judgement
+from inference.compare.device_precision import LITE_RUNTIMES, Judgement, emulation_wanted, judgement
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
 from inference.compare.localize import Localization, Localizer
@@ -53,6 +54,7 @@ def verify(
     ``options.localize`` says.
     """
     options.validate(bundle)
+    check_plan(bundle)  # what a precision plan says of the files is true of them, before they are judged (exit 2)
     default = [n for n in RUNTIMES if not RUNTIMES[n].opt_in]  # opt-in runtimes (emulations) run when named
     if options.device == "ascend" and set(options.runtimes or default) & set(LITE_RUNTIMES):
         _precision_mode_named(bundle)  # Lite on Ascend runs with the bundle's precision mode, or not at all (exit 2)
@@ -137,15 +139,9 @@ def verify(
                 checks.append(Check(name, "available", "skip", f"unavailable: {graph_runtimes}"))
             progress(f"{name}: unavailable")
             continue
-        judged = judgement(bundle, name, options.device, options.tolerance)
-        outputs = {o["name"] for g in bundle.graphs for o in bundle.graph(g)["outputs"]}
-        tolerance = {o: options.overrides.get(o, judged.tolerance) for o in outputs}
-        report = check_runtime(
-            name, graph_runtimes, bundle, reference, inputs, tolerance, judged.preset, name in required,
-            checkpoint_matches, env_deterministic, asked=name in asked, policy=judged.policy,
-        )  # fmt: skip
+        report, judged = judge_runtime(name, graph_runtimes, bundle, reference, inputs, options, name in required,
+                                       checkpoint_matches, env_deterministic, asked=name in asked)  # fmt: skip
         runtimes[name], episode_diffs[name] = report.info, report.episode_diffs
-        runtimes[name]["precision"] = judged.info
         checks += report.checks
         progress(f"{name}: {report.info['status']} ({time.perf_counter() - started:.1f} s)")
         if localizer is not None and _wants_localization(options.localize, report, bundle, name):
@@ -154,12 +150,39 @@ def verify(
             _preprocessing_first(localizations[name], report.checks)
     if CHECKPOINT in localizations:
         _name_the_layer(localizations[CHECKPOINT], checks)
+    _lowered_precision_named(bundle, runtimes, checks, localizations)
     checks.extend(version_checks(bundle, runtimes))
     result = VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe(),
                           localizations)  # fmt: skip
     if not result.compared:
         checks.append(nothing_compared(runtimes))
     return result
+
+
+def judge_runtime(
+    name: str, graph_runtimes: Mapping[str, Runtime], bundle: Bundle, reference: Reference, inputs: Inputs,
+    options: VerifyOptions, required: bool = False, checkpoint_matches: bool | None = None,
+    env_deterministic: bool = False, asked: bool = True,
+) -> tuple[RuntimeReport, Judgement]:
+    """One runtime judged against the reference with the verifier's bar for the precision it computes in
+    (``device_precision.judgement``): the one judge of verify and of the precision plan search."""
+    judged = judgement(bundle, name, options.device, options.tolerance)
+    outputs = {o["name"] for g in bundle.graphs for o in bundle.graph(g)["outputs"]}
+    tolerance = {o: options.overrides.get(o, judged.tolerance) for o in outputs}
+    report = check_runtime(name, graph_runtimes, bundle, reference, inputs, tolerance, judged.preset, required,
+                           checkpoint_matches, env_deterministic, asked=asked, policy=judged.policy)  # fmt: skip
+    report.info["precision"] = judged.info
+    return report, judged
+
+
+def reference_for(bundle: Bundle, source: RuntimeSource, inputs: Inputs, options: VerifyOptions) -> Reference:
+    """The reference verify builds for ``bundle`` with ``options`` (the training path's Cells on ``inputs``)."""
+    return _build_reference(bundle, source, inputs, options, keep_twin=False)[0]
+
+
+def env_replays_seeds(env: E.EnvSource, seed: int) -> bool:
+    """Whether ``env`` replays a seeded trajectory exactly (free-running episodes may then follow the reference)."""
+    return _env_check(env, seed).status == "pass"
 
 
 def _wants_localization(mode: str, report: RuntimeReport, bundle: Bundle, name: str) -> bool:
@@ -200,6 +223,29 @@ def _preprocessing_first(found: Localization, checks: list[Check]) -> None:
     for c in checks:
         if c.status == "fail" and c.diagnosis and c.diagnosis.get("stage") == "network":
             c.diagnosis = {"stage": "preprocessing", "detail": detail}
+
+
+def _lowered_precision_named(
+    bundle: Bundle, runtimes: Mapping[str, Mapping], checks: list[Check], localizations: Mapping[str, Localization]
+) -> None:
+    """A failure that only the runtimes computing this float32 bundle in a lowered precision (fp16, int8) have, while
+    every float32 runtime compared agrees with the Cell, is that precision's: stage ``precision``, naming the first
+    diverging layer where one was localised, instead of the outputs' own guess (a changed layer)."""
+    if bundle.precision != "fp32":
+        return
+    lowered = {n for n, info in runtimes.items() if (info.get("precision") or {}).get("judged_as") in ("fp16", "int8")}
+    full = {n for n, info in runtimes.items() if info.get("status") == "ran" and n not in lowered}
+    if not lowered or not full or any(c.status == "fail" and c.runtime in full for c in checks):
+        return
+    for c in checks:
+        if c.runtime in lowered and c.status == "fail" and (c.diagnosis or {}).get("stage") in ("network", None):
+            precision = runtimes[c.runtime]["precision"]["judged_as"]
+            found = localizations.get(c.runtime)
+            layer = f"; first diverging layer: {found.first} ({found.first_kind})" if found and found.first else ""
+            c.diagnosis = {"stage": "precision", "detail": f"only the {precision} runtime differs (every float32 "
+                           f"runtime agrees with the Cell): {precision} overflows, saturates or rounds away what "
+                           f"a layer computes{layer}; keep that layer in fp32 (python -m "
+                           f"msrl_consistency.precision --lower {precision})"}  # fmt: skip
 
 
 CHECKPOINT = "checkpoint"  # the localisation of a checkpoint other than the bundle's source: its differing layer

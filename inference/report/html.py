@@ -107,12 +107,17 @@ def header(run: Run) -> str:
     what = (f"{escape(run.subject)} · bundle <code>{escape(str(bundle.get('path', '?')))}</code> "
             f"({escape(str(bundle.get('precision', '?')))}) against {escape(str(d.get('reference', '?')))}")
     counts = f"{opts.get('observations', '?')} observations, {opts.get('episodes', '?')} episodes per mode"
+    target = bundle.get("target") or {}
+    if target.get("computes_in") not in (None, bundle.get("precision")):
+        what += f" for {escape(str(target.get('device', '?')))}, which computes in {escape(str(target['computes_in']))}"
+    lowered = "".join(f"; {escape(str(p))} for {escape(str(n))}" for n, p in (opts.get("judged_as") or {}).items())
     if run.is_audit:
         counts = f"{(run.audit or {}).get('steps', opts.get('observations', '?'))} recorded steps"
     return (f'<header class="verdict {status_class(run.verdict)}"><div class="badge" id="verdict">{run.verdict}</div>'
             f"<div><h1>{kind}: {what}</h1><p>{escape(run.verdict_line)} · exit {escape(str(d.get('exit_code')))} · "
             f"{escape(counts)}, seed {escape(str(opts.get('seed', '?')))}, tolerance "
-            f"{escape(str(opts.get('tolerance', '?')))} · {escape(str(d.get('created', '')))}</p></div></header>")
+            f"{escape(str(opts.get('tolerance', '?')))}{lowered} · {escape(str(d.get('created', '')))}</p></div>"
+            "</header>")
 
 
 def failure_card(run: Run) -> str:

@@ -19,12 +19,15 @@ from inference.compare.checks import REPORT_SCHEMA
 from inference.errors import UsageError
 
 # The pipeline a bundle goes through, in order, and the runtimes that run each of its artefacts. A check whose
-# diagnosis blames the runtime itself (a defect, a version) belongs to the last box, as does a device's recording.
+# diagnosis blames the runtime itself (a defect, a version) belongs to the last box, as does a device's recording; one
+# blamed on a lowered precision (fp16, int8: a precision plan, a target computing in fp16) to the "precision" box,
+# with the emulation of the device's fp16.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Cell", ("ms-cell", "ms-graph", "bundle")),
     ("MindIR", ("ms-mindir", "lite-mindir")),
     ("ONNX", ("onnxruntime",)),
-    (".ms", ("lite", "lite-python")),
+    (".ms", ("lite", "lite-python", "lite-aarch64")),
+    ("precision", ("emulated-fp16",)),
     ("runtime", ()),
 )
 RUNTIME_STAGES = {"runtime", "version"}
@@ -117,6 +120,8 @@ class Run:
         runtime = str(check.get("runtime", ""))
         if (check.get("diagnosis") or {}).get("stage") in RUNTIME_STAGES or runtime.startswith("field:"):
             return "runtime"
+        if (check.get("diagnosis") or {}).get("stage") == "precision":
+            return "precision"
         return next((name for name, members in STAGES if runtime in members), None)
 
     def stage_name(self, check: dict[str, Any]) -> str:

@@ -52,6 +52,7 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
             "path": str(bundle.root),
             "env_id": bundle.env_id,
             "precision": bundle.precision,
+            "target": bundle.target,
             "source": (bundle.manifest.get("source") or {}).get("kind", "msrl-trainer"),
             "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None,
             "graphs": {g: bundle.contract(g).to_dict() for g in bundle.graphs},
@@ -65,6 +66,10 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
             "episodes": result.reference.episodes,
             "seed": result.reference.seed,
             "tolerance": opts.tolerance or bundle.precision,
+            # what each runtime was judged as, where it is not ``tolerance``: a lowered runtime (fp16, int8)
+            "judged_as": {name: info["precision"]["judged_as"] for name, info in result.runtimes.items()
+                          if (info.get("precision") or {}).get("judged_as") not in (None, opts.tolerance or
+                                                                                     bundle.precision)},
             "overrides": {k: v.to_dict() for k, v in opts.overrides.items()},
         },
         "runtimes": result.runtimes,
@@ -90,7 +95,7 @@ def markdown(result: VerifyResult) -> str:
     out = [
         f"# Consistency report: {_subject(result)}",
         "",
-        f"**{verdict}** — bundle `{result.bundle.root}` ({result.bundle.precision}), "
+        f"**{verdict}** — bundle `{result.bundle.root}` ({result.bundle.precision}{_target_words(result)}), "
         f"reference `{result.reference.origin}`, {len(result.reference.feeds)} observations, "
         f"{result.reference.episodes} episodes, seed {result.reference.seed}.",
         "",
@@ -120,11 +125,22 @@ def markdown(result: VerifyResult) -> str:
         if info.get("precision"):
             p = info["precision"]
             out.append(f"  - computes in **{p['computes_in']}**, judged as {p['judged_as']}: {p['why']}")
+            if p.get("bounds"):
+                bars = ", ".join(f"{k} {v:g}" for k, v in p["bounds"].items() if isinstance(v, int | float))
+                out.append(f"  - the verifier's {p['judged_as']} policy bounds: {bars}")
         if info.get("batch_invariance"):
             out.append(f"  - batch invariance ({info['batch_invariance']['rows']} rows alone vs at the first, middle "
                        f"and last position of larger batches): {describe_invariance(info['batch_invariance'])}")
     out += _mismatch_markdown(result)
     return "\n".join(out) + "\n"
+
+
+def _target_words(result: VerifyResult) -> str:
+    """", for ascend310, which computes in fp16" where the device computes in other than the graphs' precision."""
+    target = result.bundle.target
+    if target.get("computes_in") in (None, result.bundle.precision):
+        return ""
+    return f", for {target.get('device', '?')}, which computes in {target['computes_in']}"
 
 
 def _mismatch_markdown(result: VerifyResult) -> list[str]:

@@ -44,7 +44,7 @@ class EmulatedFp16Runtime(Runtime):
     name = "emulated-fp16"
     description = f"the bundle's .onnx in fp16: {EMULATION_NOTE}"
     fmt = "onnx"
-    precision = "fp16"  # what it computes in: judged with the fp16 tolerance (or a plan's bounds)
+    precision = "fp16"  # what it computes in: judged with the verifier's fp16 preset
     opt_in = True  # runs when asked (--emulate fp16, --runtimes) or when the device computes in fp16
 
     @classmethod

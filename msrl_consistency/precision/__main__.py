@@ -4,17 +4,20 @@ runs in fp16 or int8, judged in policy terms, and a bundle whose ``.ms`` follows
     python -m msrl_consistency.precision --bundle B --ckpt RUN --lower int8 --out PLAN
     python -m msrl_consistency.precision --bundle B --cell policy:make_policy --ckpt C --lower fp16 --out PLAN
 
-Each layer's sensitivity alone (that layer lowered, the rest fp32): the action-flip rate with its 95% upper bound,
-the Gaussian mean's shift in std, the sampled actions' log-ratio (mean exp|Δ log π|, ESS, k3 KL) and the return
-difference of paired seeded episodes, on states the policy visits (or a field recording). Then the cheapest set of
-kept layers within the bounds (any set; see ``search``), and the plan's bundle: fp16 through Lite's mixed-precision
-execution plan, int8 through Lite's quantization (full, ``skip_quant_node`` for kept layers, calibrated on
-observations the policy really saw; or weight). ``plan.md`` and the manifest's ``plan`` say what was measured.
-``--keep`` writes the bundle of a given set instead of searching (``--keep none``: every layer lowered).
+Every candidate is judged by verify itself: its bundle's lowered runtime (Lite's quantized kernels for int8, the fp16
+emulation for fp16) against verify's reference, with verify's checks and the verifier's bar for that precision, on
+the observations and seeded episodes verify plays with the same --observations, --episodes and --seed. So a plan the
+search accepts is a bundle verify passes, and a candidate verify fails is one the search rejects. Each layer's
+sensitivity alone (that layer lowered, the rest fp32) ranks the layers; then the cheapest set of kept layers that
+passes (any set; see ``search``), and the plan's bundle: fp16 through Lite's mixed-precision execution plan, int8
+through Lite's quantization (full, ``skip_quant_node`` for kept layers, calibrated on observations the policy really
+saw in episodes verify never plays, or a field recording; or weight). ``plan.md`` and the manifest's ``plan`` say
+what was measured. ``--keep`` writes the bundle of a given set instead of searching (``--keep none``: every layer
+lowered).
 
-Exit codes: 0 a plan within the bounds was written (or the ``--keep`` set is within them); 1 the bundle was written
-but its set breaks the bounds (``--keep``, or no set keeps them on so few states); 2 bad input; 3 the lowering
-cannot run here (no converter, no onnx, a .ms Lite cannot load).
+Exit codes: 0 a plan verify passes was written (or the ``--keep`` set passes); 1 the bundle was written but verify
+fails it (``--keep``, or no set passes, not even every layer in fp32); 2 bad input (and nothing to lower); 3 the
+lowering cannot run here (no converter, no onnx, a .ms Lite cannot load).
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recording", type=Path, nargs="+", metavar="DIR",
                    help="a field recording (inference.load(record=)) whose observations calibrate and evaluate the "
                    "plan, instead of states visited in seeded episodes")  # fmt: skip
-    p.add_argument("--states", type=int, default=4000, help="evaluation states (default 4000)")
-    p.add_argument("--episodes", type=int, default=10, help="paired seeded episodes per mode (default 10)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--observations", type=int, default=10_000,
+                   help="observations each candidate is judged on, as verify's --observations (default 10000)")
+    p.add_argument("--episodes", type=int, default=20,
+                   help="seeded episodes per mode each candidate plays, as verify's --episodes (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="verify's --seed the candidates are judged with (default 0)")
     p.add_argument("--max-evaluations", type=int, default=64, help="candidates evaluated at most (default 64)")
     p.add_argument("--env-id", help="the env to play episodes in (default: the bundle's)")
     p.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor (gymnasium API)")
@@ -59,15 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     from msrl_consistency import compat  # noqa: F401 - first: MindSpore's import, held safe from Ctrl-C there
     from msrl_consistency.precision.plan import make_plan
 
-    if args.states < 64 or args.episodes < 1 or args.max_evaluations < 1:
-        raise UsageError("--states must be >= 64, --episodes and --max-evaluations >= 1")
+    if args.observations < 64 or args.episodes < 1 or args.max_evaluations < 1:
+        raise UsageError("--observations must be >= 64, --episodes and --max-evaluations >= 1")
     say = (lambda _m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="msrl-plan-") as work:
         bundle, result, plan = make_plan(args, Path(work), say)
     print(summary(bundle, plan))
     if not result.final.ok and args.keep is None:  # every layer kept is the float32 graph: too few states to bound it
-        print(f"error: no set of kept layers is within the bounds, not even every layer in fp32, on "
-              f"{plan['evaluation']['states']} states: more states (--states) bound the flip rate tighter",
+        print(f"error: no set of kept layers passes verify, not even every layer in fp32, on "
+              f"{plan['judge']['observations']} observations: {'; '.join(result.final.broken)[:400]}",
               file=sys.stderr)  # fmt: skip
     return 0 if result.final.ok else 1
 
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 def summary(bundle: Any, plan: dict[str, Any]) -> str:
     final = plan["final"]
     lines = [f"plan {plan['lower']} → {bundle.root}: kept in fp32: {', '.join(plan['kept']) or 'none'}; "
-             f"{'within' if final['ok'] else 'BEYOND'} the bounds (badness {final['badness']})"]  # fmt: skip
+             f"{'verify passes it' if final['ok'] else 'verify FAILS it'} (badness {final['badness']})"]  # fmt: skip
     for layer in plan["layers"]:
         s = layer.get("sensitivity") or {}
         badness = f"{s['badness']:.3g}" if s.get("badness") is not None else "-, " + "; ".join(s.get("broken", []))
@@ -84,7 +89,9 @@ def summary(bundle: Any, plan: dict[str, Any]) -> str:
     every = plan["all_lowered"]
     lines.append(f"  every layer lowered: {'within' if every['ok'] else 'beyond'} the bounds"
                  + (f": {'; '.join(every['broken'][:2])}" if every.get("broken") else ""))  # fmt: skip
-    lines.append(f"verify it: python -m msrl_consistency.verify --bundle {bundle.root} --ckpt CKPT")
+    j = plan["judge"]
+    lines.append(f"verify it (the same judge): python -m msrl_consistency.verify --bundle {bundle.root} --ckpt CKPT "
+                 f"--observations {j['observations']} --episodes {j['episodes']} --seed {j['seed']}")
     return "\n".join(lines)
 
 

@@ -1,29 +1,37 @@
-"""Make a precision plan: the bundle's layers, the states the policy really saw, each layer's sensitivity, the
-cheapest kept set, the plan's tolerance and its bundle (``python -m msrl_consistency.precision``)."""
+"""Make a precision plan: the bundle's layers, calibration on states the policy really saw, each layer's
+sensitivity, the cheapest kept set, and its bundle (``python -m msrl_consistency.precision``). Every candidate is
+judged by verify's own checks (``evaluate``), so a plan the search accepts is a bundle verify passes."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes (verify's reference) with inference.runtimes
 from inference.bundle import Bundle, BundleError, load_bundle
+from inference.bundle.plan_claims import QUANTIZED_OPS, check_plan
 from inference.compare import episodes as E
-from inference.compare.policy_bounds import PLAN_BOUNDS, PolicyBounds
-from inference.errors import RuntimeUnavailable, UsageError, first_line
+from inference.compare.inputs import Inputs
+from inference.compare.policy_bounds import POLICY_BOUNDS
+from inference.compare.stats import PRESETS, tolerance_for
+from inference.compare.verifier import judge_runtime
+from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
 from inference.lite.common import LiteRunnerError
+from inference.runtimes.registry import create
 from msrl_consistency.artifacts.graphs import ConversionError
-from msrl_consistency.precision.evaluate import Evaluation, States, evaluate, reference_episodes
+from msrl_consistency.precision.evaluate import Evaluation, from_report
 from msrl_consistency.precision.layers import Layer, policy_layers
 from msrl_consistency.precision.lowering import CALIBRATION_SIZE, Fp16Lowering, Int8Lowering, close
 from msrl_consistency.precision.search import SearchResult, search
-from msrl_consistency.precision.write import write_plan_bundle
+from msrl_consistency.precision.write import write_bundle, write_plan_bundle
 
-CALIBRATION_SEED, EVALUATION_SEED = 10_000, 20_000  # offsets from --seed: three disjoint sets of seeded episodes
+CALIBRATION_SEED = 10_000  # offset from --seed: calibration episodes verify's seeds never play
 
 
 def source_bundle(path: Path, lower: str) -> Bundle:
@@ -77,47 +85,51 @@ def _spread(rows: np.ndarray, n: int) -> np.ndarray:
     return rows[np.linspace(0, len(rows) - 1, min(n, len(rows))).astype(int)] if len(rows) else rows
 
 
-def collect_states(bundle: Bundle, args: argparse.Namespace, env: E.EnvSource | None) \
-        -> tuple[States, np.ndarray, str]:  # fmt: skip
-    """The evaluation states, the calibration rows and where those came from: a field recording's observations
-    (first half calibrates, second half evaluates), else states the float32 policy visits in seeded episodes
-    (disjoint seeds)."""
-    rng = np.random.default_rng([args.seed, 7])
-    if args.recording:
-        from inference.bundle.recording import read_recording
+def judge_inputs(bundle: Bundle, args: argparse.Namespace) -> tuple[Inputs, np.ndarray | None]:
+    """What verify would play and feed (the bundle's env, ``--env-id`` or ``--env``), and a field recording's
+    observations when one is given (its first half calibrates; without an env, its second half is the judge's)."""
+    from inference.compare.inputs import resolve_inputs
 
-        graph = bundle.mode_graph("deterministic") or bundle.graphs[0]
-        recording = read_recording(args.recording, bundle)
-        if len(bundle.contract(graph).obs_inputs(recording.inputs[0][:1])) != 1:
-            raise UsageError("a recording calibrates array observations only (this policy takes several inputs)")
-        rows = recording.inputs[0][np.isfinite(recording.inputs[0].reshape(len(recording), -1)).all(1)]
-        if len(rows) < 2 * 64:
-            raise UsageError(f"the recording holds {len(rows)} finite observations; a plan needs at least 128")
-        half = len(rows) // 2
-        calibration, evaluation = _spread(rows[:half], CALIBRATION_SIZE), _spread(rows[half:], args.states)
-        where = f"field recording {', '.join(map(str, args.recording))}"
-        source = f"{where}: its second half ({len(rows) - half} observations)"
-        calibrated = f"{where}: its first half ({half} observations)"
-    else:
-        if env is None:
-            raise UsageError("no env to visit states in: pass --env-id or --env (or --recording)")
-        from msrl_consistency.precision.lowering import Fp16Lowering
+    recorded = _recorded(bundle, args.recording) if args.recording else None
+    if bundle.env_id or args.env_id or args.env:
+        return resolve_inputs(bundle, env_id=args.env_id, env=args.env), recorded
+    if recorded is None:
+        raise UsageError("no env to judge the plan in: pass --env-id or --env (or --recording)")
+    half = recorded[len(recorded) // 2 :]
+    return Inputs(recorded=half, recorded_from=f"field recording {', '.join(map(str, args.recording))}: its second "
+                  f"half"), recorded  # fmt: skip
 
-        fp32 = Fp16Lowering(bundle, []).reference()
-        try:
-            rows, played = _visited(bundle, fp32, env, CALIBRATION_SIZE, args.seed + CALIBRATION_SEED)
-            calibration = _spread(rows, CALIBRATION_SIZE)
-            rows, evaluated = _visited(bundle, fp32, env, args.states, args.seed + EVALUATION_SEED)
-            evaluation = _spread(rows, args.states)
-        finally:
-            close(fp32)
-        visits = f"states the float32 policy visits in seeded episodes of {env.label}"
-        source = f"{visits} ({evaluated} episodes, seeds {args.seed + EVALUATION_SEED}..)"
-        calibrated = f"{visits} ({played} other episodes, seeds {args.seed + CALIBRATION_SEED}..)"
-    noise = {g: bundle.sample_noise(g, rng, len(evaluation)) for g in bundle.graphs
-             if bundle.contract(g).stochastic_noise_kind is not None}  # fmt: skip
-    states = States(evaluation, noise, source, env, args.episodes if env is not None else 0, args.seed)
-    return states, calibration, calibrated
+
+def _recorded(bundle: Bundle, dirs: list[Path]) -> np.ndarray:
+    from inference.bundle.recording import read_recording
+
+    graph = bundle.mode_graph("deterministic") or bundle.graphs[0]
+    recording = read_recording(dirs, bundle)
+    if len(bundle.contract(graph).obs_inputs(recording.inputs[0][:1])) != 1:
+        raise UsageError("a recording calibrates array observations only (this policy takes several inputs)")
+    rows = recording.inputs[0][np.isfinite(recording.inputs[0].reshape(len(recording), -1)).all(1)]
+    if len(rows) < 2 * 64:
+        raise UsageError(f"the recording holds {len(rows)} finite observations; a plan needs at least 128")
+    return rows
+
+
+def calibration_rows(bundle: Bundle, args: argparse.Namespace, inputs: Inputs, recorded: np.ndarray | None) \
+        -> tuple[np.ndarray, str]:  # fmt: skip
+    """The rows full quantization calibrates on, and where they came from: a field recording's first half, else
+    states the float32 policy visits in seeded episodes whose seeds verify never plays."""
+    if recorded is not None:
+        half = len(recorded) // 2
+        where = f"field recording {', '.join(map(str, args.recording))}: its first half ({half} observations)"
+        return _spread(recorded[:half], CALIBRATION_SIZE), where
+    assert inputs.env is not None
+    fp32 = Fp16Lowering(bundle, []).reference()
+    try:
+        rows, played = _visited(bundle, fp32, inputs.env, CALIBRATION_SIZE, args.seed + CALIBRATION_SEED)
+    finally:
+        close(fp32)
+    return _spread(rows, CALIBRATION_SIZE), (f"states the float32 policy visits in seeded episodes of "
+                                             f"{inputs.env.label} ({played} episodes, seeds "
+                                             f"{args.seed + CALIBRATION_SEED}..)")  # fmt: skip
 
 
 def calibration_inputs(bundle: Bundle, rows: np.ndarray, seed: int) -> dict[str, dict[str, np.ndarray]]:
@@ -133,60 +145,91 @@ def calibration_inputs(bundle: Bundle, rows: np.ndarray, seed: int) -> dict[str,
     return out
 
 
-def plan_tolerance(final: Evaluation) -> dict[str, float]:
-    """The element-wise tolerance verify applies to the plan's lowered runtime: twice the largest error the plan
-    gave on the evaluation states, relative to each output's magnitude (``Tolerance.scale``), at least fp16's."""
-    worst = max(final.errors.values(), default=0.0)
-    return {"atol": 1e-3, "rtol": 1e-2, "scale": float(max(1e-2, 2 * worst))}
+RUNTIME = {"int8": "lite", "fp16": "emulated-fp16"}  # the runtime verify judges each lowered precision on here
 
 
 def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) -> tuple[Bundle, SearchResult, dict]:
-    from inference.compare.inputs import resolve_inputs
+    """Search the cheapest kept set that verify passes, and write its bundle (see ``evaluate`` for the judge)."""
+    from inference.compare.options import VerifyOptions
+    from inference.compare.verifier import env_replays_seeds, reference_for
+    from inference.runtimes.base import RuntimeSource
 
     bundle = source_bundle(args.bundle, args.lower)
     cells = policy_cells(bundle, args.ckpt, args.cell)
-    env = None
-    if bundle.env_id or args.env_id or args.env:
-        env = resolve_inputs(bundle, env_id=args.env_id, env=args.env).env
+    inputs, recorded = judge_inputs(bundle, args)
     say(f"layers of {bundle.root} ...")
     layers = policy_layers(bundle, cells)
+    _something_to_lower(bundle, layers, args.lower)
     kept_given = _given(args.keep, layers)
-    states, calibration, calibrated = collect_states(bundle, args, env)
-    say(f"{len(states.obs)} evaluation states: {states.source}")
+    calibration, calibrated = (calibration_rows(bundle, args, inputs, recorded) if args.lower == "int8"
+                               else (np.zeros((0,)), ""))  # fmt: skip
     lowering = _lowering(args, bundle, layers, work, calibration)
-    bounds = PLAN_BOUNDS
-    reference = lowering.reference()
-    try:
-        reference_episodes(bundle, reference, states)
-        ref_outputs: dict[str, dict[str, np.ndarray]] = {}
+    options = VerifyOptions(observations=args.observations, episodes=args.episodes, seed=args.seed)
+    runtime, preset = RUNTIME[args.lower], PRESETS[args.lower]
+    bounds = POLICY_BOUNDS[args.lower]
+    say(f"verify's reference: {args.observations} observations, {args.episodes} episodes per mode ({inputs.label})")
+    reference = reference_for(bundle, RuntimeSource(bundle, cells), inputs, options)
+    replays = inputs.env is not None and env_replays_seeds(inputs.env, args.seed)
+    record = plan_record(args, bundle, layers, calibration, calibrated)
+    record["judge"] = {"runtime": runtime, "preset": preset.name, "observations": args.observations,
+                       "episodes": args.episodes, "seed": args.seed, "inputs": inputs.label,
+                       "tolerance": tolerance_for(preset.name, runtime).describe()}  # fmt: skip
+    count = iter(range(1 << 30))
 
-        def judge(kept: frozenset[str]) -> Evaluation:
-            try:
-                lowered = lowering.lowered(kept)
-            except (LiteRunnerError, ConversionError) as exc:  # a lowering this Lite cannot convert or load
-                why = f"Lite cannot {'load' if isinstance(exc, LiteRunnerError) else 'convert'} it: {first_line(exc)}"
-                return Evaluation(kept, {}, {}, {}, [why], float("inf"))
-            try:
-                return evaluate(bundle, reference, lowered, states, bounds, kept, ref_outputs)
-            finally:
-                close(lowered)
+    def judge(kept: frozenset[str]) -> Evaluation:
+        INTERRUPTS.check()
+        where = work / "candidates" / str(next(count))
+        provisional = {**record, "kept": sorted(kept), "layers": _layer_records(layers, kept, args.lower)}
+        try:
+            candidate = write_bundle(bundle, where, layers, kept, provisional, lowering)
+        except (LiteRunnerError, ConversionError) as exc:  # a lowering this Lite cannot convert
+            return Evaluation(kept, {}, {}, [f"Lite cannot convert it: {first_line(exc)}"], float("inf"))
+        try:
+            runtimes = {g: create(runtime, RuntimeSource(candidate, cells), g) for g in candidate.graphs}
+            report, _ = judge_runtime(runtime, runtimes, candidate, reference, inputs, options,
+                                      env_deterministic=replays)  # fmt: skip
+            return from_report(kept, report, bounds, preset.return_tolerance)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
 
-        if kept_given is None:
-            result = search(layers, judge, args.max_evaluations, say)
-        else:
-            every = frozenset(layer.scope for layer in layers)
-            sens = {layer.scope: judge(every - {layer.scope}) for layer in layers}
-            result = SearchResult(kept_given, judge(kept_given), judge(frozenset()), sens, "given (--keep)",
-                                  len(layers) + 2)  # fmt: skip
-    finally:
-        close(reference)
-    unusable = [b for b in result.final.broken if b.startswith("Lite cannot")]
+    if kept_given is None:
+        result = search(layers, judge, args.max_evaluations, say)
+    else:
+        every = frozenset(layer.scope for layer in layers)
+        sens = {layer.scope: judge(every - {layer.scope}) for layer in layers}
+        result = SearchResult(kept_given, judge(kept_given), judge(frozenset()), sens, "given (--keep)",
+                              len(layers) + 2)  # fmt: skip
+    unusable = [b for b in result.final.broken if b.startswith(("Lite cannot", "the runtime did not run"))]
     if unusable:
         raise RuntimeUnavailable(f"the plan keeping {', '.join(sorted(result.final.kept)) or 'no layer'} cannot run "
                                  f"here: {unusable[0]}")  # fmt: skip
-    plan = plan_record(args, bundle, layers, result, states, bounds, lowering, calibration, calibrated)
-    written = write_plan_bundle(bundle, args.out, layers, result, plan, lowering, args.force)
-    return written, result, plan
+    record.update(kept=sorted(result.kept), layers=_layer_records(layers, result.kept, args.lower, result),
+                  search={"method": result.method, "evaluations": result.evaluations, "tried": result.tried[:64]},
+                  final=result.final.summary(), all_lowered=result.all_lowered.summary())  # fmt: skip
+    written = write_plan_bundle(bundle, args.out, layers, result, record, lowering, args.force)
+    check_plan(written)  # what the plan says of its files holds, as verify will check before judging them
+    return written, result, record
+
+
+def _something_to_lower(bundle: Bundle, layers: list[Layer], lower: str) -> None:
+    """int8 lowers the layers whose weights Lite quantizes (matrix products, convolutions): a policy without one has
+    nothing to lower, and its float32 bundle is what the device runs."""
+    if lower != "int8":
+        return
+    import onnx
+
+    ops = {n.name: n.op_type for g in bundle.graphs for n in onnx.load(str(bundle.file(g, "onnx"))).graph.node}
+    if not any(ops.get(n) in QUANTIZED_OPS for layer in layers for nodes in layer.nodes.values() for n in nodes):
+        raise UsageError(f"nothing to lower: {bundle.root} has no layer whose weights int8 quantizes ("
+                         f"{', '.join(QUANTIZED_OPS)}); its float32 bundle is what the device runs")  # fmt: skip
+
+
+def _layer_records(layers: list[Layer], kept: frozenset[str], lower: str,
+                   result: SearchResult | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    return [{"scope": layer.scope, "kind": layer.kind, "cost": layer.cost, "nodes": layer.nodes,
+             "precision": "fp32" if layer.scope in kept else lower,
+             **({"sensitivity": result.sensitivity[layer.scope].summary()} if result else {})}
+            for layer in layers]  # fmt: skip
 
 
 def _given(keep: str | None, layers: list[Layer]) -> frozenset[str] | None:
@@ -217,25 +260,17 @@ def _lowering(args: argparse.Namespace, bundle: Bundle, layers: list[Layer], wor
         raise RuntimeUnavailable(f"the fp16 emulation needs onnx and onnxruntime: {exc}") from None
 
 
-def plan_record(args: argparse.Namespace, bundle: Bundle, layers: list[Layer], result: SearchResult, states: States,
-                bounds: PolicyBounds, lowering: Any, calibration: np.ndarray, calibrated: str) \
-        -> dict[str, Any]:  # fmt: skip
-    """The manifest's ``plan`` section."""
+def plan_record(args: argparse.Namespace, bundle: Bundle, layers: list[Layer], calibration: np.ndarray,
+                calibrated: str) -> dict[str, Any]:  # fmt: skip
+    """The manifest's ``plan`` section, before the search fills in what it kept and measured."""
     lowered = args.lower
     record: dict[str, Any] = {
         "lower": lowered,
         "quantization": args.quantization if lowered == "int8" else None,
-        "kept": sorted(result.kept),
-        "layers": [{"scope": layer.scope, "kind": layer.kind, "cost": layer.cost, "nodes": layer.nodes,
-                    "precision": "fp32" if layer.scope in result.kept else lowered,
-                    "sensitivity": result.sensitivity[layer.scope].summary()} for layer in layers],  # fmt: skip
-        "bounds": bounds.to_dict(),
-        "tolerance": plan_tolerance(result.final),
-        "evaluation": {"runtime": lowering.runtime, "states": int(len(states.obs)), "source": states.source,
-                       "episodes": states.episodes, "seed": args.seed},  # fmt: skip
-        "search": {"method": result.method, "evaluations": result.evaluations, "tried": result.tried[:64]},
-        "final": result.final.summary(),
-        "all_lowered": result.all_lowered.summary(),
+        "kept": [],
+        "layers": _layer_records(layers, frozenset(), lowered),
+        "bounds": POLICY_BOUNDS[lowered].to_dict(),
+        "source_graphs": {g: bundle.graph(g)["files"]["onnx"]["sha256"] for g in bundle.graphs},
         "calibration": None,
         "bundle": str(args.out),
         "source_bundle": str(bundle.root),

@@ -1,6 +1,7 @@
 """The plan's bundle: the source bundle's files with a ``.ms`` that follows the plan, its Lite configurations, the
-plan in the manifest (each layer's precision and sensitivity, the calibration source, the acceptance bounds and the
-measured element-wise tolerance) and ``plan.md``. Written into a temporary directory and renamed into place.
+plan in the manifest (each layer's precision and sensitivity, the calibration source, the verifier's bounds it was
+judged with, the fingerprint of the float32 graphs it was made from) and ``plan.md``. Written into a temporary
+directory and renamed into place.
 
 * int8: each graph's ``.ms`` quantized with the kept layers' nodes in ``skip_quant_node``, and the converter
   configuration it was converted with (``lite_converter.<graph>.cfg``);
@@ -37,6 +38,23 @@ def write_plan_bundle(
         raise UsageError(f"--out {out} is the source bundle: write the plan's bundle elsewhere")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
         raise UsageError(f"{out} already exists; pass --force to replace it")
+    self_check = {
+        "passed": result.final.ok, "samples": int(plan["judge"]["observations"]),
+        "results": [{"runtime": plan["judge"]["runtime"], "graph": g, "max_abs": 0.0, "passed": result.final.ok}
+                    for g in source.graphs],
+        "failures": [], "note": "the plan search's own verdict on this bundle (plan.final): verify's checks of its "
+        "lowered runtime; verify judges the bundle in full",
+    }  # fmt: skip
+    return write_bundle(source, out, layers, result.kept, plan, lowering, self_check,
+                        plan_markdown(source, layers, result, plan))  # fmt: skip
+
+
+def write_bundle(
+    source: Bundle, out: Path, layers: Sequence[Layer], kept: frozenset[str], plan: dict[str, Any], lowering: Any,
+    self_check: dict[str, Any] | None = None, markdown: str | None = None,
+) -> Bundle:  # fmt: skip
+    """The bundle of ``source`` with ``kept`` in fp32 and the rest lowered as ``plan`` says, written to a temporary
+    directory and renamed to ``out`` (replacing it): a plan's bundle, or a candidate the search judges."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -44,7 +62,6 @@ def write_plan_bundle(
             if item.is_file() and item.name not in ("plan.md",):
                 shutil.copyfile(item, tmp / item.name)
         manifest = json.loads((source.root / MANIFEST).read_text())
-        kept = result.kept
         for graph in source.graphs:
             entry = manifest["graphs"][graph]["files"].get("ms") or {}
             if plan["lower"] == "fp16" and "file" not in entry:
@@ -72,14 +89,11 @@ def write_plan_bundle(
         manifest["target"] = target
         manifest["plan"] = plan
         manifest["created"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        manifest["self_check"] = {
-            "passed": result.final.ok, "samples": int(plan["evaluation"]["states"]),
-            "results": [{"runtime": "plan", "graph": g, "max_abs": 0.0, "passed": result.final.ok}
-                        for g in source.graphs],
-            "failures": [], "note": "the plan's own evaluation (plan.final); verify judges the bundle in full",
-        }  # fmt: skip
+        if self_check is not None:
+            manifest["self_check"] = self_check
         write_json_atomic(tmp / MANIFEST, manifest)
-        (tmp / "plan.md").write_text(plan_markdown(source, layers, result, plan))
+        if markdown is not None:
+            (tmp / "plan.md").write_text(markdown)
         load_bundle(tmp)  # the plan's bundle reads back: schema, hashes, configurations
         replace_dir(tmp, out)
     finally:
@@ -93,20 +107,23 @@ def _num(value: Any, fmt: str) -> str:
 
 def plan_markdown(source: Bundle, layers: Sequence[Layer], result: SearchResult, plan: Mapping[str, Any]) -> str:
     graph = source.mode_graph("deterministic") or source.graphs[0]
-    ev = plan["evaluation"]
+    ev = plan["judge"]
     lines = [
         f"# Precision plan: {plan['lower']} for {source.env_id or source.root.name}", "",
         f"Kept in fp32: **{', '.join(plan['kept']) or 'none'}**; every other layer in {plan['lower']}"
         f"{' (' + plan['quantization'] + ' quantization)' if plan['lower'] == 'int8' else ''}.", "",
-        f"- measured on: {ev['runtime']}, against the same graph unlowered; {ev['states']} states ({ev['source']}), "
-        f"{ev['episodes']} paired seeded episodes per mode",
+        f"- judged by verify's own checks of `{ev['runtime']}` (preset {ev['preset']}) against verify's reference: "
+        f"{ev['observations']} observations and {ev['episodes']} seeded episodes per mode from seed {ev['seed']} "
+        f"({ev['inputs']}); a candidate is within the bounds exactly when verify passes that runtime",
         f"- calibration: {(plan.get('calibration') or {}).get('source', 'none (fp16 needs none)')}",
         f"- search: {plan['search']['method']}; {plan['search']['evaluations']} candidates evaluated",
-        f"- bounds: {', '.join(f'{k} {v}' for k, v in plan['bounds'].items() if v is not None)}",
-        f"- element-wise tolerance verify applies to the lowered runtime: {plan['tolerance']}", "",
+        f"- the verifier's {ev['preset']} bounds: "
+        f"{', '.join(f'{k} {v}' for k, v in plan['bounds'].items() if v is not None)}",
+        f"- element-wise tolerance: {ev['tolerance']}", "",
         f"## Each layer lowered alone (graph `{graph}`)", "",
         "| layer | type | cost | precision | mean exp\\|Δ log π\\| | ESS | k3 KL | flip rate (95% UCB) | "
-        "p99 \\|Δμ\\|/σ | return Δ | badness | alone |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "p99 \\|Δμ\\|/σ | p99 \\|Δa\\|/range | return Δ | badness | alone |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]  # fmt: skip
     for layer in plan["layers"]:
         s = layer.get("sensitivity") or {}
@@ -117,6 +134,7 @@ def plan_markdown(source: Bundle, layers: Sequence[Layer], result: SearchResult,
         lines.append(f"| {layer['scope']} | {layer['kind']} | {layer['cost']} | {layer['precision']} | "
                      f"{_num(g.get('mean_exp_abs'), '.5f')} | {_num(g.get('ess'), '.4f')} | "
                      f"{_num(g.get('k3_kl'), '.2e')} | {flips} | {_num(g.get('mean_shift_in_std_p99'), '.3f')} | "
+                     f"{_num(g.get('action_error_p99'), '.2e')} | "
                      f"{_num(ret, '.1%')} | "
                      f"{_num(s.get('badness'), '.3g')} | {'within' if s.get('ok') else 'beyond'} |")  # fmt: skip
     lines += ["", "## The plan, and every layer lowered", "",
@@ -125,6 +143,6 @@ def plan_markdown(source: Bundle, layers: Sequence[Layer], result: SearchResult,
         kept = ", ".join(plan["kept"]) if name == "plan" else "none"
         lines.append(f"| {name} | {kept or 'none'} | {'yes' if ev['ok'] else 'no'} | {_num(ev['badness'], '.3g')} | "
                      f"{'; '.join(ev.get('broken', [])) or '–'} |")  # fmt: skip
-    lines += ["", "Verify the plan's bundle (exit 0 under the plan's bounds):", "",
+    lines += ["", "Verify the plan's bundle (the same judge: exit 0 when the plan is within the bounds):", "",
               f"    python -m msrl_consistency.verify --bundle {plan.get('bundle', 'PLAN')} --ckpt CKPT", ""]
     return "\n".join(lines)
