@@ -82,10 +82,30 @@ def main(argv: list[str] | None = None) -> int:
     except ExportCheckFailed as exc:  # export's verdict: exit 1 with the failure
         if exc.bundle is not None:  # written, with the format that failed marked: show what is there
             print(describe(exc.bundle))
+            _warn_fp16(exc.bundle)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(describe(bundle))
+    _warn_fp16(bundle)
     return 0
+
+
+def _warn_fp16(bundle: Bundle) -> None:
+    warning = fp16_warning(bundle)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def fp16_warning(bundle: Bundle) -> str | None:
+    """The one line export says when the target computes this float32 bundle in fp16 and fp16 breaks it (the
+    self-check's emulation): the layer, and the command that keeps it in fp32."""
+    emulated = bundle.manifest["self_check"].get("fp16_emulation") or {}
+    if emulated.get("passed") is not False:
+        return None
+    target = bundle.target
+    return (f"target {target['device']} ({target['precision_mode']}) computes this float32 bundle in fp16, and fp16 "
+            f"breaks it: {emulated['reason']}; keep the layer in fp32: python -m msrl_consistency.precision --bundle "
+            f"{bundle.root} --lower fp16 --out PLAN (or export --precision-mode enforce_origin)")  # fmt: skip
 
 
 def _export(args: argparse.Namespace, options: ExportOptions) -> Bundle:

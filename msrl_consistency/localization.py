@@ -6,7 +6,9 @@ exported graph, and ``localize(cell, runtime, observations)`` (the library entry
 * ``plan_layers``: each layer's output tensor in the exported ONNX graph. A layer with Parameters is anchored by
   them (MindSpore exports them as initializers under their names): its output is that of the last node reading
   one, followed through shape-only nodes to the layer's shape. A layer without Parameters is the next node of a
-  matching op type. A recurrent cell's output is its first tensor that leaves it (the carried state, not a gate:
+  matching op type; one of a kind no op type names (a team's unit norm: ``x / sqrt(sum x^2)``) is matched by what
+  its ops compute: the first node after the previous layer whose output on the same inputs is the layer's (given
+  ``inputs``). A recurrent cell's output is its first tensor that leaves it (the carried state, not a gate:
   the exporter leaves its final gate arithmetic unnamed). Anything else stays unmatched, with the reason.
 * The MindIR (``ms-mindir``): MindSpore gives no per-layer outputs of a loaded MindIR on CPU (its kernels lose the
   Cell scope), so its Parameters are compared with the Cell's instead: the first layer whose weights differ.
@@ -126,8 +128,10 @@ def capture_layers(cell: nn.Cell, inputs: Sequence[np.ndarray]) -> tuple[list[Ca
     return captured, outputs
 
 
-def plan_layers(layers: Sequence[CapturedLayer], onnx_path: Path) -> LayerPlan:
-    """Each captured layer's output tensor in the ONNX graph (see the module docstring)."""
+def plan_layers(layers: Sequence[CapturedLayer], onnx_path: Path, inputs: Sequence[np.ndarray] | None = None) \
+        -> LayerPlan:  # fmt: skip
+    """Each captured layer's output tensor in the ONNX graph (see the module docstring). ``inputs``: those the layers
+    were captured on, to match a parameter-free layer of an unknown kind by its output's values."""
     import onnx
 
     model = onnx.load(str(onnx_path))
@@ -138,8 +142,13 @@ def plan_layers(layers: Sequence[CapturedLayer], onnx_path: Path) -> LayerPlan:
     params = {p for layer in layers for p in layer.params}
     constants = {i.name for i in model.graph.initializer} - params
     planned, last_pos = [], -1
+    values: dict[str, np.ndarray] | None = None
     for layer in layers:
         pos, why = _anchor(layer, nodes, last_pos)
+        if pos is None and inputs is not None and not layer.params and layer.kind not in IDENTITY_IN_EVAL:
+            values = _node_values(inferred, inputs) if values is None else values
+            pos = _by_value(layer.output, nodes, values, last_pos)
+            why = why if pos is None else ""
         if pos is not None and layer.kind in RECURRENT:
             own_inputs = graph_inputs | constants | set(layer.params)
             pos = _recurrent_output(nodes, layer.params, pos, own_inputs, {o.name for o in model.graph.output})
@@ -150,6 +159,41 @@ def plan_layers(layers: Sequence[CapturedLayer], onnx_path: Path) -> LayerPlan:
             tensor, last_pos = nodes[pos][3][0], pos
         planned.append(PlannedLayer(layer.scope, layer.kind, tensor, why if tensor is None else "", layer.role))
     return LayerPlan(planned, nodes)
+
+
+def _node_values(inferred: Any, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """Every node output of the (shape-inferred) ONNX graph on ``inputs``, by tensor name (ONNX Runtime, every
+    intermediate tensor exposed as an output); empty when ONNX Runtime cannot run it."""
+    import onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(inferred)
+    known = {o.name for o in model.graph.output}
+    model.graph.output.extend(v for v in inferred.graph.value_info if v.name not in known)
+    try:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # every node as written
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        feeds = {i.name: np.asarray(x) for i, x in zip(session.get_inputs(), inputs, strict=False)}
+        return dict(zip(names, session.run(names, feeds), strict=True))
+    except Exception:  # noqa: BLE001 - no values, no match by value: the layer stays unmatched, with its reason
+        return {}
+
+
+def _by_value(output: np.ndarray, nodes: Sequence[tuple], values: Mapping[str, np.ndarray], after: int) -> int | None:
+    """The first node after ``after`` whose output equals ``output`` (the layer's, captured on the same inputs) within
+    float32 rounding of the two runtimes (1e-4 of its largest magnitude)."""
+    want = np.asarray(output, np.float64)
+    scale = float(np.abs(want[np.isfinite(want)]).max(initial=0.0)) or 1.0
+    for k in range(after + 1, len(nodes)):
+        got = values.get(nodes[k][3][0]) if nodes[k][3] else None
+        if got is not None and got.shape == want.shape and got.dtype.kind == "f" and \
+                np.allclose(np.asarray(got, np.float64), want, rtol=0, atol=1e-4 * scale, equal_nan=True):  # fmt: skip
+            return k
+    return None
 
 
 def _scalars(node: Any) -> dict[str, float]:
@@ -283,7 +327,7 @@ def localize(
     if runtime == "ms-mindir":
         return mindir_parameters(cell, bundle.file(graph, "mindir"), layers)
     with onnx_of(bundle, graph, cell) as onnx_path:
-        plan = plan_layers(layers, onnx_path)
+        plan = plan_layers(layers, onnx_path, observations)
     plan.outside = outside_parameters(cell)
     reference = [layer.output for layer in layers]
     return localize_runtime(runtime, bundle, graph, plan, reference, observations, tolerance, device)
@@ -416,7 +460,7 @@ def record_layers(cell: nn.Cell, bundle: Bundle, graph: str, feeds: Any) -> dict
     cell.set_train(False)
     layers, _ = capture_layers(cell, inputs)
     with onnx_of(bundle, graph, cell) as onnx_path:
-        plan = plan_layers(layers, onnx_path)
+        plan = plan_layers(layers, onnx_path, inputs)
     plan.outside = outside_parameters(cell)
     arrays = {"layers/graph": np.array(graph), "layers/plan": np.array(json.dumps(plan.to_dict())),
               "layers/rows": rows}  # fmt: skip

@@ -151,7 +151,7 @@ def test_all_fp16_fails_naming_the_layernorm_and_the_fp16_plan_keeps_it_and_veri
 
 
 @pytest.mark.slow
-def test_a_sensor_policy_fp16_overflows_is_named_precision_and_its_plan_is_one_verify_passes(tmp_path):
+def test_a_sensor_policys_unit_norm_fp16_overflows_is_named_and_kept_by_a_plan_verify_passes(tmp_path):
     """A parameter-free unit norm over raw readings (sums of squares beyond fp16's range) on a Gaussian head whose std
     is one Parameter (shape [1]): only the fp16 runtime fails, so the stage is precision; the plan search judges its
     candidates as verify does, so its plan verifies 0 and its all-fp16 candidate fails as verify fails it."""
@@ -171,14 +171,34 @@ def test_a_sensor_policy_fp16_overflows_is_named_precision_and_its_plan_is_one_v
     assert failed and all(c["runtime"] == "emulated-fp16" for c in failed)
     assert all(c["diagnosis"]["stage"] == "precision" for c in failed), [c["diagnosis"] for c in failed]
     assert "only the fp16 runtime differs" in failed[0]["diagnosis"]["detail"]
+    assert "first diverging layer: unitnorm (UnitNorm)" in failed[0]["diagnosis"]["detail"]  # matched by its values
+    assert report["localization"]["emulated-fp16"]["first_diverging_layer"] == "unitnorm"
     assert report["options"]["judged_as"] == {"emulated-fp16": "fp16"}
 
     proc = cli(tmp_path, "msrl_consistency.precision", "--bundle", "bundle", "--lower", "fp16", "--out", "plan", *judge)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     plan = json.loads((tmp_path / "plan" / "manifest.json").read_text())["plan"]
-    assert plan["kept"] and not plan["all_lowered"]["ok"] and plan["final"]["ok"]
+    assert plan["kept"] == ["unitnorm"] and not plan["all_lowered"]["ok"] and plan["final"]["ok"]
     proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", "plan", "--out", "plan-report", *judge)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]  # accepted by the search: verify passes
+
+    # Exported for a 310 in fp16: export warns naming the layer and the plan command, doctor shows it
+    (tmp_path / "sensor.toml").write_text('env_id = "Pendulum-v1"\n[input]\nobs = [3]\n[outputs]\nnames = ["mean", '
+                                          '"std"]\n[action]\nkind = "gaussian"\nmean = "mean"\nstd = "std"\n'
+                                          'squash = "clip"\nlow = [-2.0]\nhigh = [2.0]\n')  # fmt: skip
+    proc = cli(tmp_path, "msrl_consistency.export", "--cell", "precision_policies:make_sensor", "--contract",
+               "sensor.toml", "--out", "b310", "--target", "ascend310", "--precision-mode", "enforce_fp16",
+               "--formats", "mindir,onnx")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("warning: target ascend310")]
+    assert warning and "unitnorm" in warning[0] and "msrl_consistency.precision" in warning[0], proc.stderr[-2000:]
+    doctor = cli(tmp_path, "inference.doctor", "b310", "--json")
+    rows = {row["name"]: row for row in json.loads(doctor.stdout)["checks"]}
+    assert rows["precision"]["status"] == "warn" and "unitnorm" in rows["precision"]["detail"]
+    ok = cli(tmp_path, "msrl_consistency.export", "--cell", "precision_policies:make_sensor", "--contract",
+             "sensor.toml", "--out", "b310-origin", "--target", "ascend310", "--precision-mode", "enforce_origin",
+             "--formats", "mindir,onnx")  # fmt: skip
+    assert ok.returncode == 0 and "warning" not in ok.stderr, ok.stderr[-2000:]  # computes in fp32: no emulation
 
     proc = cli(tmp_path, "msrl_consistency.precision", "--bundle", "bundle", "--lower", "fp16", "--out", "none",
                "--keep", "none", *judge)  # fmt: skip

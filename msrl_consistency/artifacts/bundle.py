@@ -286,4 +286,6 @@ def describe(bundle: Bundle) -> str:
     check = bundle.manifest["self_check"]
     worst = max((r.get("max_abs", 0.0) for r in check["results"]), default=0.0)
     lines.append(f"  self-check: {check['samples']} observations, worst max |diff| {worst:.2e}")
+    if check.get("fp16_emulation"):
+        lines.append(f"  fp16 on the target: {check['fp16_emulation']['reason']}")
     return "\n".join(lines)

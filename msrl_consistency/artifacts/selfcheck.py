@@ -81,7 +81,7 @@ def self_check(
                 failures.append({"graph": graph, "format": fmt, "runtime": runtime.name, "reason": problem})
             results.append({"graph": graph, "format": fmt, "runtime": runtime.name, "max_abs": worst,
                              "tolerance": tol.to_dict(), "passed": problem is None})  # fmt: skip
-    return {
+    out = {
         "passed": not failures,
         "samples": samples,
         "seed": seed,
@@ -91,6 +91,39 @@ def self_check(
         "lite_version": lite_version,
         "reference": REFERENCE,
     }
+    if bundle.precision == "fp32" and bundle.target.get("computes_in") == "fp16":
+        out["fp16_emulation"] = fp16_emulation(bundle, cells, feeds, localize)
+    return out
+
+
+def fp16_emulation(bundle: Bundle, cells: Mapping[str, Any], feeds: Any, localize: Localize | None) -> dict[str, Any]:
+    """The graphs as the target's fp16 computes them (``emulated-fp16``) against the Cell, with the fp16 preset: a
+    float32 bundle exported for a device that computes in fp16 is told before deploying whether fp16 breaks it, and
+    which layer (not a failure of any file: the files are right, the device's precision is not)."""
+    source = RuntimeSource(bundle, cells.__getitem__)
+    tol = tolerance_for("fp16", "emulated-fp16")
+    for graph in bundle.graphs:
+        runtime = create("emulated-fp16", source, graph)
+        reason = runtime.unavailable_reason(source) or (None if bundle.has_file(graph, "onnx") else
+                                                        "the bundle has no .onnx graph to emulate")  # fmt: skip
+        if reason:
+            return {"passed": None, "reason": f"not emulated: {reason}"}
+        inputs = feeds.graph_inputs(bundle, graph)
+        with create(REFERENCE, source, graph) as cell:
+            expected = cell.infer(*inputs)
+        with runtime:
+            got = runtime.infer(*inputs)
+        for name, ref in expected.items():
+            cmp = compare_arrays(name, ref, got[name], tol, feeds.ordinary)
+            if cmp.passed:
+                continue
+            where = _localized(localize, bundle, graph, cells[graph], runtime.name, inputs, expected, got, tol)
+            marker = "first diverging layer: "
+            layer = where.split(marker, 1)[1].split(" ", 1)[0] if marker in where else None
+            return {"passed": False, "graph": graph, "layer": layer,
+                    "reason": f"in fp16 (emulated), output {name} of {graph} differs from the Cell: {cmp.mismatches}/"
+                    f"{cmp.count} elements beyond the fp16 tolerance (max abs {cmp.max_abs:.3g}){where}"}  # fmt: skip
+    return {"passed": True, "reason": f"in fp16 (emulated) every output agrees with the Cell ({tol.describe()})"}
 
 
 LOCALIZE_ROWS = 16

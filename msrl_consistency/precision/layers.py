@@ -68,9 +68,10 @@ def policy_layers(bundle: Bundle, cells: Callable[[str], Any]) -> list[Layer]:
         from inference.bundle.tensors import TensorMeta
 
         metas = [TensorMeta.from_manifest(t) for t in bundle.graph(graph)["inputs"]]
-        captured, _ = capture_layers(cell, [example(m, 2, rng) for m in metas])
+        examples = [example(m, 2, rng) for m in metas]
+        captured, _ = capture_layers(cell, examples)
         onnx_path = Path(bundle.file(graph, "onnx"))
-        plan = plan_layers(captured, onnx_path)
+        plan = plan_layers(captured, onnx_path, examples)
         model = onnx.load(str(onnx_path))
         sizes = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer}
         reads = {n.name: [i for i in n.input if i in sizes] for n in model.graph.node}
