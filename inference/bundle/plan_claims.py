@@ -84,7 +84,7 @@ def _belongs(bundle: Any, plan: Mapping[str, Any], where: str) -> None:
     made_from = plan.get("source_graphs")
     if not isinstance(made_from, dict):
         raise PlanClaimError(f"{where} does not say which float32 graphs it was made from (no source_graphs): make "
-                             "it again with python -m msrl_consistency.precision")  # fmt: skip
+                             "the plan again")  # fmt: skip
     for graph in bundle.graphs:
         mine = ((bundle.graph(graph).get("files") or {}).get("onnx") or {}).get("sha256")
         if made_from.get(graph) != mine or mine is None:

@@ -244,8 +244,8 @@ def _lowered_precision_named(
             layer = f"; first diverging layer: {found.first} ({found.first_kind})" if found and found.first else ""
             c.diagnosis = {"stage": "precision", "detail": f"only the {precision} runtime differs (every float32 "
                            f"runtime agrees with the Cell): {precision} overflows, saturates or rounds away what "
-                           f"a layer computes{layer}; keep that layer in fp32 (python -m "
-                           f"msrl_consistency.precision --lower {precision})"}  # fmt: skip
+                           f"a layer computes{layer}; keep that layer in fp32 (a precision plan, --lower "
+                           f"{precision})"}  # fmt: skip
 
 
 CHECKPOINT = "checkpoint"  # the localisation of a checkpoint other than the bundle's source: its differing layer

@@ -210,8 +210,8 @@ def precision_check(bundle: Bundle, info: RunnerInfo | None, device: str) -> Che
     emulated = (bundle.manifest.get("self_check") or {}).get("fp16_emulation") or {}
     if emulated.get("passed") is False:  # export's emulation of the target's fp16: the policy breaks there
         return Check("precision", WARN, f"mode {mode}, computes in {chosen.preset}", pinned,
-                     f"{chosen.why}; {emulated.get('reason')}; keep that layer in fp32 (python -m "
-                     "msrl_consistency.precision --lower fp16)")  # fmt: skip
+                     f"{chosen.why}; {emulated.get('reason')}; keep that layer in fp32: a precision plan "
+                     "(--lower fp16) on the training side")  # fmt: skip
     return Check("precision", OK, f"mode {mode}, computes in {chosen.preset}", pinned, chosen.why)
 
 
