@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import time
 import struct
 import subprocess
 import sys
@@ -358,6 +359,23 @@ def test_hang_times_out_and_kills(mlp: Mlp, monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(RunnerCrashed, match="down after: timeout .* not restarting it .*max_restarts=0"):
         r.ping()
     r.close()
+
+
+def test_the_wait_follows_the_work_and_a_hang_is_still_bounded(mlp: Mlp, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large first request is preceded by one row that measures the model's cost; a request may then take its rows
+    times that cost (with slack) beyond the timeout, and a runner that never answers is still killed."""
+    monkeypatch.setenv("MSRL_LITE_RUNNER_FAULT", "hang:500")  # only 500-row requests hang
+    with LiteRunner(mlp.ms, runner=TEST_RUNNER, timeout=1.0, max_restarts=0) as r:
+        assert r._timeout_for(10_000) == 1.0  # nothing measured yet
+        obs = np.random.default_rng(5).standard_normal((400, 4)).astype(np.float32)
+        np.testing.assert_allclose(r.infer(obs)["logits"], mlp.reference(obs), atol=1e-5)
+        assert r._row_cost is not None and r._row_cost > 0
+        assert r._timeout_for(10_000) > r._timeout_for(1) > 1.0
+        bound = r._timeout_for(500)
+        started = time.monotonic()
+        with pytest.raises(RunnerTimeout, match="within the timeout"):
+            r.infer(np.zeros((500, 4), np.float32))
+        assert bound <= time.monotonic() - started < bound + 10
 
 
 def test_crash_is_reported(mlp: Mlp, monkeypatch: pytest.MonkeyPatch) -> None:

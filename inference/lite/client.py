@@ -78,6 +78,10 @@ def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
     return serialized
 
 
+PROBE_ROWS = 64  # a first request of more rows is preceded by one row, which measures the model's cost
+ROW_COST_SLACK = 20.0
+
+
 class LiteRunner:
     """One model served by a ``msrl-lite-runner`` child process; call ``infer`` once per step or batch.
 
@@ -125,6 +129,7 @@ class LiteRunner:
         self.inline = inline
         self.cpu_fp16 = cpu_fp16
         self._lock = threading.RLock()  # see _one_at_a_time
+        self._row_cost: float | None = None  # seconds per row of the costliest request so far (see _deadline)
         self.restarts = 0  # runners started after the first, over this client's life
         self._restarts_in_a_row = 0
         self._closed = False
@@ -241,6 +246,9 @@ class LiteRunner:
         self._alive()
         if len(arrays) != len(self.inputs):
             raise FeedError(f"expected {len(self.inputs)} inputs, got {len(arrays)}")
+        rows = max((int(np.shape(a)[0]) if np.ndim(a) else 1 for a in arrays), default=1)
+        if self._row_cost is None and rows > PROBE_ROWS:  # a large first request: its first row measures the cost
+            self.infer(*(np.asarray(a)[:1] if np.ndim(a) else a for a in arrays))
         parts = [self._infer_head]
         for meta, heads, arr in zip(self.inputs, self._feed_heads, arrays, strict=True):
             arr = np.ascontiguousarray(arr)
@@ -258,7 +266,8 @@ class LiteRunner:
             parts.append(head)
             parts.append(arr.data)
         self._send(b"".join(parts))
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = started + self._timeout_for(rows)
         self._status(deadline)
         buf = self._buf
         (count,) = U32.unpack_from(buf, self._need(4, deadline))
@@ -274,7 +283,14 @@ class LiteRunner:
                 self._crashed(f"runner sent unknown dtype code {code}")
             off = self._need(nbytes, deadline)
             out[name] = np.frombuffer(buf[off : off + nbytes], dtype=DTYPES[code]).reshape(dims)
+        self._row_cost = max(self._row_cost or 0.0, (time.monotonic() - started) / rows)
         return out
+
+    def _timeout_for(self, rows: int) -> float:
+        """How long a request of ``rows`` rows may take: ``timeout``, plus ``ROW_COST_SLACK`` times what that many rows
+        cost at the costliest rate measured on this model (a slow kernel, an int8 CNN on this CPU, a loaded host: the
+        wait follows the work; a runner that never answers is still killed)."""
+        return self.timeout + ROW_COST_SLACK * rows * (self._row_cost or 0.0)
 
     @_one_at_a_time
     def infer_taps(self, *arrays: np.ndarray) -> list[KernelOutputs]:
