@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import time
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
