@@ -52,6 +52,10 @@ def test_every_shipped_contract_parses_and_round_trips():
         ({**GAUSSIAN, "input": {"obs": [0]}}, "shape without the batch dim"),
         ({**GAUSSIAN, "input": {"obs": [3], "noise": [1]}}, "noise_kind"),
         ({k: v for k, v in GAUSSIAN.items() if k != "outputs"}, "missing table"),
+        # names the runtimes, the report page and recordings carry: printable, bounded
+        ({**GAUSSIAN, "outputs": {"names": ["mean", "a\u0000b"]}}, "names: 'a.x00b' is not a usable name"),
+        ({**GAUSSIAN, "outputs": {"names": ["mean", "two\nlines"]}}, "not a usable name"),
+        ({**GAUSSIAN, "outputs": {"names": ["mean", "x" * 129]}}, "not a usable name"),
     ],
 )
 def test_malformed_contracts_say_what_is_wrong(data, message):

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import foreign_policies as fp
@@ -171,6 +172,10 @@ def test_act_takes_python_numbers_only_when_nothing_is_lost(cartpole_bundle):
         policy.act(row[:3])
     with pytest.raises(FeedError, match="noise= is for mode='stochastic'"):
         policy.act(row, noise=np.zeros((1, 2), np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused in one line, not cast to inf with numpy's overflow warning
+        with pytest.raises(FeedError, match="values 0 to 1e\\+300.*beyond float32's range .*would become inf"):
+            policy.act([1e300, 0.0, 0.0, 0.0])
 
 
 def test_a_host_side_scaling_bug_fails_at_act_in_the_readmes_loop(dict_bundle, tmp_path):

@@ -122,9 +122,15 @@ def _as_input(value: Any, field: Field, where: str) -> np.ndarray:
 
 def _exact(values: np.ndarray, want: np.dtype, where: str) -> np.ndarray:
     """Python numbers converted to ``want`` where nothing is lost: integers in range, whole numbers for an integer
-    input; floats for a float input (a Python float carries no precision of its own to lose)."""
+    input; finite floats within the float input's range (a Python float carries no precision of its own to lose, but
+    1e300 in float32 is inf: that is refused)."""
     if want.kind == "f":
-        return values.astype(want)
+        with np.errstate(over="ignore"):
+            cast = values.astype(want)
+        if (np.isfinite(cast) | ~np.isfinite(values)).all():  # inf and NaN given stay as given: only overflow refused
+            return cast
+        raise FeedError(f"{where}: Python numbers{_span(values)} given, beyond {want}'s range (±"
+                        f"{float(np.finfo(want).max):.4g}): they would become inf")
     if want.kind in "iu":
         info = np.iinfo(want)
         finite = np.isfinite(values) if values.dtype.kind == "f" else np.ones(values.shape, bool)

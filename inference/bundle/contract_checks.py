@@ -57,6 +57,16 @@ _ROLE_KEYS = {"argmax": ("values",), "categorical": (), "gaussian": ("mean",), "
               "distributional": ("atoms", "support")}
 
 
+MAX_NAME = 128  # a tensor name a runtime, a report page and a file name all carry
+
+
+def check_name(name: Any, where: str) -> None:
+    """A name the runtimes, reports and recordings carry: a non-empty printable string (no NUL, newline or other
+    control character) of at most ``MAX_NAME`` characters."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME or not name.isprintable():
+        raise ContractError(f"{where}: {name!r} is not a usable name (printable, 1-{MAX_NAME} characters)")
+
+
 def validate(contract: ContractParts) -> None:
     """Internal consistency: names exist, the kind has its keys, bounds are well-formed."""
     a = contract.action
@@ -76,6 +86,12 @@ def validate(contract: ContractParts) -> None:
         raise ContractError(f"[action] kind must be one of {', '.join(ACTION_KINDS)}, got {a.kind!r}")
     if len(set(contract.outputs)) != len(contract.outputs):
         raise ContractError(f"[outputs] names repeat a name: {list(contract.outputs)}")
+    for name in contract.outputs:
+        check_name(name, "[outputs] names")
+    for f in contract.observations if contract.obs_dict else ():
+        check_name(f.name, "[input] obs")
+    for s in contract.states:
+        check_name(s.name, "[state]")
     for key in _ROLE_KEYS[a.kind]:
         if getattr(a, key) is None:
             raise ContractError(f"[action] kind {a.kind!r} needs {key} = \"<output name>\"")
