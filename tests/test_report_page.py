@@ -196,3 +196,36 @@ def test_a_page_that_cannot_be_drawn_leaves_the_verdict_and_says_why(tmp_path, m
     html.write_page(tmp_path / "report.html", {"verdict": "INCONSISTENT (1 failed check(s))", "checks": []})
     text = (tmp_path / "report.html").read_text()
     assert "INCONSISTENT (1 failed check(s))" in text and "could not be drawn (KeyError" in text
+
+
+def test_a_mode_that_was_not_played_is_a_row_of_the_episodes_table():
+    """An argmax policy has no stochastic mode: its ``episodes.stochastic`` skip (one dot) is drawn, not a crash."""
+    data = {"schema": "msrl-consistency/verify-report", "exit_code": 0, "verdict": "CONSISTENT",
+            "bundle": {"env_id": "CartPole-v1"}, "runtimes": {"onnxruntime": {"status": "ran"}},
+            "options": {"tolerance": "fp32"},
+            "checks": [{"runtime": "inputs", "name": "episodes.stochastic", "status": "skip",
+                        "summary": "no stochastic mode: a argmax policy takes no noise"},
+                       {"runtime": "onnxruntime", "name": "episodes.teacher_forced.deterministic", "status": "pass",
+                        "summary": "all agree", "metrics": {"differing_actions": 0, "steps": 100}}]}  # fmt: skip
+    html = page(Run(data))
+    assert "could not be drawn" not in html
+    episodes = html.split('id="episodes"')[1]
+    assert "no stochastic mode" in episodes and "not played" in episodes and "0 of 100 actions differ" in episodes
+
+
+def test_report_links_are_relative_file_paths_and_only_the_pages_own_script_may_run():
+    """A run directory named like a URL (``javascript:...``) stays a file path in the diff page's link, and the CSP
+    allows the page's one script by its hash, never inline script (a link or handler that got in cannot run)."""
+    import base64
+    import hashlib
+
+    from inference.report.diff_page import relative_url
+    from inference.report.html import CSP, SCRIPT, document
+
+    assert relative_url("javascript:document.title='PWNED';1/report.html") == \
+        "./javascript%3Adocument.title%3D%27PWNED%27%3B1/report.html"  # fmt: skip
+    assert relative_url("../a b/report.html") == "../a%20b/report.html"
+    script_src = next(part for part in CSP.split(";") if part.strip().startswith("script-src"))
+    assert "unsafe-inline" not in script_src
+    digest = base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()
+    assert f"'sha256-{digest}'" in script_src and f"<script>{SCRIPT}</script>" in document("t", "")

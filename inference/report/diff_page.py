@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from html import escape
 from pathlib import Path
+from urllib.parse import quote
 
 from inference.report.diff import Change, regressed, summary
 from inference.report.html import document, status_class
@@ -41,6 +42,13 @@ def diff_page(old: Run, new: Run, changes: list[Change], out: Path) -> str:
     return document(f"{outcome}: {new.subject}", body)
 
 
+def relative_url(path: str) -> str:
+    """A file path as a relative URL, whatever its name: percent-encoded (a ``javascript:`` directory name is no URL
+    scheme) and starting with ``./`` or ``../``."""
+    url = quote(Path(path).as_posix())
+    return url if url.startswith(("./", "../")) else f"./{url}"
+
+
 def _side(label: str, run: Run, out: Path) -> str:
     d = run.data
     bundle = d.get("bundle") or {}
@@ -52,7 +60,7 @@ def _side(label: str, run: Run, out: Path) -> str:
     link = ""
     if page.is_file():
         rel = os.path.relpath(page.resolve(), out.resolve().parent)
-        link = f' · <a href="{escape(Path(rel).as_posix())}">its report</a>'
+        link = f' · <a href="{escape(relative_url(rel))}">its report</a>'
     cmd = (run.provenance.get("command") or {}).get("shell")
     return (f'<div class="card"><h3>{label}: <span class="st {status_class(run.verdict)}">{escape(run.verdict_line)}'
             f"</span></h3><p><code>{escape(run.where)}</code>{link}<br>{escape(str(d.get('created', '')))} · bundle "

@@ -171,11 +171,13 @@ def episodes(run: Run, colors: dict[str, str]) -> str:
         if not name.startswith("episodes."):
             continue
         runtime, m = str(c.get("runtime")), c.get("metrics") or {}
-        kind, mode = name.split(".")[1:3]
+        parts = name.split(".")  # episodes.<replay>.<mode>, or episodes.<mode>: a mode that was not played
+        kind, mode = (parts[1], parts[2]) if len(parts) >= 3 else ("not played", parts[-1])
         rid = f' id="{slug("ep-" + runtime)}"' if runtime not in seen else ""
         seen.add(runtime)
         measured = (f"{m.get('differing_actions', 0)} of {m.get('steps', 0)} actions differ"
-                    if kind == "teacher_forced" else f"{m.get('episodes_diverged', 0)} episode(s) diverge")
+                    if kind == "teacher_forced" else f"{m.get('episodes_diverged', 0)} episode(s) diverge"
+                    if kind == "free_running" else "–")  # fmt: skip
         rows.append(f'<tr class="{c.get("status")}"{rid}><td>{escape(runtime)}</td><td>{escape(mode)}</td>'
                     f"<td>{escape(kind.replace('_', '-'))}</td>{status_cell(str(c.get('status')))}<td>{measured}</td>"
                     f"{td(m.get('first_divergent_step'))}{td(m.get('max_abs_return_delta'))}"
