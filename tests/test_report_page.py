@@ -229,3 +229,23 @@ def test_report_links_are_relative_file_paths_and_only_the_pages_own_script_may_
     assert "unsafe-inline" not in script_src
     digest = base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()
     assert f"'sha256-{digest}'" in script_src and f"<script>{SCRIPT}</script>" in document("t", "")
+
+
+def test_diff_takes_a_vanished_gate_and_an_unknown_status_for_regressions():
+    """A gate that passed in OLD and no longer runs in NEW guards nothing (a regression, not a change); a status
+    string this diff cannot read is never taken for a pass."""
+    from inference.report.diff import diff_runs, regressed
+
+    def run(checks: list[dict]) -> Run:
+        return Run({"schema": "msrl-consistency/verify-report", "exit_code": 0, "verdict": "CONSISTENT",
+                    "runtimes": {"lite": {"status": "ran"}}, "options": {"tolerance": "fp32"},
+                    "checks": checks})  # fmt: skip
+
+    gate = {"runtime": "lite", "name": "observations.policy", "status": "pass", "summary": "agree"}
+    other = {"runtime": "lite", "name": "repeatability", "status": "pass", "summary": "same bits"}
+    changes = diff_runs(run([gate, other]), run([other]))
+    assert regressed(changes), changes
+    assert any(c.what == "lite observations.policy" and c.effect == "regression" for c in changes)
+    odd = diff_runs(run([gate, other]), run([{**gate, "status": "PASSED"}, other]))
+    assert regressed(odd) and any("does not know" in c.new for c in odd), odd
+    assert not regressed(diff_runs(run([gate, other]), run([gate, other])))

@@ -99,6 +99,9 @@ def _runtimes(old: Run, new: Run) -> Iterator[Change]:
             yield Change("runtime", name, sa, sb + reason, "change")
 
 
+KNOWN = {"pass", "fail", "warn", "skip", "error"}
+
+
 def _key(c: dict[str, Any]) -> tuple[str, str]:
     return str(c.get("runtime")), str(c.get("name"))
 
@@ -114,7 +117,9 @@ def _checks(old: Run, new: Run) -> Iterator[Change]:
             continue
         stage = (c.get("diagnosis") or {}).get("stage")
         detail = f"{sb}{f' ({stage})' if stage else ''}: {c.get('summary', '')}" if sb in BAD else sb
-        if sb in BAD and sa not in BAD:
+        if sb not in KNOWN:  # a status this diff cannot read is not taken for a pass
+            effect, detail = "regression", f"{sb!r}, a status this diff does not know"
+        elif sb in BAD and sa not in BAD:
             effect = "regression"
         elif sa in BAD and sb not in BAD:
             effect = "improvement"
@@ -122,8 +127,9 @@ def _checks(old: Run, new: Run) -> Iterator[Change]:
             effect = "change"
         yield Change("check", " ".join(key), sa, detail, effect)
     for key, c in before.items():
-        if key not in after and key[0] not in lost:
-            yield Change("check", " ".join(key), str(c.get("status")), "not run", "change")
+        if key not in after and key[0] not in lost:  # a gate that passed and no longer runs guards nothing
+            gate = str(c.get("status")) in ("pass", "warn")
+            yield Change("check", " ".join(key), str(c.get("status")), "not run", "regression" if gate else "change")
 
 
 def beyond_noise(a: float, b: float, tol: float | None) -> bool:
