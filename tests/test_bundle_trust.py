@@ -183,3 +183,17 @@ def test_a_missing_runner_fails_the_suite_under_ci(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-1000:]  # outside CI a developer's checkout may lack the runner
+
+
+def test_a_graph_file_replaced_after_the_bundle_was_loaded_is_refused_not_run(cartpole_bundle, tmp_path):
+    """The hash is checked again when a runtime opens the file: a swap between load_bundle and the run is caught."""
+    from inference.runtimes.base import RuntimeSource
+    from inference.runtimes.registry import create
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(cartpole_bundle.root, copy)
+    bundle = load_bundle(copy)
+    shutil.copyfile(copy / "policy_sample.onnx", copy / "policy.onnx")  # another graph, after the hashes were read
+    runtime = create("onnxruntime", RuntimeSource(bundle), "policy")
+    with pytest.raises(BundleError, match="policy.onnx changed after the bundle was loaded"):
+        runtime.open()

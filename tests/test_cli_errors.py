@@ -133,3 +133,11 @@ def test_every_command_prints_its_help(module, capfd):
     assert code == 0 and HELP_LISTS[module] in out and "Traceback" not in out
     if module == "msrl_consistency.train":
         assert "20-40% off" in out
+
+
+def test_a_mistyped_bundle_path_is_named_as_typed(cartpole_bundle, tmp_path):
+    """``bundles/cartpol`` is said not to exist, not reported as its parent ``bundles`` not being a bundle."""
+    typo = cartpole_bundle.root.parent / (cartpole_bundle.root.name[:-1] + "x")
+    proc = run_module("inference.play", str(typo), "--episodes", "1")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{typo} does not exist" in proc.stderr and f"{typo.parent} is not a bundle" not in proc.stderr

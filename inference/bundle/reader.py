@@ -122,6 +122,15 @@ class Bundle:
             raise BundleError(f"bundle {self.root}: no {fmt} file for {graph} ({reason})")
         return self.root / entry["file"]
 
+    def recheck(self, path: Path) -> None:
+        """``path`` (a graph file of this bundle) still has the sha256 the manifest records: a file replaced after
+        ``load_bundle`` checked it is refused (``BundleError``), not run."""
+        for graph in self.graphs:
+            for entry in self.graph(graph)["files"].values():
+                if entry.get("file") == path.name and entry.get("sha256") and sha256_file(path) != entry["sha256"]:
+                    raise BundleError(f"bundle {self.root}: {path.name} changed after the bundle was loaded (its "
+                                      "sha256 no longer matches the manifest): not run")  # fmt: skip
+
     def has_file(self, graph: str, fmt: str) -> bool:
         """Whether ``graph`` has a ``fmt`` file a runtime may load: exported, and not marked failed at export (a file
         that disagreed with its Cell stays in the bundle as evidence; ``file`` refuses it)."""
@@ -192,6 +201,8 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     """Open a bundle directory (or any file inside it): its manifest valid against the published schema (v2:
     ``manifest.schema.json``), every graph file inside the bundle directory, every hash matching."""
     path = Path(path)
+    if not path.exists():  # a mistyped path is named as typed, not as its parent
+        raise BundleError(f"{path} does not exist (a bundle is a directory with a {MANIFEST})")
     root = path if path.is_dir() else path.parent
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():

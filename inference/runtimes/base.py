@@ -93,6 +93,8 @@ class Runtime(abc.ABC):
         reason = self.why_not(self.source)
         if reason:
             raise RuntimeUnavailable(f"{self.name}: {reason}")
+        if self.fmt is not None:  # the file loaded is the file the manifest's hash names, now, not at load_bundle
+            self.source.bundle.recheck(self.model_path())
         self._load()
         self._open = True
         return self
