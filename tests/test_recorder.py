@@ -168,7 +168,9 @@ def test_one_recorder_per_directory(cartpole_bundle, tmp_path):
     with Recorder(tmp_path / "rec", cartpole_bundle, "policy") as second:  # released by close
         call(second)
     lock = tmp_path / "rec" / ".recorder.lock"
-    holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, os, time\nfd = os.open({str(lock)!r}, os.O_RDWR)\n"
+    assert not lock.exists()  # close() leaves no lock file behind
+    holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, os, time\nfd = os.open({str(lock)!r}, "
+                               "os.O_RDWR | os.O_CREAT)\n"
                                "fcntl.flock(fd, fcntl.LOCK_EX)\nos.ftruncate(fd, 0)\n"
                                "os.pwrite(fd, b'%d\\n' % os.getpid(), 0)\nprint('locked', flush=True)\ntime.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -306,7 +308,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(cartpole_bundle
     with pytest.raises(UsageError, match="could not be written: OSError: .*No space left on device") as caught:
         rec.close()
     assert "\n" not in str(caught.value)
-    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == [".recorder.lock"]  # no chunk, no .tmp
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == []  # no chunk, no .tmp, no lock file
 
 
 def test_play_on_a_full_disk_says_so_in_one_line(cartpole_bundle, tmp_path):
@@ -344,8 +346,15 @@ FORKED = """
         call(rec)
     pid = os.fork()
     if pid == 0:
+        try:
+            call(rec)  # the parent's recorder: refused in one line, never recorded to nowhere
+            os._exit(8)
+        except UsageError as exc:
+            if "forked child cannot record" not in str(exc):
+                os._exit(9)
         sys.exit(0)  # the child's exit runs the finaliser it inherited
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
     try:
         Recorder({out!r}, bundle, "policy")
         print("lock lost")
@@ -364,6 +373,17 @@ def test_a_forked_child_neither_writes_nor_unlocks_the_recording(cartpole_bundle
     assert proc.returncode == 0 and proc.stdout.strip() == "still locked", proc.stdout + proc.stderr[-2000:]
     index = index_recording([tmp_path / "rec"], cartpole_bundle)
     assert len(index.chunks) == 1 and index.steps == 20
+
+
+def test_a_second_observe_for_one_act_is_refused_not_overwritten(cartpole_bundle, tmp_path):
+    with Recorder(tmp_path / "rec", cartpole_bundle, "policy") as rec:
+        call(rec)
+        rec.observe(1.0, False)
+        with pytest.raises(UsageError, match="observe\\(\\) twice after one act\\(\\)"):
+            rec.observe(5.0, True)
+        call(rec)
+        rec.observe(2.0, True)
+    assert returns(tmp_path / "rec", cartpole_bundle) == [3.0]  # the first answer kept: 1 + 2
 
 
 def test_an_action_of_another_layout_is_refused_at_the_call(cartpole_bundle, tmp_path):

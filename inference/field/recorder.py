@@ -109,7 +109,7 @@ class Recorder:
         host_noise: np.ndarray | None,
     ) -> None:  # fmt: skip
         sink = self._sink
-        if sink.finished or len(sink.errors) > self._reported:
+        if sink.finished or len(sink.errors) > self._reported or os.getpid() != sink.pid:
             self._check_open()
         n = self._check_call(inputs, outputs, action, host_noise)
         cols = sink.cols
@@ -141,23 +141,26 @@ class Recorder:
 
     def _observe(self, reward: np.ndarray | float, done: np.ndarray | bool | None) -> None:
         sink = self._sink
-        if sink.finished or len(sink.errors) > self._reported:
+        if sink.finished or len(sink.errors) > self._reported or os.getpid() != sink.pid:
             self._check_open()
         cols = sink.cols
         if cols is None or cols.sealed or not cols.n:
             raise UsageError("observe() before any act(): there is no action to attach the reward to")
         last, n = len(cols.n) - 1, cols.n[-1]
-        # one row and plain Python numbers (a gymnasium env's answer): no array per call
-        cols.reward[last] = float(reward) if n == 1 and type(reward) in _NUMBERS else _per_row("reward", reward, n,
-                                                                                               np.float64)  # fmt: skip
+        if cols.reward[last] is not None:  # the env answers an action once: a second answer would replace the first
+            raise UsageError("observe() twice after one act(): the env's answer to that action is already recorded")
+        # one row and plain Python numbers (a gymnasium env's answer): no array per call. Both checked, then both
+        # kept: an answer refused in part leaves nothing behind.
+        value = float(reward) if n == 1 and type(reward) in _NUMBERS else _per_row("reward", reward, n, np.float64)
         if done is None:
+            cols.reward[last] = value
             return
         if type(done) in _BOOLS and (n == 1 or not done):
-            cols.done[last] = bool(done) if n == 1 else None
+            cols.reward[last], cols.done[last] = value, (bool(done) if n == 1 else None)
             self._done = _ENDED if n == 1 and done else None
             return
         rows = _per_row("done", done, n, bool)
-        cols.done[last] = rows
+        cols.reward[last], cols.done[last] = value, rows
         self._done = rows if rows.any() else None
 
     def new_episode(self) -> None:
@@ -195,6 +198,10 @@ class Recorder:
     # -- internals -----------------------------------------------------------------------------------------------
     def _check_open(self) -> None:
         sink = self._sink
+        if os.getpid() != sink.pid:
+            raise UsageError(f"this recorder belongs to process {sink.pid}: a forked child cannot record through it "
+                             "(its writer thread is the parent's); open a recorder in the child, into another "
+                             "directory")  # fmt: skip
         if sink.finished:
             raise UsageError(f"the recording to {self.directory} is closed")
         if len(sink.errors) > self._reported:

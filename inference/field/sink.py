@@ -9,6 +9,7 @@ the disk was behind (``lost``, announced in the next chunk written).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -166,7 +167,7 @@ class Sink:
             self.queue.put(None)
             self.stopping = True
         self.thread.join()
-        unlock(self.lock)
+        unlock(self.lock, self.directory)
         self.lock = None
         self.finished = True
         closed(self)
@@ -225,6 +226,12 @@ def lock_directory(directory: Path) -> int | None:
         return fd
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino != os.stat(directory / LOCK_FILE).st_ino:  # unlinked by the recorder that just closed
+            os.close(fd)
+            return lock_directory(directory)
+    except FileNotFoundError:  # the same, between our open and our stat
+        os.close(fd)
+        return lock_directory(directory)
     except BlockingIOError:
         holder = (os.pread(fd, 32, 0).decode(errors="replace").split() or ["unknown"])[0]
         os.close(fd)
@@ -239,10 +246,15 @@ def lock_directory(directory: Path) -> int | None:
     return fd
 
 
-def unlock(fd: int | None) -> None:
+def unlock(fd: int | None, directory: Path | None = None) -> None:
+    """Release the lock; with ``directory``, remove its lock file first (while still holding it: a recorder that
+    opened the old file meanwhile sees it unlinked and takes a new one, ``lock_directory``)."""
     if fd is None:
         return
     try:
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(directory / LOCK_FILE)
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
