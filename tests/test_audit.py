@@ -286,6 +286,11 @@ MALFORMED: list[tuple[str, Callable[[dict, dict], object], str]] = [
     ("duplicate key", lambda a, m: json.dumps(m)[:-1] + ', "graph": "policy_sample"}', "duplicate key 'graph'"),
     ("other version", lambda a, m: json.dumps({**m, "version": 99}), "field-recording chunk of version 1 or 2"),
     ("steps mismatch", lambda a, m: json.dumps({**m, "steps": m["steps"] + 1}), "with 1001 steps (meta 'steps')"),
+    ("negative episode", lambda a, m: a["episode"].__setitem__(3, -5), "field 'episode' is -5 at step 3"),
+    ("negative env", lambda a, m: a["env"].__setitem__(0, -1), "field 'env' is -1 at step 0"),
+    ("time at int64's end", lambda a, m: a["time_ns"].__setitem__(7, np.iinfo(np.int64).max),
+     "field 'time_ns' is 9223372036854775807 at step 7"),
+    ("time before 1970", lambda a, m: a["time_ns"].__setitem__(2, np.iinfo(np.int64).min), "field 'time_ns' is -9"),
 ]  # fmt: skip
 
 
@@ -328,3 +333,29 @@ def test_a_noise_input_policy_audits_in_both_modes(tmp_path):
         actions = next(c for c in result.checks if c.name == "field.actions")
         assert result.exit_code == 0, result.console_table()
         assert actions.status == "pass" and facts.actions["steps"] == 400 and facts.actions["differ"] == 0
+
+
+def test_an_episode_with_a_nan_or_inf_reward_stays_and_is_named_not_averaged():
+    """A 408-step episode with one NaN reward, then a 500-step one: the audit does not read a min return of 500 as
+    if the first never happened; it names it and warns."""
+    from types import SimpleNamespace
+
+    from inference.compare.audit_field import Returns
+
+    reward = np.ones(908)
+    reward[100] = np.nan
+    done = np.zeros(908, bool)
+    done[[407, 907]] = True
+    chunk = SimpleNamespace(env=np.zeros(908, np.int64), episode=np.r_[np.zeros(408), np.ones(500)].astype(np.int64),
+                            reward=reward, done=done)  # fmt: skip
+    returns = Returns()
+    returns.add(0, chunk)
+    facts = returns.facts([])
+    assert facts["episodes"] == 1 and facts["min"] == 500.0 and facts["non_finite"] == 1
+    assert facts["non_finite_episodes"][0] == {"episode": 0, "env": 0, "finite_sum": 407.0}
+    check = returns.check("field:lite", facts)
+    assert check.status == "warn" and "episode 0 env 0" in check.summary and "NaN or inf" in check.summary
+    reward[100] = np.inf
+    inf = Returns()
+    inf.add(0, chunk)
+    assert inf.check("field:lite", inf.facts([])).status == "warn"

@@ -240,10 +240,29 @@ def read_chunk(info: ChunkInfo, layout: Layout) -> Chunk:
         raise UsageError(f"{info.path} is not a complete recording chunk ({type(exc).__name__}: "
                          f"{first_line(exc)})") from None  # fmt: skip
     layout.check(info.path, {k: (v.shape, v.dtype) for k, v in arrays.items()}, info.steps)
+    _check_steps(info.path, arrays)
     inputs = [arrays[f"input/{k}"] for k in range(sum(k.startswith("input/") for k in arrays))]
     outputs = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("output/")}
     return Chunk(info, inputs, outputs, arrays["action"], arrays.get("host_noise"), arrays["time_ns"],
                  arrays["episode"], arrays["env"], arrays["reward"], arrays["done"])  # fmt: skip
+
+
+MAX_TIME_NS = 1 << 62  # the year 2116: a recorder's clock never reads this, nor 0 or less
+
+
+def _check_steps(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Values no recorder writes: a negative episode id or env row, a timestamp at or before 1970 or past 2116."""
+    for name in ("episode", "env"):
+        if len(arrays[name]) and int(arrays[name].min()) < 0:
+            step = int(np.argmax(arrays[name] < 0))
+            raise UsageError(f"{path}: field {name!r} is {int(arrays[name][step])} at step {step}: a recorder numbers "
+                             f"them from 0")  # fmt: skip
+    time_ns = arrays["time_ns"]
+    bad = (time_ns <= 0) | (time_ns >= MAX_TIME_NS)
+    if bad.any():
+        step = int(np.argmax(bad))
+        raise UsageError(f"{path}: field 'time_ns' is {int(time_ns[step])} at step {step}, not a time a recorder's "
+                         "clock gives (after 1970, before 2116)")  # fmt: skip
 
 
 def recording_chunks(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:

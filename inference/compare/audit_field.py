@@ -313,6 +313,8 @@ class Returns:
     envs: array = field(default_factory=lambda: array("q"))
     returns: array = field(default_factory=lambda: array("d"))
     unfinished: int = 0
+    # ended episodes with a step whose reward is NaN or inf (or was never observed): kept and named, never averaged
+    marked: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, recording: int, chunk: Chunk) -> None:
         width = int(chunk.env.max(initial=0)) + 1  # one int64 key per (episode, env row): np.unique on one column
@@ -338,16 +340,18 @@ class Returns:
                     self.envs.append(env)
                     self.returns.append(row[1])
                 else:
-                    self.unfinished += 1
+                    self.marked.append({"episode": episode, "env": env, "finite_sum": row[1]})
 
     def facts(self, training: Sequence[float], source: str = "", top: int = 5) -> dict[str, Any]:
         returns = np.frombuffer(self.returns, np.float64) if len(self.returns) else np.zeros(0)
         unfinished = self.unfinished + len(self.open)
+        marked = {"non_finite": len(self.marked), "non_finite_episodes": self.marked[:top]} if self.marked else {}
         if not len(returns):
-            return {"episodes": 0, "unfinished": unfinished,
+            return {"episodes": 0, "unfinished": unfinished, **marked,
                     "why": "no episode ended in the recording with its rewards recorded"}  # fmt: skip
         out: dict[str, Any] = {"episodes": len(returns), "unfinished": unfinished, "mean": float(returns.mean()),
-                               "std": float(returns.std()), "max": float(returns.max()), "min": float(returns.min())}
+                               "std": float(returns.std()), "max": float(returns.max()), "min": float(returns.min()),
+                               **marked}  # fmt: skip
         if len(training):
             mean = float(np.mean(training))
             far = np.argsort(-np.abs(returns - mean), kind="stable")[:top]
@@ -358,6 +362,15 @@ class Returns:
         return out
 
     def check(self, runtime: str, facts: Mapping[str, Any]) -> Check | None:
+        if facts.get("non_finite"):  # an env that answered NaN or inf, or steps never observed: said, never averaged
+            first = facts["non_finite_episodes"][0]
+            text = (f"{facts['non_finite']} ended episode(s) with a NaN or inf reward (or a step whose reward was "
+                    f"never observed), not scored: first episode {first['episode']} env {first['env']} (finite "
+                    f"rewards sum to {first['finite_sum']:.1f})")  # fmt: skip
+            if facts.get("episodes"):
+                text += (f"; the other {facts['episodes']} episodes: return {facts['mean']:.1f} ± {facts['std']:.1f}"
+                         f" (range {facts['min']:.1f} to {facts['max']:.1f})")  # fmt: skip
+            return Check(runtime, "field.returns", "warn", text, metrics=dict(facts))
         if not facts.get("episodes"):
             return None
         text = (f"{facts['episodes']} episodes, return {facts['mean']:.1f} ± {facts['std']:.1f} (range "
