@@ -205,3 +205,18 @@ def test_a_sensor_policys_unit_norm_fp16_overflows_is_named_and_kept_by_a_plan_v
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]  # every layer in fp16: the search rejects
     proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", "none", "--out", "none-report", *judge)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]  # ... and verify fails it
+
+
+@pytest.mark.slow
+def test_a_policy_without_weights_has_nothing_to_lower_in_int8(tmp_path):
+    shutil.copy(HERE / "precision_policies.py", tmp_path)
+    from precision_policies import LAYERNORM_CONTRACT, make_no_dense
+
+    from msrl_consistency.api import export_policy
+    from msrl_consistency.artifacts.bundle import ExportOptions
+
+    export_policy(make_no_dense(), LAYERNORM_CONTRACT, tmp_path / "bundle", options=ExportOptions())
+    proc = cli(tmp_path, "msrl_consistency.precision", "--bundle", "bundle", "--cell", "precision_policies:make_no_dense",
+               "--lower", "int8", "--out", "plan", "--observations", "200", "--episodes", "1")  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "nothing to lower" in proc.stderr and not (tmp_path / "plan").exists()
