@@ -216,7 +216,8 @@ def test_a_policy_without_weights_has_nothing_to_lower_in_int8(tmp_path):
     from msrl_consistency.artifacts.bundle import ExportOptions
 
     export_policy(make_no_dense(), LAYERNORM_CONTRACT, tmp_path / "bundle", options=ExportOptions())
-    proc = cli(tmp_path, "msrl_consistency.precision", "--bundle", "bundle", "--cell", "precision_policies:make_no_dense",
-               "--lower", "int8", "--out", "plan", "--observations", "200", "--episodes", "1")  # fmt: skip
+    proc = cli(tmp_path, "msrl_consistency.precision", "--bundle", "bundle", "--cell",
+               "precision_policies:make_no_dense", "--lower", "int8", "--out", "plan", "--observations", "200",
+               "--episodes", "1")  # fmt: skip
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "nothing to lower" in proc.stderr and not (tmp_path / "plan").exists()
