@@ -82,6 +82,14 @@ def test_without_qemu_or_the_cross_compiler_one_line_names_the_debian_packages(t
     assert not (tmp_path / "out").exists()
 
 
+def test_a_runner_that_is_not_executable_is_unavailable_as_on_x86(arm, monkeypatch):
+    """Not a runtime defect (exit 1) but a runtime that cannot run here (exit 3), as the x86 runner's check says."""
+    access = os.access
+    monkeypatch.setattr(emu.os, "access", lambda path, mode: Path(path) != arm and access(path, mode))
+    why = RUNTIMES["lite-aarch64"].why_not(RuntimeSource(bundle=_no_bundle()))
+    assert why is not None and f"{arm} is not executable" in why
+
+
 def test_the_doctor_shows_lite_aarch64_and_the_cpu_it_emulates(arm):
     code = "import sys; sys.modules['mindspore'] = None\nfrom inference.doctor import main\n"
     code += "sys.exit(main(sys.argv[1:]))"

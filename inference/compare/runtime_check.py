@@ -97,7 +97,7 @@ def check_runtime(
         return RuntimeReport({"status": "incompatible", "reason": str(exc)}, checks, {})
     except RuntimeDied as exc:
         _close(runtimes)
-        return RuntimeReport({"status": "died", "reason": str(exc)}, [_died(name, exc)], {})
+        return RuntimeReport({"status": exc.status, "reason": str(exc)}, [_died(name, exc)], {})
     except (MsrlError, BundleError) as exc:
         _close(runtimes)
         checks.append(Check(name, "load", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
@@ -158,7 +158,7 @@ def check_runtime(
             checks.append(free)
     except RuntimeDied as exc:
         checks.append(_died(name, exc))
-        info = {"status": "died", "reason": str(exc)}
+        info = {"status": exc.status, "reason": str(exc)}
     except (MsrlError, ContractError) as exc:  # outputs that break the contract: this runtime's fault, not the input
         checks.append(Check(name, "inference", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
         if any(c.name.startswith("observations.") for c in checks):
@@ -198,10 +198,9 @@ def _input_casts(runtimes: Mapping[str, Runtime]) -> str | None:
 
 
 def _died(name: str, exc: RuntimeDied) -> Check:
-    """A runtime killed from outside (twice) could not be judged: not a verdict on the bundle (exit 3)."""
-    diagnosis = {"stage": "runtime", "detail": "killed from outside (a signal, the OOM killer), not by the graph: "
-                 "the bundle was not judged on this runtime"}  # fmt: skip
-    return Check(name, "inference", "error", str(exc), diagnosis=diagnosis)
+    """A runtime killed from outside (twice), or that never answered, could not be judged: not a verdict on the bundle
+    (exit 3)."""
+    return Check(name, "inference", "error", str(exc), diagnosis={"stage": "runtime", "detail": exc.detail})
 
 
 def _close(runtimes: Mapping[str, Runtime]) -> None:

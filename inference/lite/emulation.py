@@ -85,6 +85,8 @@ def unavailable_reason() -> str | None:
     runner = aarch64_runner()
     if not runner.is_file():
         return f"the aarch64 Lite runner is not built ({runner}): {BUILD} (needs {PACKAGES})"
+    if not os.access(runner, os.X_OK):  # as the x86 runner's check says it: unavailable (exit 3), not a defect
+        return f"the aarch64 Lite runner at {runner} is not executable"
     if build_record(runner).get("arch") not in (None, "aarch64"):
         return f"{runner} is built for {build_record(runner)['arch']}, not aarch64: {BUILD}"
     return None

@@ -18,7 +18,8 @@ from inference.bundle import Bundle
 from inference.bundle.tensors import FeedError, TensorMeta, check_feeds
 from inference.errors import MsrlError, RuntimeUnavailable
 
-__all__ = ["CellProvider", "FeedError", "InferenceFailed", "Runtime", "RuntimeDied", "RuntimeSource", "TensorMeta"]
+__all__ = ["CellProvider", "FeedError", "InferenceFailed", "Runtime", "RuntimeDied", "RuntimeHung", "RuntimeSource",
+           "TensorMeta"]
 
 # Graph name -> the MindSpore Cell that computes it (the training path). Built by whoever knows the policy:
 # our trainer's checkpoint loader, a user's ``MODULE:FACTORY``, or a Cell object handed to the library API.
@@ -32,6 +33,19 @@ class InferenceFailed(MsrlError):
 class RuntimeDied(InferenceFailed):
     """The runtime's process was killed from outside (SIGKILL, SIGTERM, the OOM killer) twice in a row: not a
     verdict on the graph, which was not judged (verify reports it as an error: exit 3)."""
+
+    status = "died"  # the runtime's status in the report
+    detail = ("killed from outside (a signal, the OOM killer), not by the graph: the bundle was not judged on this "
+              "runtime")
+
+
+class RuntimeHung(RuntimeDied):
+    """The runtime gave no answer within its wait (the timeout, plus what the request's rows cost at the model's
+    measured rate): a slow host and a hang look alike from outside, so the graph is not judged (exit 3)."""
+
+    status = "hung"
+    detail = ("no answer within the wait (the timeout plus the request's measured cost): a hang or a host too slow to "
+              "tell from one; the bundle was not judged on this runtime")
 
 
 @dataclass

@@ -22,7 +22,7 @@ from inference.errors import MsrlError
 from inference.lite import common as lc
 from inference.lite.client import LiteRunner
 from inference.lite.inprocess import LiteModel, in_process_reason, open_lite
-from inference.runtimes.base import InferenceFailed, Runtime, RuntimeDied, RuntimeSource
+from inference.runtimes.base import InferenceFailed, Runtime, RuntimeDied, RuntimeHung, RuntimeSource
 
 
 class IncompatibleModel(MsrlError):
@@ -61,6 +61,8 @@ class LiteRuntime(Runtime):
                 raise IncompatibleModel(f"{self.name}: {exc}") from None
             except lc.RunnerCrashed as exc:
                 self._killed(exc, attempt, "loading")
+            except lc.RunnerTimeout as exc:
+                raise RuntimeHung(f"{self.name}: {exc}") from None
             except lc.LiteRunnerError as exc:
                 raise InferenceFailed(f"{self.name}: {exc}") from None
         names = [o.name for o in self.runner.outputs]
@@ -85,6 +87,8 @@ class LiteRuntime(Runtime):
                 break
             except lc.RunnerCrashed as exc:
                 self._killed(exc, attempt, "a request")  # the next infer() starts a fresh runner
+            except lc.RunnerTimeout as exc:
+                raise RuntimeHung(f"{self.name}: {exc}") from None
             except lc.LiteRunnerError as exc:
                 raise InferenceFailed(f"{self.name}: {exc}") from None
         return [out[name] for name in self.output_order]
