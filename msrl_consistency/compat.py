@@ -26,6 +26,11 @@ from inference.errors import INTERRUPTS
 
 # Silence WARNING-level glog lines (e.g. nn.Adam's FusedSparseAdam deprecation) before the import.
 os.environ.setdefault("GLOG_v", "3")
+# A graph that fails to compile (or a compile interrupted by Ctrl-C) makes MindSpore write ``rank_0/om/analyze_fail.ir``
+# under MS_OM_PATH, by default the working directory: a user's checkout collects them. They go to one directory of
+# this user's in the temporary directory instead (MindSpore's message names the file); MS_OM_PATH set by the user
+# wins.
+os.environ.setdefault("MS_OM_PATH", os.path.join(tempfile.gettempdir(), f"msrl-consistency-{os.getuid()}"))
 
 # MindSpore's import (~1 s) runs module code while its C++ runtime starts. A KeyboardInterrupt raised in the middle
 # leaves the package half-initialised, and at exit MindSpore's C++ exit hook imports parts of it again, fails, and

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,3 +138,33 @@ def test_importing_compat_keeps_the_callers_collector_and_the_exit_skips_only_co
     assert out.read_text() == "written"
     assert (tmp_path / "out.first").read_text() == "True"  # the caller's handlers ran before the freeze
     assert (tmp_path / "out.last").read_text() == "True"  # the interpreter's last collections skip the frozen heap
+
+
+FAILED_COMPILE = """
+import os, numpy as np
+from msrl_consistency import compat  # noqa: F401 - first, as every command imports it
+import mindspore as ms
+from mindspore import Tensor, nn
+ms.set_context(mode=ms.GRAPH_MODE)
+class Broken(nn.Cell):
+    def construct(self, x):
+        return x.no_such_method()
+try:
+    Broken()(Tensor(np.ones(3, np.float32)))
+except AttributeError:
+    print(os.environ["MS_OM_PATH"])
+"""
+
+
+def test_a_graph_that_fails_to_compile_leaves_nothing_in_the_working_directory(tmp_path):
+    """MindSpore's ``rank_0/om/analyze_fail.ir`` goes to a directory of the user's in the temporary directory."""
+    script = tmp_path / "script"  # MindSpore compiles only source it can read from a file
+    script.mkdir()
+    (script / "broken.py").write_text(FAILED_COMPILE)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run([sys.executable, str(script / "broken.py")], capture_output=True, text=True, cwd=work,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-2000:]
+    assert list(work.iterdir()) == [], list(work.iterdir())
+    assert (Path(proc.stdout.strip()) / "rank_0" / "om" / "analyze_fail.ir").is_file()
