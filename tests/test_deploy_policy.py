@@ -319,3 +319,37 @@ def test_an_unregistered_env_id_is_refused_without_importing(cartpole_bundle):
     with pytest.raises(UsageError, match="unknown environment id 'Nope-v9' \\(not registered"):
         env_source("Nope-v9")
     assert env_source("CartPole-v1").max_steps == 500
+
+
+FORK = """
+    import os, signal
+    import numpy as np
+    import inference
+    from inference.lite.common import LiteRunnerError
+    policy = inference.load({bundle!r}, runtime={runtime!r})
+    obs = np.zeros(4, np.float32)
+    before = int(policy.act(obs))
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(60)  # a child that hangs in the parent's Lite state dies here instead of the test waiting
+        try:
+            policy.act(obs)
+            os._exit(8)  # acted through the parent's Lite state
+        except LiteRunnerError as exc:
+            ok = "this forked child" in str(exc) and "\\n" not in str(exc)
+        policy.close()  # and __del__ at exit: neither touches the parent's Lite
+        os._exit(0 if ok else 9)
+    _, status = os.waitpid(pid, 0)
+    after = int(policy.act(obs))  # the parent's Lite is untouched by the child's close
+    policy.close()
+    print(json.dumps({{"child": os.waitstatus_to_exitcode(status), "same": before == after}}))
+"""
+
+
+@needs_runner
+@pytest.mark.parametrize("runtime", ["lite", "lite-isolated"])
+def test_a_forked_child_refuses_its_parents_lite_in_one_line_and_leaves_it_working(cartpole_bundle, runtime):
+    """Lite in the process (its threads are not in the child: closing it there hung for good) and the runner
+    process (the child's close would have told the parent's runner to quit): the child refuses, the parent acts on."""
+    out = deploy_json(FORK.format(bundle=str(cartpole_bundle.root), runtime=runtime))
+    assert out == {"child": 0, "same": True}, out

@@ -39,6 +39,7 @@ from inference.lite.common import (
     RunnerCrashed,
     RunnerTimeout,
     RunnerUnavailable,
+    forked_child,
     lite_precision_args,
     load_refusal,
     runner_path,
@@ -129,7 +130,8 @@ class LiteRunner:
         self.inline = inline
         self.cpu_fp16 = cpu_fp16
         self._lock = threading.RLock()  # see _one_at_a_time
-        self._row_cost: float | None = None  # seconds per row of the costliest request so far (see _deadline)
+        self._row_cost: float | None = None  # seconds per row of the costliest request so far (see _timeout_for)
+        self._owner = os.getpid()  # a forked child never writes to, waits on or kills the parent's runner
         self.restarts = 0  # runners started after the first, over this client's life
         self._restarts_in_a_row = 0
         self._closed = False
@@ -360,8 +362,12 @@ class LiteRunner:
     @_one_at_a_time
     def close(self) -> None:
         """Ask the runner to quit, then wait briefly and kill its process group if needed. Idempotent; a closed
-        client is never restarted."""
+        client is never restarted. In a forked child only the child's copies of the pipes are dropped: the runner is
+        the parent's."""
         self._closed = True
+        if os.getpid() != self._owner:
+            self._proc = None
+            return
         self._discard()
 
     def _discard(self) -> None:
@@ -403,6 +409,8 @@ class LiteRunner:
 
     def _alive(self) -> subprocess.Popen[bytes] | forks.ForkedRunner:
         """The running runner; restarts one that was killed or died, unless the client was closed."""
+        if os.getpid() != self._owner:
+            raise forked_child(self._owner, f"the Lite runner of {self.model_path}")
         if self._closed:
             raise LiteRunnerError("runner is closed")
         if self._proc is None:

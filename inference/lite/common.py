@@ -57,6 +57,13 @@ class DeviceUnavailable(LiteRunnerError):
     exit_code = 6
 
 
+def forked_child(owner: int, what: str) -> LiteRunnerError:
+    """The one line a forked child gets for its parent's Lite state (a model in the process, a runner's pipes): it
+    never touches them (Lite's threads, the runner's requests are the parent's); it loads its own."""
+    return LiteRunnerError(f"{what} was opened by process {owner}; this forked child (pid {os.getpid()}) cannot use "
+                           "it: load the bundle again in the child (inference.load)")
+
+
 class RunnerTimeout(LiteRunnerError, TimeoutError):
     """The runner did not answer in time; it has been killed."""
 

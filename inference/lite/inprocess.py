@@ -25,6 +25,7 @@ import ctypes
 import os
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from inference.lite.common import (
     LiteRunnerError,
     ModelLoadError,
     RunnerUnavailable,
+    forked_child,
     lite_precision_args,
     load_refusal,
     runner_path,
@@ -251,6 +253,8 @@ class LiteModel:
             known = [v if v >= 0 else None for v in versions]
             raise load_refusal(kind.value.decode(), error.value.decode(errors="replace"), self.model_path, *known)
         self._handle = handle
+        self._owner = os.getpid()
+        _LIVE.add(self)  # forgotten in a forked child (_after_fork): the child never touches the parent's Lite
         self.inputs = self._describe(0)
         self.outputs = self._describe(1)
         self._calls: OrderedDict[tuple, _Call] = OrderedDict()
@@ -294,6 +298,8 @@ class LiteModel:
 
     def _check(self, arrays: tuple[np.ndarray, ...]) -> None:
         """Each feed against the model's declared input (before Lite sees it)."""
+        if self._handle is None and self._owner != os.getpid():
+            raise forked_child(self._owner, f"the Lite model {self.model_path}")
         if self._handle is None:
             raise LiteRunnerError(f"{self.model_path}: the model is closed")
         if len(arrays) != len(self.inputs):
@@ -337,7 +343,7 @@ class LiteModel:
                 if len(self._calls) > _SHAPES_KEPT:
                     self._calls.popitem(last=False)
         elif self._handle is None:
-            raise LiteRunnerError(f"{self.model_path}: the model is closed")
+            self._check(arrays)  # closed, or the parent's in a forked child: says which
         _in_place = call.feed(arrays)  # Lite reads these during the call: referenced until it returns
         status = self._predict(call.pointer)
         if not status and not call.args.n_out:  # the first call at these shapes: Lite now knows the output shapes
@@ -370,3 +376,22 @@ class LiteModel:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+    def _forget(self) -> None:
+        """In a forked child: drop the parent's Lite state without touching it (Lite's threads are not in the
+        child: closing it there hangs for good); the model then refuses calls, naming the process it belongs to."""
+        self._handle = None
+        self._calls = OrderedDict()
+        self._lock = threading.Lock()  # the parent's may have been held by another thread at the fork
+
+
+_LIVE: weakref.WeakSet[LiteModel] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for model in list(_LIVE):
+        model._forget()
+    _LIVE.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
