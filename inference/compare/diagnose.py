@@ -13,9 +13,16 @@ from this very checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from inference.bundle import Bundle
+    from inference.compare.checks import Check
+    from inference.compare.localize import Localization
 
 
 @dataclass
@@ -147,3 +154,26 @@ def not_repeatable(ops: list[str], batch_dependent: bool, what: str, cell_couple
                          "never compiled it in training mode); the reference was put in eval mode")  # fmt: skip
     return Diagnosis("sampling", f"{symptom}: sampling inside the graph cannot be reproduced by another runtime; "
                      "take the noise as an input")  # fmt: skip
+
+
+def name_lowered_precision(
+    bundle: Bundle, runtimes: Mapping[str, Mapping], checks: list[Check], localizations: Mapping[str, Localization]
+) -> None:
+    """A failure that only the runtimes computing this float32 bundle in a lowered precision (fp16, int8) have, while
+    every float32 runtime compared agrees with the Cell, is that precision's: stage ``precision``, naming the first
+    diverging layer where one was localised, instead of the outputs' own guess (a changed layer)."""
+    if bundle.precision != "fp32":
+        return
+    lowered = {n for n, info in runtimes.items() if (info.get("precision") or {}).get("judged_as") in ("fp16", "int8")}
+    full = {n for n, info in runtimes.items() if info.get("status") == "ran" and n not in lowered}
+    if not lowered or not full or any(c.status == "fail" and c.runtime in full for c in checks):
+        return
+    for c in checks:
+        if c.runtime in lowered and c.status == "fail" and (c.diagnosis or {}).get("stage") in ("network", None):
+            precision = runtimes[c.runtime]["precision"]["judged_as"]
+            found = localizations.get(c.runtime)
+            layer = f"; first diverging layer: {found.first} ({found.first_kind})" if found and found.first else ""
+            c.diagnosis = {"stage": "precision", "detail": f"only the {precision} runtime differs (every float32 "
+                           f"runtime agrees with the Cell): {precision} overflows, saturates or rounds away what "
+                           f"a layer computes{layer}; keep that layer in fp32 (a precision plan, --lower "
+                           f"{precision})"}  # fmt: skip

@@ -22,6 +22,7 @@ from inference.compare.acting import available_modes
 from inference.compare.batches import infer_feeds
 from inference.compare.checks import Check, VerifyResult
 from inference.compare.device_precision import LITE_RUNTIMES, Judgement, emulation_wanted, judgement
+from inference.compare.diagnose import name_lowered_precision
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
 from inference.compare.localize import Localization, Localizer
@@ -150,7 +151,7 @@ def verify(
             _preprocessing_first(localizations[name], report.checks)
     if CHECKPOINT in localizations:
         _name_the_layer(localizations[CHECKPOINT], checks)
-    _lowered_precision_named(bundle, runtimes, checks, localizations)
+    name_lowered_precision(bundle, runtimes, checks, localizations)
     checks.extend(version_checks(bundle, runtimes))
     result = VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe(),
                           localizations)  # fmt: skip
@@ -223,29 +224,6 @@ def _preprocessing_first(found: Localization, checks: list[Check]) -> None:
     for c in checks:
         if c.status == "fail" and c.diagnosis and c.diagnosis.get("stage") == "network":
             c.diagnosis = {"stage": "preprocessing", "detail": detail}
-
-
-def _lowered_precision_named(
-    bundle: Bundle, runtimes: Mapping[str, Mapping], checks: list[Check], localizations: Mapping[str, Localization]
-) -> None:
-    """A failure that only the runtimes computing this float32 bundle in a lowered precision (fp16, int8) have, while
-    every float32 runtime compared agrees with the Cell, is that precision's: stage ``precision``, naming the first
-    diverging layer where one was localised, instead of the outputs' own guess (a changed layer)."""
-    if bundle.precision != "fp32":
-        return
-    lowered = {n for n, info in runtimes.items() if (info.get("precision") or {}).get("judged_as") in ("fp16", "int8")}
-    full = {n for n, info in runtimes.items() if info.get("status") == "ran" and n not in lowered}
-    if not lowered or not full or any(c.status == "fail" and c.runtime in full for c in checks):
-        return
-    for c in checks:
-        if c.runtime in lowered and c.status == "fail" and (c.diagnosis or {}).get("stage") in ("network", None):
-            precision = runtimes[c.runtime]["precision"]["judged_as"]
-            found = localizations.get(c.runtime)
-            layer = f"; first diverging layer: {found.first} ({found.first_kind})" if found and found.first else ""
-            c.diagnosis = {"stage": "precision", "detail": f"only the {precision} runtime differs (every float32 "
-                           f"runtime agrees with the Cell): {precision} overflows, saturates or rounds away what "
-                           f"a layer computes{layer}; keep that layer in fp32 (a precision plan, --lower "
-                           f"{precision})"}  # fmt: skip
 
 
 CHECKPOINT = "checkpoint"  # the localisation of a checkpoint other than the bundle's source: its differing layer
