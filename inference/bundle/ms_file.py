@@ -1,10 +1,11 @@
 """What a Lite ``.ms`` file holds, read from its bytes: each tensor's data type and whether it carries quantization
 parameters. Enough to check a claim about the file (an int8 plan's ``.ms`` holds int8 weights) without Lite.
 
-A ``.ms`` is a FlatBuffer with the identifier ``MSL1`` whose root is Lite's ``MetaGraph`` (``mindspore/lite/schema/
-model.fbs``): field 7 ``allTensors: [Tensor]``; a ``Tensor`` has ``nodeType`` (0), ``dataType`` (1, MindSpore's TypeId),
-``data: [ubyte]`` (6), ``quantParams`` (7) and ``name`` (9). FlatBuffers only ever append fields, so these indices hold
-in every Lite version. Only the standard library reads it: the deploy side needs nothing more.
+A ``.ms`` is a FlatBuffer with the identifier ``MSL2`` (``MSL1`` before Lite 1.2) whose root is Lite's
+``MetaGraph`` (``mindspore/lite/schema/model.fbs``): field 7 ``allTensors: [Tensor]``; a ``Tensor`` has ``nodeType``
+(0), ``dataType`` (1, MindSpore's TypeId), ``data: [ubyte]`` (6), ``quantParams`` (7) and ``name`` (9). FlatBuffers
+only ever append fields, so these indices hold in every Lite version. Only the standard library reads it: the deploy
+side needs nothing more.
 """
 
 from __future__ import annotations
@@ -96,12 +97,3 @@ def ms_tensors(path: str | Path) -> list[MsTensor]:
     except (struct.error, UnicodeDecodeError, IndexError) as exc:
         raise MsFileError(f"{path}: its tensor table cannot be read ({exc})") from None
 
-
-def weight_dtypes(path: str | Path) -> dict[str, int]:
-    """How many constant tensors (weights, biases) of each data type the file stores: an int8-quantized graph stores
-    int8 weights, a float32 one none."""
-    counts: dict[str, int] = {}
-    for t in ms_tensors(path):
-        if t.data_bytes:
-            counts[t.dtype] = counts.get(t.dtype, 0) + 1
-    return counts

@@ -37,13 +37,13 @@ def check_plan(bundle: Any) -> None:
     layers = _layers(plan, where)
     lower = plan["lower"]
     _belongs(bundle, plan, where)
-    onnx_nodes = {graph: _onnx(bundle, graph) for graph in bundle.graphs}
+    nodes_of = {graph: onnx_nodes(bundle, graph) for graph in bundle.graphs}
     for layer in layers:
         for graph, nodes in layer["nodes"].items():
-            if graph not in onnx_nodes:
+            if graph not in nodes_of:
                 raise PlanClaimError(f"{where} names layer {layer['scope']!r} in graph {graph!r}, which the bundle "
                                      "does not have")  # fmt: skip
-            missing = [n for n in nodes if n not in onnx_nodes[graph][0]]
+            missing = [n for n in nodes if n not in nodes_of[graph][0]]
             if missing:
                 raise PlanClaimError(f"{where} names layer {layer['scope']!r} with node(s) {', '.join(missing[:3])} "
                                      f"that {bundle.file(graph, 'onnx').name} does not have")  # fmt: skip
@@ -51,7 +51,7 @@ def check_plan(bundle: Any) -> None:
         if not bundle.has_file(graph, "ms"):
             continue
         if lower == "int8":
-            _int8_weights(bundle, graph, layers, onnx_nodes[graph][1], where)
+            _int8_weights(bundle, graph, layers, nodes_of[graph][1], where)
         else:
             _fp16_execution_plan(bundle, graph, layers, where)
 
@@ -96,7 +96,7 @@ def _belongs(bundle: Any, plan: Mapping[str, Any], where: str) -> None:
 QUANTIZED_OPS = ("Gemm", "MatMul", "Conv", "ConvTranspose")  # whose weights Lite's full quantization stores in int8
 
 
-def _onnx(bundle: Any, graph: str) -> tuple[set[str], dict[str, list[str]]]:
+def onnx_nodes(bundle: Any, graph: str) -> tuple[set[str], dict[str, list[str]]]:
     """The graph's ONNX node names, and per node of ``QUANTIZED_OPS`` the initializers (weights) it reads."""
     if not bundle.has_file(graph, "onnx"):
         raise PlanClaimError(f"{bundle.root}: its precision plan cannot be checked: graph {graph!r} has no .onnx file")

@@ -21,7 +21,7 @@ from inference.bundle import schema
 from inference.bundle.contract import ContractError, PolicyContract
 from inference.bundle.files import read_document, sha256_file  # noqa: F401 - sha256_file: part of this module's API
 from inference.bundle.mindir import read_header
-from inference.bundle.precision import config_files, plan_of, target_of
+from inference.bundle.precision import config_files, file_entry, plan_of, target_of
 from inference.bundle.toml_fields import MAX_ROW_ELEMENTS
 from inference.bundle.v1 import v1_contracts
 
@@ -125,11 +125,10 @@ class Bundle:
     def recheck(self, path: Path) -> None:
         """``path`` (a graph file of this bundle) still has the sha256 the manifest records: a file replaced after
         ``load_bundle`` checked it is refused (``BundleError``), not run."""
-        for graph in self.graphs:
-            for entry in self.graph(graph)["files"].values():
-                if entry.get("file") == path.name and entry.get("sha256") and sha256_file(path) != entry["sha256"]:
-                    raise BundleError(f"bundle {self.root}: {path.name} changed after the bundle was loaded (its "
-                                      "sha256 no longer matches the manifest): not run")  # fmt: skip
+        recorded = file_entry(self.manifest, path.name).get("sha256")
+        if recorded and sha256_file(path) != recorded:
+            raise BundleError(f"bundle {self.root}: {path.name} changed after the bundle was loaded (its sha256 no "
+                              "longer matches the manifest): not run")  # fmt: skip
 
     def has_file(self, graph: str, fmt: str) -> bool:
         """Whether ``graph`` has a ``fmt`` file a runtime may load: exported, and not marked failed at export (a file

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy as np
 
 import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes (verify's reference) with inference.runtimes
 from inference.bundle import Bundle, BundleError, load_bundle
-from inference.bundle.plan_claims import QUANTIZED_OPS, check_plan
+from inference.bundle.plan_claims import QUANTIZED_OPS, check_plan, onnx_nodes
 from inference.compare import episodes as E
 from inference.compare.inputs import Inputs
 from inference.compare.policy_bounds import POLICY_BOUNDS
@@ -174,7 +175,7 @@ def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) 
     record["judge"] = {"runtime": runtime, "preset": preset.name, "observations": args.observations,
                        "episodes": args.episodes, "seed": args.seed, "inputs": inputs.label,
                        "tolerance": tolerance_for(preset.name, runtime).describe()}  # fmt: skip
-    count = iter(range(1 << 30))
+    count = itertools.count()
 
     def judge(kept: frozenset[str]) -> Evaluation:
         INTERRUPTS.check()
@@ -216,10 +217,8 @@ def _something_to_lower(bundle: Bundle, layers: list[Layer], lower: str) -> None
     nothing to lower, and its float32 bundle is what the device runs."""
     if lower != "int8":
         return
-    import onnx
-
-    ops = {n.name: n.op_type for g in bundle.graphs for n in onnx.load(str(bundle.file(g, "onnx"))).graph.node}
-    if not any(ops.get(n) in QUANTIZED_OPS for layer in layers for nodes in layer.nodes.values() for n in nodes):
+    reads = {g: onnx_nodes(bundle, g)[1] for g in bundle.graphs}  # the nodes whose weights int8 quantizes
+    if not any(n in reads[g] for layer in layers for g, nodes in layer.nodes.items() for n in nodes):
         raise UsageError(f"nothing to lower: {bundle.root} has no layer whose weights int8 quantizes ("
                          f"{', '.join(QUANTIZED_OPS)}); its float32 bundle is what the device runs")  # fmt: skip
 
