@@ -122,6 +122,15 @@ class TrainConfig:
     """Box actions: 'clip' to [-1, 1] or 'tanh' squash, then rescale to the env bounds."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian head."""
+    lower: str = "fp32"
+    """Numerics the actor trunk computes in, in rollouts and updates: fp32, or the device's int8 (Lite's full
+    quantization) or fp16, with straight-through gradients; the critic stays fp32. Export then writes a .ms that
+    computes what the trained actor computes."""
+    keep: list[str] = field(default_factory=list)
+    """With --lower: actor layers kept in fp32 (names as verify and precision plans print them, e.g. actor.layers.0)."""
+    init_from: str = ""
+    """Start from this run directory's last checkpoint (weights and observation statistics; a fresh optimizer), e.g.
+    to fine-tune an fp32 policy in its device's numerics with --lower."""
     reward_scale: float = 1.0
     """Multiply rewards by this before GAE (training signal only; returns are reported unscaled). Keeps the value
     targets near unit scale, so the critic's gradients do not swamp the actor's under the shared global-norm clip
@@ -238,6 +247,17 @@ class TrainConfig:
             raise UsageError(f"--env-threads must be in [0, 1024], got {self.env_threads}")
         if self.adv_norm_scope not in ("global", "rank"):
             raise UsageError(f"--adv-norm-scope must be global or rank, got {self.adv_norm_scope!r}")
+        if self.lower not in ("fp32", "int8", "fp16"):
+            raise UsageError(f"--lower must be fp32, int8 or fp16, got {self.lower!r}")
+        if self.keep and self.lower == "fp32":
+            raise UsageError("--keep names layers kept in fp32 under --lower int8|fp16; this run computes in fp32")
+        bad = [k for k in self.keep if not _actor_layer(k, len(self.hidden_sizes))]
+        if bad:
+            last = 2 * len(self.hidden_sizes)
+            raise UsageError(f"--keep {bad[0]!r}: not an actor layer (actor.layers.0 .. actor.layers.{last})")
+        if self.lower != "fp32" and (self.workers > 1 or self.update_precision != "fp32"):
+            raise UsageError("--lower trains one process with --update-precision fp32 (the update then computes the "
+                             "actor as the rollouts do)")  # fmt: skip
         if self.update_precision not in ("fp32", "fp16", "bf16"):
             raise UsageError(f"--update-precision must be fp32, fp16 or bf16, got {self.update_precision!r}")
         if self.update_graphs not in ("fused", "split"):
@@ -255,6 +275,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _actor_layer(name: str, hidden: int) -> bool:
+    prefix, _, index = name.rpartition(".")
+    return prefix == "actor.layers" and index.isdigit() and int(index) <= 2 * hidden
 
 
 def _flag(name: str) -> str:
@@ -294,6 +319,10 @@ def _parse_int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _parse_str_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def build_parser(prog: str = "python -m msrl_consistency.train") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -306,7 +335,8 @@ def build_parser(prog: str = "python -m msrl_consistency.train") -> argparse.Arg
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         hint = hints[f.name]
-        kind: Any = {bool: _parse_bool, int: int, float: float, str: str}.get(hint, _parse_int_list)
+        kind: Any = {bool: _parse_bool, int: int, float: float, str: str, list[str]: _parse_str_list}.get(
+            hint, _parse_int_list)
         # argparse %-formats help texts: a docstring's "20-40%" made --help raise
         text = f"{docs.get(f.name, '')} (default: {getattr(defaults, f.name)})".replace("%", "%%")
         if hint is bool:  # a switch as users type it (--profile, --no-profile); --profile true|false still works
@@ -348,7 +378,7 @@ def from_dict(values: dict[str, Any]) -> TrainConfig:
         expected = hints[key]
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        ok = isinstance(value, list) if expected == list[int] else isinstance(value, expected)
+        ok = isinstance(value, list) if expected in (list[int], list[str]) else isinstance(value, expected)
         if expected is int and isinstance(value, bool):
             ok = False
         if not ok:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
+
+from msrl_consistency.agent import lowered
 
 
 def orthogonal(rng: np.random.Generator, rows: int, cols: int, gain: float) -> np.ndarray:
@@ -33,7 +35,11 @@ class MLP(nn.Cell):
         out_dim: int,
         activation: str = "tanh",
         out_gain: float = 1.0,
+        lower: str = "fp32",
+        keep: tuple[int, ...] = (),
     ) -> None:
+        """``lower``: the numerics the trunk computes in (``lowered.forward``); ``keep``: positions in ``layers``
+        of the layers that stay fp32. An int8 trunk carries its activation ranges as a Parameter."""
         super().__init__()
         layers: list[nn.Cell] = []
         self.tanh = activation == "tanh"
@@ -44,8 +50,14 @@ class MLP(nn.Cell):
             width = h
         layers.append(dense(rng, width, out_dim, out_gain))
         self.layers = nn.SequentialCell(layers)
+        self.lower, self.kept_index, self.lowered = lower, tuple(keep), lower != "fp32"
+        if lower == "int8":  # [min, max] of the input, then of each Dense's and each activation's output
+            init = np.tile(np.asarray([[-1.0, 1.0]], np.float32), (2 * len(hidden_sizes) + 2, 1))
+            self.ranges = Parameter(Tensor(init), name="ranges", requires_grad=False)
 
     def construct(self, x: Tensor) -> Tensor:
+        if self.lowered:  # a Python constant: each setting compiles its own graph
+            return lowered.forward(self, x)
         return self.layers(x)
 
     def forward_as(self, x: Tensor, dtype: ms.dtype) -> Tensor:

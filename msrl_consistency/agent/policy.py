@@ -19,6 +19,8 @@ from msrl_consistency.agent.networks import MLP
 from msrl_consistency.agent.preprocess import ActionPostprocess, ObsNormalizer
 from msrl_consistency.agent.spec import PolicySpec
 
+CALIBRATION_ROWS = 200  # within the 100-500 Lite's converter recommends
+
 
 class ActorCritic(nn.Cell):
     """Separate actor and critic MLPs on normalised observations; Categorical or diagonal Gaussian head."""
@@ -30,7 +32,12 @@ class ActorCritic(nn.Cell):
         self.discrete = spec.discrete
         self.action_dim = spec.action_dim
         self.normalizer = ObsNormalizer(spec.obs_dim, spec.clip_obs, spec.normalize_obs)
-        self.actor = MLP(rng, spec.obs_dim, spec.hidden_sizes, spec.action_dim, spec.activation, out_gain=0.01)
+        keep = tuple(int(name.rpartition(".")[2]) for name in spec.keep)  # "actor.layers.K" (checked by the config)
+        self.actor = MLP(rng, spec.obs_dim, spec.hidden_sizes, spec.action_dim, spec.activation, out_gain=0.01,
+                         lower=spec.lower, keep=keep)  # fmt: skip
+        if spec.lower == "int8":  # the observations the actor's int8 ranges come from: export calibrates Lite on them
+            rows = np.zeros((CALIBRATION_ROWS, spec.obs_dim), np.float32)
+            self.calibration = Parameter(Tensor(rows), name="calibration", requires_grad=False)
         self.critic = MLP(rng, spec.obs_dim, spec.hidden_sizes, 1, spec.activation, out_gain=1.0)
         if not self.discrete:
             init = np.full(spec.action_dim, spec.init_log_std, np.float32)

@@ -12,7 +12,8 @@ from msrl_consistency.envs.make import EnvInfo
 
 # The training config's fields that shape the policy Cell and its graphs. A spec copies them from the config and
 # takes its defaults from the config's, so the two never disagree (``tests/test_policy_spec.py`` checks the types).
-ARCH_FIELDS = ("hidden_sizes", "activation", "normalize_obs", "clip_obs", "action_postprocess", "init_log_std")
+ARCH_FIELDS = ("hidden_sizes", "activation", "normalize_obs", "clip_obs", "action_postprocess", "init_log_std", "lower",
+               "keep")
 _CONFIG_DEFAULTS = TrainConfig()
 
 
@@ -41,6 +42,8 @@ class PolicySpec:
     clip_obs: float = _config_default("clip_obs")
     action_postprocess: str = _config_default("action_postprocess")
     init_log_std: float = _config_default("init_log_std")
+    lower: str = _config_default("lower")  # the actor trunk's numerics (``agent.lowered``)
+    keep: list[str] = _config_default("keep")  # its layers kept in fp32 under ``lower``
 
     @property
     def discrete(self) -> bool:

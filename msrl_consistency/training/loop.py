@@ -32,7 +32,7 @@ from msrl_consistency.artifacts.provenance import git_commit, versions
 from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs import describe_env
 from msrl_consistency.envs.engines import resolve_backend
-from msrl_consistency.training import affinity
+from msrl_consistency.training import affinity, lowering
 from msrl_consistency.training import distributed as dist
 from msrl_consistency.training.compile_cache import CompileCache
 from msrl_consistency.training.evaluate import Evaluator
@@ -101,14 +101,19 @@ class Trainer(RunState):
         self.git_commit = git_commit() if self.rank == 0 else None
         engine = ["envpool"] * (self.backend.name == "envpool")
         self.versions = versions("mindspore", "gymnasium", "numpy", *engine) if self.rank == 0 else {}
+        self.lowered_cost: dict[str, float] = {}  # --lower: the lowered actor against its fp32 shadow (log fields)
+        self.started_from: dict[str, Any] | None = None  # --init-from: the run it started from
         if resume_state is None:
             self.rollout.reset()
             keep = None
+            if cfg.init_from:
+                self.rms, self.started_from = lowering.init_from(self.policy, cfg.init_from)
         else:
             self.restore(resume_state)
             keep = self.global_step
+        fields = {**LOG_FIELDS, "metrics": METRIC_FIELDS + list(lowering.LOG_FIELDS if cfg.lower != "fp32" else [])}
         self.recorder: rd.RunRecorder | rd.NullRecorder = (
-            rd.RunRecorder(run_dir, LOG_FIELDS, keep, evals=cfg.eval_every > 0) if self.rank == 0 else rd.NullRecorder()
+            rd.RunRecorder(run_dir, fields, keep, evals=cfg.eval_every > 0) if self.rank == 0 else rd.NullRecorder()
         )
         # After the envs exist (their worker processes keep every CPU) and before the graphs compile.
         env_threads = getattr(self.rollout.envs, "num_threads", 1)
@@ -141,6 +146,8 @@ class Trainer(RunState):
         eval_time = 0.0  # periodic evaluations are not training time: excluded from SPS and wall_time
         self.compile_graphs()  # training time, like the first calls that compiled them before
         last = cfg.num_iterations if stop_at is None else min(stop_at, cfg.num_iterations)
+        if cfg.lower == "int8" and self.iteration == 0:  # ranges from the states the policy visits before it trains
+            lowering.calibrate(self.policy, self.rollout.collect(reward_factor(cfg, self.ret_rms))["obs"])
         while self.iteration < last:
             if self.on_iteration is not None:
                 self.on_iteration(self)
@@ -149,8 +156,12 @@ class Trainer(RunState):
             first_step = self.global_step
             buf = self.collect()  # rollout, then advantages
             stats = self.update(buf)
+            if cfg.lower != "fp32":  # what the numerics cost, on the rollout just trained on
+                self.lowered_cost = lowering.shadow_mismatch(self.policy, buf["obs"], buf["actions"])
             merged = self.merge_ranks(buf, stats)
             self.update_statistics(merged)
+            if cfg.lower == "int8":
+                lowering.calibrate(self.policy, buf["obs"])
             self.iteration += 1
             self.episodes += len(merged["finished"])
             elapsed = time.perf_counter() - start_time - eval_time
@@ -223,6 +234,7 @@ class Trainer(RunState):
             "explained_variance": explained_variance(merged["values"], merged["returns"]),
             "sps": round(sps, 1),
             "wall_time": round(elapsed, 3),
+            **self.lowered_cost,
         }
         n, world = self.cfg.num_envs, self.world_size
         episodes = [

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from msrl_consistency import compat
+from msrl_consistency.agent.lowered import lowered_numerics
 from msrl_consistency.agent.preprocess import RunningMeanStd
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.checkpoint import restore_parameters
@@ -128,7 +129,9 @@ class RunState:
             precision={
                 "update": cfg.update_precision,
                 "master_weights": "fp32",
-                "rollouts": "fp32",
+                "rollouts": "fp32" if cfg.lower == "fp32" else f"actor trunk in {cfg.lower}",
+                "actor": lowered_numerics(cfg.lower, cfg.keep),
+                "started_from": getattr(self, "started_from", None),
                 "loss_scale": None if scale is None else float(scale.scale.asnumpy()),
                 "skipped_updates": None if scale is None else int(scale.skipped.asnumpy()),
             },

@@ -1,0 +1,150 @@
+"""The actor trunk computed in the device's numerics (``int8`` or ``fp16``), with straight-through gradients.
+
+A policy trained with ``--lower`` runs this forward in its rollouts and in its PPO update, so the policy that was
+trained is the policy the device runs:
+
+* ``fp16``: every float input, weight and output of each operator rounded to fp16, as the fp16 emulation rewrites the
+  exported graph (``inference.runtimes.fp16_emulation``): a Dense multiplies the rounded input by the rounded weights,
+  accumulates in fp32, adds the rounded bias and rounds once; an activation rounds its output.
+* ``int8``: what Lite's full quantization computes (``INT8_SCHEME``, measured on Lite 2.0.0's CPU kernels): weights
+  per output channel, symmetric; every activation tensor per tensor, asymmetric, with the range its calibration
+  observed; the bias in int32 at the scale input × weight.
+
+The rounding is forwarded and the gradient passes straight through (``x + stop_gradient(q(x) - x)``); an int8
+activation outside its range gets no gradient (its value is clamped). The ranges are Parameters the training loop
+refreshes from the states the policy visits (``activation_ranges``) and the checkpoint stores, so export calibrates
+Lite to the very scales the policy was trained with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+
+LOWERINGS = ("fp32", "int8", "fp16")
+QMIN, QMAX = -128, 127  # int8 activations
+WMAX = 127  # int8 weights: symmetric, [-127, 127]
+INT8_SCHEME = {
+    "weights": "per output channel, symmetric: scale = max|w| / 127, integers in [-127, 127]",
+    "activations": "per tensor, asymmetric: the calibration range widened to hold 0, scale = (max - min) / 255, "
+    "zero point = round(-128 - min / scale), integers in [-128, 127]",
+    "bias": "int32 at scale = input scale × weight scale of its channel",
+    "rounding": "half away from zero",
+}
+
+
+def lowered_numerics(lower: str, keep: Sequence[str]) -> dict[str, Any]:
+    """What run.json and the bundle's manifest record of the actor's numerics."""
+    described: dict[str, Any] = {"computes_in": lower, "kept_in_fp32": list(keep)}
+    if lower == "int8":
+        described["int8_scheme"] = dict(INT8_SCHEME)
+    if lower != "fp32":
+        described["gradients"] = "straight-through"
+    return described
+
+
+def straight_through(x: Tensor, rounded: Tensor) -> Tensor:
+    """``rounded`` forward, identity backward."""
+    return x + ops.stop_gradient(rounded - x)
+
+
+def round_half_away(x: Tensor) -> Tensor:
+    return ops.sign(x) * ops.floor(ops.abs(x) + 0.5)
+
+
+def fp16(x: Tensor) -> Tensor:
+    """``x`` rounded to fp16 (kept in float32), straight through."""
+    return straight_through(x, x.astype(ms.float16).astype(ms.float32))
+
+
+def act_qparams(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+    """(scale, zero point) of an int8 activation with the calibration range [lo, hi] (``INT8_SCHEME``)."""
+    lo, hi = ops.minimum(lo, 0.0), ops.maximum(hi, 0.0)
+    scale = ops.maximum((hi - lo) / float(QMAX - QMIN), 1e-12)
+    return scale, round_half_away(QMIN - lo / scale)
+
+
+def int8_act(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
+    """``x`` quantized to int8 with its range's parameters and dequantized, straight through inside the range."""
+    scale, zero = act_qparams(lo, hi)
+    q = ops.clamp(round_half_away(x / scale) + zero, QMIN, QMAX)
+    inside = ops.stop_gradient(ops.logical_and(q > QMIN, q < QMAX).astype(x.dtype))
+    return ops.stop_gradient((q - zero) * scale) + inside * (x - ops.stop_gradient(x))
+
+
+def weight_scale(w: Tensor) -> Tensor:
+    """Per output channel (row of a Dense weight) scale: max|w| / 127."""
+    return ops.maximum(ops.abs(w).max(axis=1, keepdims=True) / float(WMAX), 1e-12)
+
+
+def int8_weight(w: Tensor) -> Tensor:
+    scale = weight_scale(w)
+    return straight_through(w, ops.clamp(round_half_away(w / scale), -WMAX, WMAX) * scale)
+
+
+def int8_bias(b: Tensor, in_scale: Tensor, w: Tensor) -> Tensor:
+    """The bias as Lite stores it: int32 at the scale input × weight of each channel."""
+    scale = in_scale * weight_scale(w).squeeze(-1)
+    return straight_through(b, round_half_away(b / scale) * scale)
+
+
+def snap_weights(w: np.ndarray) -> np.ndarray:
+    """A weight matrix on its int8 grid (what the device holds, dequantized): export writes these."""
+    scale = np.maximum(np.abs(w).max(axis=1, keepdims=True) / WMAX, 1e-12).astype(np.float32)
+    q = np.clip(np.sign(w) * np.floor(np.abs(w / scale) + 0.5), -WMAX, WMAX)
+    return (q * scale).astype(np.float32)
+
+
+def forward(mlp: Any, x: Tensor) -> Tensor:
+    """``mlp`` (``networks.MLP``) computed in ``mlp.lower``; layers in ``mlp.keep`` stay fp32.
+
+    Tensors are numbered as ``activation_ranges`` returns them: 0 the input, then each Dense's output and each
+    activation's output in turn.
+    """
+    last = len(mlp.dense_index) - 1
+    h = x
+    for k, i in enumerate(mlp.dense_index):
+        layer = mlp.layers[i]
+        h = _dense(mlp, layer, h, k, i in mlp.kept_index)
+        if k < last:
+            h = ops.tanh(h) if mlp.tanh else ops.relu(h)
+            if i + 1 not in mlp.kept_index:
+                h = _round_out(mlp, h, 2 + 2 * k)
+    return h
+
+
+def _dense(mlp: Any, layer: Any, h: Tensor, k: int, kept: bool) -> Tensor:
+    if kept:
+        return ops.dense(h, layer.weight, layer.bias)
+    if mlp.lower == "fp16":
+        return fp16(ops.dense(fp16(h), fp16(layer.weight), fp16(layer.bias)))
+    t = 2 * k  # the input tensor's index: 0, or the previous activation's output
+    lo, hi = mlp.ranges[t, 0], mlp.ranges[t, 1]
+    h = int8_act(h, lo, hi)
+    in_scale, _ = act_qparams(lo, hi)
+    y = ops.dense(h, int8_weight(layer.weight), int8_bias(layer.bias, in_scale, layer.weight))
+    return int8_act(y, mlp.ranges[t + 1, 0], mlp.ranges[t + 1, 1])
+
+
+def _round_out(mlp: Any, h: Tensor, t: int) -> Tensor:
+    if mlp.lower == "fp16":
+        return fp16(h)
+    return int8_act(h, mlp.ranges[t, 0], mlp.ranges[t, 1])
+
+
+def activation_ranges(weights: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray, tanh: bool) -> np.ndarray:
+    """[min, max] of every tensor of the trunk's float forward on the rows ``x`` (its input), with the int8 grid's
+    weights: what Lite's MAX_MIN calibration observes when it runs the exported float graph on the same rows."""
+    ranges = [(x.min(), x.max())]
+    h = x.astype(np.float32)
+    for k, (w, b) in enumerate(weights):
+        h = (h @ snap_weights(w).T + b).astype(np.float32)
+        ranges.append((h.min(), h.max()))
+        if k < len(weights) - 1:
+            h = np.tanh(h) if tanh else np.maximum(h, 0.0)
+            ranges.append((h.min(), h.max()))
+    return np.asarray(ranges, np.float32)

@@ -1,0 +1,111 @@
+"""Training in the device's numerics (``--lower int8|fp16``): the calibration that keeps an int8 actor's activation
+ranges on the states the policy visits, what the lowering costs against the fp32 shadow each iteration, and
+``--init-from``.
+
+The actor trunk computes lowered in every rollout and update (``agent.lowered``). For int8, each iteration ends by
+calibrating its ranges again: ``CALIBRATION_ROWS`` observations spread evenly over the rollout that was just
+trained on, normalised with the statistics the next rollout uses, through the trunk's float forward with int8-grid
+weights, which is what Lite's MAX_MIN calibration sees when export converts the graph on the same rows. The rows and
+ranges are Parameters, so the checkpoint carries both and a rollout and its update always share one set of ranges.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mindspore import Tensor
+
+from inference.compare.policy_level import mismatch
+from inference.errors import UsageError
+from msrl_consistency import compat
+from msrl_consistency.agent import lowered
+from msrl_consistency.agent.policy import CALIBRATION_ROWS, ActorCritic
+from msrl_consistency.agent.preprocess import NORM_EPS, RunningMeanStd
+
+LOG_FIELDS = ("lowered_flip_rate", "lowered_exp_abs_log_ratio", "lowered_k3_kl")
+
+
+def calibration_rows(obs: np.ndarray, count: int = CALIBRATION_ROWS) -> np.ndarray:
+    """``count`` observations spread evenly over a rollout's ``(steps, envs, dim)`` observations (no RNG: the same
+    rollout gives the same rows)."""
+    flat = obs.reshape(-1, obs.shape[-1])
+    return flat[np.linspace(0, len(flat) - 1, count).round().astype(int)].astype(np.float32)
+
+
+def normalise(policy: ActorCritic, obs: np.ndarray) -> np.ndarray:
+    """The policy's in-graph observation normalisation (``ObsNormalizer``), in float32 NumPy."""
+    norm = policy.normalizer
+    if not norm.enabled:
+        return obs.astype(np.float32)
+    mean, var = norm.mean.asnumpy(), norm.var.asnumpy()
+    x = (obs.astype(np.float32) - mean) / np.sqrt(var + np.float32(NORM_EPS))
+    return np.clip(x, -norm.clip, norm.clip).astype(np.float32)
+
+
+def trunk_weights(policy: ActorCritic) -> list[tuple[np.ndarray, np.ndarray]]:
+    actor = policy.actor
+    return [(actor.layers[i].weight.asnumpy(), actor.layers[i].bias.asnumpy()) for i in actor.dense_index]
+
+
+def calibrate(policy: ActorCritic, obs: np.ndarray) -> None:
+    """Set an int8 actor's calibration rows and activation ranges from a rollout's observations."""
+    rows = calibration_rows(obs)
+    ranges = lowered.activation_ranges(trunk_weights(policy), normalise(policy, rows), policy.actor.tanh)
+    policy.calibration.set_data(Tensor(rows))
+    policy.actor.ranges.set_data(Tensor(ranges))
+
+
+def shadow_mismatch(policy: ActorCritic, obs: np.ndarray, actions: np.ndarray) -> dict[str, float]:
+    """The lowered actor against its fp32 shadow on a rollout's observations and the actions it took: the rate of
+    greedy actions that differ (discrete), mean exp|Δ log π| and the k3 KL of the sampled actions."""
+    x = normalise(policy, obs.reshape(-1, obs.shape[-1]))
+    with compat.execution_mode(graph=False):
+        low = lowered.forward(policy.actor, Tensor(x)).asnumpy().astype(np.float64)
+        full = policy.actor.layers(Tensor(x)).asnumpy().astype(np.float64)
+    a = actions.reshape(len(x), -1)
+    if policy.discrete:
+        idx = a[:, 0].astype(int)
+        logp_low, logp_full = _log_softmax(low)[np.arange(len(x)), idx], _log_softmax(full)[np.arange(len(x)), idx]
+        flips = float(np.mean(low.argmax(-1) != full.argmax(-1)))
+    else:
+        std = np.exp(policy.log_std.asnumpy().astype(np.float64))
+        logp_low = -0.5 * (((a - low) / std) ** 2).sum(-1)  # the shared terms cancel in the ratio
+        logp_full = -0.5 * (((a - full) / std) ** 2).sum(-1)
+        flips = float("nan")
+    m = mismatch(logp_full - logp_low)  # actions drawn from the lowered actor: it is the reference here
+    return {"lowered_flip_rate": flips, "lowered_exp_abs_log_ratio": m["mean_exp_abs"], "lowered_k3_kl": m["k3_kl"]}
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def init_from(policy: ActorCritic, run_dir: str | Path) -> tuple[RunningMeanStd, dict[str, Any]]:
+    """Load another run's last checkpoint into ``policy`` (every Parameter it has; an int8 actor's calibration is
+    made afresh), and the observation statistics to continue from. Returns them and what was loaded, for run.json."""
+    from msrl_consistency.artifacts import run_dir as rd
+    from msrl_consistency.artifacts.checkpoint import policy_parameters, read_checkpoint
+
+    source = Path(run_dir)
+    info = rd.read_run_json(source)
+    saved = read_checkpoint(rd.checkpoint_path(source))
+    own = policy_parameters(policy)
+    fresh = {"actor.ranges", "calibration"}
+    missing = sorted(set(own) - set(saved) - fresh)
+    if missing:
+        raise UsageError(f"--init-from {source}: its checkpoint lacks {', '.join(missing[:4])} (another architecture?)")
+    for name, param in own.items():
+        if name in fresh:
+            continue
+        if tuple(saved[name].shape) != tuple(param.shape):
+            raise UsageError(f"--init-from {source}: {name} is {tuple(saved[name].shape)}, this run's policy has "
+                             f"{tuple(param.shape)} (another --hidden-sizes?)")  # fmt: skip
+        param.set_data(saved[name].value())
+    steps = float(info.get("global_step") or 1)
+    rms = RunningMeanStd(policy.normalizer.mean.asnumpy().astype(np.float64),
+                         policy.normalizer.var.asnumpy().astype(np.float64), steps)  # fmt: skip
+    return rms, {"run_dir": str(source), "global_step": info.get("global_step"),
+                 "precision": (info.get("policy_spec") or {}).get("lower", "fp32")}  # fmt: skip
