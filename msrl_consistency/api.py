@@ -31,6 +31,7 @@ from inference.compare.verifier import VerifyOptions, verify
 from inference.errors import UsageError, first_line
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, PolicySpec
+from msrl_consistency.agent.lowered import freeze
 from msrl_consistency.artifacts import graphs as G
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.bundle import (
@@ -72,7 +73,7 @@ def export_run(
     compat.set_device("cpu")
     run = rd.read_run_json(ckpt.parent)
     spec = PolicySpec.from_dict(run["policy_spec"])
-    reference = policy if policy is not None else load_policy(ckpt, spec)
+    reference = policy if policy is not None else freeze(load_policy(ckpt, spec))  # trained lowered: float graphs
     exported = reference
     if options.precision == "fp16":
         exported = ActorCritic(spec)  # a copy (Parameters and switches): the fp32 reference stays untouched
@@ -120,7 +121,12 @@ def export_run(
         },
         "seeds": {"train": run["seeds"]},
     }  # fmt: skip
-    return write_bundle(out, graphs, fields, options, _checker(options), force)
+    if spec.lower == "fp32" or policy is not None:
+        return write_bundle(out, graphs, fields, options, _checker(options), force)
+    from msrl_consistency.precision.trained import export_trained  # trained in the device's numerics: its plan
+
+    return export_trained(ckpt, load_policy(ckpt, spec), out, force,
+                          lambda where: write_bundle(where, graphs, fields, options, _checker(options), True))
 
 
 @compat.gc_frozen()

@@ -21,7 +21,13 @@ from inference.compare import episodes as E
 from inference.compare.acting import available_modes
 from inference.compare.batches import infer_feeds
 from inference.compare.checks import Check, VerifyResult
-from inference.compare.device_precision import LITE_RUNTIMES, Judgement, emulation_wanted, judgement
+from inference.compare.device_precision import (
+    LITE_RUNTIMES,
+    Judgement,
+    emulation_wanted,
+    judgement,
+    runtime_precision,
+)
 from inference.compare.diagnose import name_lowered_precision
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
@@ -131,6 +137,7 @@ def verify(
                 selected[name] = twin if name == TWIN and twin else {g: create(name, source, g) for g in bundle.graphs}
     selected.update(extra_runtimes or {})
     asked = set(options.runtimes or ()) | set(required)  # named by the user: what happens to each is a check
+    trained = TrainedReference(bundle, source, inputs, options, progress)
     for name, graph_runtimes in selected.items():
         INTERRUPTS.check()
         started = time.perf_counter()
@@ -140,8 +147,11 @@ def verify(
                 checks.append(Check(name, "available", "skip", f"unavailable: {graph_runtimes}"))
             progress(f"{name}: unavailable")
             continue
-        report, judged = judge_runtime(name, graph_runtimes, bundle, reference, inputs, options, name in required,
+        against = trained.reference_for(name) or reference
+        report, judged = judge_runtime(name, graph_runtimes, bundle, against, inputs, options, name in required,
                                        checkpoint_matches, env_deterministic, asked=name in asked)  # fmt: skip
+        if against is not reference:
+            report.info["reference"] = trained.describe()
         runtimes[name], episode_diffs[name] = report.info, report.episode_diffs
         checks += report.checks
         progress(f"{name}: {report.info['status']} ({time.perf_counter() - started:.1f} s)")
@@ -158,6 +168,35 @@ def verify(
     if not result.compared:
         checks.append(nothing_compared(runtimes))
     return result
+
+
+class TrainedReference:
+    """A bundle of a run trained in the device's numerics (its plan's ``trained``): the runtime that computes the
+    plan's lowered precision is judged against the run's own Cell computing in those numerics (the training path,
+    ``cells.lowered``), built once when first needed; every other runtime against the float reference."""
+
+    def __init__(self, bundle: Bundle, source: RuntimeSource, inputs: Inputs, options: VerifyOptions,
+                 progress: Callable[[str], None]) -> None:  # fmt: skip
+        plan = bundle.plan or {}
+        self.lower = plan.get("lower") if plan.get("trained") else None
+        self.bundle, self.source, self.inputs, self.options, self.progress = bundle, source, inputs, options, progress
+        self.built: Reference | None = None
+
+    def reference_for(self, name: str) -> Reference | None:
+        if self.lower is None or runtime_precision(self.bundle, name, self.options.device).preset != self.lower:
+            return None
+        if self.built is None:
+            cells = getattr(self.source.cells, "lowered", None)
+            if cells is None:
+                raise UsageError(f"{self.bundle.root} was trained in {self.lower}: its lowered runtime is judged "
+                                 "against the run's own Cell in those numerics; pass --ckpt RUN")  # fmt: skip
+            self.progress(f"reference {REFERENCE} in {self.lower} (the training path), for {name}")
+            lowered = RuntimeSource(self.bundle, cells, self.options.device, self.options.device_id)
+            self.built = reference_for(self.bundle, lowered, self.inputs, self.options)
+        return self.built
+
+    def describe(self) -> str:
+        return f"{REFERENCE} in {self.lower}: the run's Cell computing in the numerics it was trained in"
 
 
 def judge_runtime(

@@ -99,6 +99,20 @@ def snap_weights(w: np.ndarray) -> np.ndarray:
     return (q * scale).astype(np.float32)
 
 
+def freeze(policy: Any) -> Any:
+    """``policy`` (an ``ActorCritic``) as the float graphs export writes carry it: an int8 actor's lowered layers hold
+    their int8-grid weights, and the trunk computes in float, so Lite's converter quantizes it to the same integers
+    and the float runtimes run the device's weights. The calibrated ranges and rows stay for export."""
+    actor = policy.actor
+    if actor.lower == "int8":
+        for i in actor.dense_index:
+            if i not in actor.kept_index:
+                layer = actor.layers[i]
+                layer.weight.set_data(Tensor(snap_weights(layer.weight.asnumpy())))
+    actor.lowered = False
+    return policy
+
+
 def forward(mlp: Any, x: Tensor) -> Tensor:
     """``mlp`` (``networks.MLP``) computed in ``mlp.lower``; layers in ``mlp.keep`` stay fp32.
 

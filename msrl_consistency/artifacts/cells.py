@@ -26,6 +26,7 @@ from inference.compare.plugins import import_factory
 from inference.errors import UsageError, first_line
 from msrl_consistency import compat
 from msrl_consistency.agent import PolicySpec
+from msrl_consistency.agent.lowered import freeze
 from msrl_consistency.artifacts.checkpoint import bookkeeping, describe_ignored, load_policy, read_checkpoint
 from msrl_consistency.artifacts.graphs import export_heads
 
@@ -37,12 +38,21 @@ class TrainerCells:
         self.checkpoint, self.spec = checkpoint, PolicySpec.from_dict(spec)
 
     def __call__(self, graph: str) -> nn.Cell:
-        return export_heads(load_policy(self.checkpoint, self.spec))[graph]
+        """The head as export writes it: a lowered actor frozen to float with the device's weights."""
+        return export_heads(freeze(load_policy(self.checkpoint, self.spec)))[graph]
+
+    @property
+    def lowered(self) -> Callable[[str], nn.Cell] | None:
+        """A run trained in the device's numerics (``train --lower``): its heads computing in them, as in training
+        (what verify judges the lowered runtime against)."""
+        if self.spec.lower == "fp32":
+            return None
+        return lambda graph: export_heads(load_policy(self.checkpoint, self.spec))[graph]
 
     def without_normalization(self, graph: str) -> nn.Cell | None:
         if not self.spec.normalize_obs:
             return None
-        policy = load_policy(self.checkpoint, self.spec)
+        policy = freeze(load_policy(self.checkpoint, self.spec))
         policy.normalizer.enabled = False
         return export_heads(policy)[graph]
 

@@ -57,12 +57,14 @@ def quant_section(quantization: str, skip: Sequence[str] = ()) -> dict[str, Any]
     return quant
 
 
-def full_quant_sections(dirs: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
-    """The converter's calibration and full-quantization sections for per-input calibration directories."""
+def full_quant_sections(dirs: Mapping[str, Path], bias_correction: bool = True) -> dict[str, dict[str, Any]]:
+    """The converter's calibration and full-quantization sections for per-input calibration directories.
+    ``bias_correction`` off keeps the biases as they are (a policy trained in int8 was trained with them)."""
     count = min(len(list(d.iterdir())) for d in dirs.values())
     return {"data_preprocess_param": {"calibrate_path": ",".join(f"{name}:{path}" for name, path in dirs.items()),
                                       "calibrate_size": count, "input_type": "BIN"},
-            "full_quant_param": {"activation_quant_method": "MAX_MIN", "bias_correction": "true"}}  # fmt: skip
+            "full_quant_param": {"activation_quant_method": "MAX_MIN",
+                                 "bias_correction": "true" if bias_correction else "false"}}  # fmt: skip
 
 
 class SessionRuntime:
@@ -127,13 +129,15 @@ class Int8Lowering:
     runtime = "Lite (quantized .ms)"
 
     def __init__(self, bundle: Bundle, layers: Sequence[Layer], workdir: Path,
-                 calibration: Mapping[str, Mapping[str, np.ndarray]], quantization: str = "full") -> None:  # fmt: skip
+                 calibration: Mapping[str, Mapping[str, np.ndarray]], quantization: str = "full",
+                 bias_correction: bool = True) -> None:  # fmt: skip
         """``calibration``: per graph, per input name, the rows Lite calibrates on (full quantization)."""
         from msrl_consistency.artifacts.graphs import DEFAULT_CONVERTER, ConverterUnavailable
 
         if not DEFAULT_CONVERTER.exists():
             raise ConverterUnavailable(f"Lite converter not built ({DEFAULT_CONVERTER}); run `make lite`")
         self.bundle, self.layers, self.workdir, self.quantization = bundle, layers, workdir, quantization
+        self.bias_correction = bias_correction
         self.fixed: dict[str, Path] = {}
         self.calibration_dirs: dict[str, dict[str, Path]] = {}
         self._converted: dict[tuple[str, frozenset[str]], Path] = {}
@@ -154,7 +158,7 @@ class Int8Lowering:
         """The converter configuration of ``graph`` with ``kept`` in fp32 (``skip_quant_node``)."""
         sections = {"common_quant_param": quant_section(self.quantization, kept_nodes(self.layers, kept, graph))}
         if self.quantization == "full":
-            sections.update(full_quant_sections(self.calibration_dirs[graph]))
+            sections.update(full_quant_sections(self.calibration_dirs[graph], self.bias_correction))
         return converter_config(self.bundle.target.get("device", "cpu"), self.bundle.target.get("precision_mode"),
                                 sections)  # fmt: skip
 

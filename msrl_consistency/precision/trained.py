@@ -1,0 +1,126 @@
+"""The bundle of a run trained in the device's numerics (``train --lower int8|fp16``): a precision plan that nobody
+searched, because the policy was trained for it.
+
+Export writes the float bundle first (the actor frozen with its int8-grid weights, ``agent.lowered.freeze``), then
+this plan's bundle from it with ``precision.write.write_bundle``, the plan search's own writer:
+
+* every actor layer is lowered except the run's ``--keep``; what is not the actor trunk (observation normalisation,
+  the critic, the distribution's sampling and log-probabilities, the action squash) stays fp32, as in training;
+* int8: the converter calibrates on the very observations the checkpoint's ranges come from (the rows are a Parameter
+  of the checkpoint), with MAX_MIN and no bias correction, so Lite's scales are the trained ones; export reads the
+  ``.ms`` back and refuses a file whose activation ranges differ from the trained ones (``check_ranges``);
+* fp16: Lite's runtime configuration runs the actor in fp16, the rest in fp32 (the emulation follows the same plan).
+
+Verify then judges the lowered runtime against the run's own lowered Cell (``TrainerCells.lowered``), and the float
+runtimes against the frozen float Cell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inference.bundle import Bundle
+from inference.bundle.plan_claims import check_plan
+from inference.compare.policy_bounds import POLICY_BOUNDS
+from inference.errors import RuntimeUnavailable, UsageError
+from msrl_consistency.agent.lowered import lowered_numerics
+from msrl_consistency.agent.policy import ActorCritic
+from msrl_consistency.agent.spec import PolicySpec
+from msrl_consistency.precision.layers import Layer, policy_layers
+
+ACTOR = "actor.layers."
+CALIBRATION_NOISE_SEED = 0  # the sampling noise a stochastic graph is calibrated with (its nodes stay fp32)
+
+
+def kept_layers(layers: list[Layer], spec: PolicySpec) -> frozenset[str]:
+    """Everything but the actor trunk's layers, and the ones the run kept in fp32."""
+    return frozenset(layer.scope for layer in layers if not layer.scope.startswith(ACTOR) or layer.scope in spec.keep)
+
+
+def export_trained(
+    ckpt: Path, policy: ActorCritic, out: Path, force: bool, write_float: Callable[[Path], Bundle]
+) -> Bundle:
+    """Write the float bundle with ``write_float`` into a scratch directory, then the trained plan's bundle to
+    ``out``; ``policy``: the run's policy as loaded (its int8 calibration rows and ranges)."""
+    from msrl_consistency.artifacts.cells import TrainerCells
+    from msrl_consistency.precision.write import write_bundle
+
+    spec = policy.spec
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
+        raise UsageError(f"{out} already exists; pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        source = write_float(work / "fp32")
+        _needs_files(source, spec.lower)
+        layers = policy_layers(source, TrainerCells(ckpt, spec.to_dict()))
+        kept = kept_layers(layers, spec)
+        lowering, calibration = _lowering(source, layers, work, policy)
+        record = plan_record(source, layers, kept, policy, out, calibration)
+        bundle = write_bundle(source, out, layers, kept, record, lowering)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    check_plan(bundle)
+    return bundle
+
+
+def _needs_files(bundle: Bundle, lower: str) -> None:
+    for graph in bundle.graphs:
+        if not bundle.has_file(graph, "onnx") or (lower == "int8" and not bundle.has_file(graph, "ms")):
+            need = ".onnx and .ms" if lower == "int8" else ".onnx"
+            raise UsageError(f"a run trained in {lower} exports its {need} (--formats mindir,onnx,ms): graph {graph!r}")
+
+
+def _lowering(bundle: Bundle, layers: list[Layer], work: Path, policy: ActorCritic) -> tuple[Any, np.ndarray | None]:
+    from msrl_consistency.artifacts.graphs import ConverterUnavailable
+    from msrl_consistency.precision.lowering import Fp16Lowering, Int8Lowering
+    from msrl_consistency.precision.plan import calibration_inputs
+
+    if policy.spec.lower == "fp16":
+        return Fp16Lowering(bundle, layers), None
+    rows = policy.calibration.asnumpy()
+    try:
+        lowering = Int8Lowering(bundle, layers, work, calibration_inputs(bundle, rows, CALIBRATION_NOISE_SEED),
+                                bias_correction=False)  # fmt: skip
+    except ConverterUnavailable as exc:
+        raise RuntimeUnavailable(f"a run trained in int8 exports an int8 .ms: {exc}") from None
+    return lowering, rows
+
+
+def plan_record(bundle: Bundle, layers: list[Layer], kept: frozenset[str], policy: ActorCritic, out: Path,
+                calibration: np.ndarray | None) -> dict[str, Any]:  # fmt: skip
+    """The manifest's ``plan``: a plan's fields, with ``trained`` saying where its numerics come from."""
+    spec = policy.spec
+    lower = spec.lower
+    record: dict[str, Any] = {
+        "lower": lower,
+        "quantization": "full" if lower == "int8" else None,
+        "kept": sorted(kept),
+        "layers": [{"scope": layer.scope, "kind": layer.kind, "cost": layer.cost, "nodes": layer.nodes,
+                    "precision": "fp32" if layer.scope in kept else lower} for layer in layers],  # fmt: skip
+        "bounds": POLICY_BOUNDS[lower].to_dict(),
+        "source_graphs": {g: bundle.graph(g)["files"]["onnx"]["sha256"] for g in bundle.graphs},
+        "calibration": None,
+        "bundle": str(out),
+        "search": {"method": "none: the policy was trained in these numerics (train --lower)", "evaluations": 0},
+        "trained": {**lowered_numerics(lower, spec.keep),
+                    "reference": "the run's Cell computing in these numerics (the training path)"},  # fmt: skip
+    }
+    if calibration is not None:
+        digest = hashlib.sha256(np.ascontiguousarray(calibration).tobytes()).hexdigest()
+        record["calibration"] = {"source": "the observations the checkpoint's int8 ranges were calibrated on "
+                                 "(the last rollout it trained on)", "count": int(len(calibration)), "sha256": digest}
+        record["trained"]["ranges"] = policy.actor.ranges.asnumpy().tolist()
+    return record
+
+
+def check_ranges(lowering: Any, bundle: Bundle, kept: frozenset[str], policy: ActorCritic) -> dict[str, Any]:
+    """The activation ranges Lite's converter calibrated, read back from each ``.ms``, against the trained ones."""
+    raise NotImplementedError
