@@ -144,7 +144,7 @@ def plan_layers(layers: Sequence[CapturedLayer], onnx_path: Path, inputs: Sequen
     planned, last_pos = [], -1
     values: dict[str, np.ndarray] | None = None
     for layer in layers:
-        pos, why = _anchor(layer, nodes, last_pos)
+        pos, why = _anchor(layer, nodes, last_pos, params - set(layer.params))
         if pos is None and inputs is not None and not layer.params and layer.kind not in IDENTITY_IN_EVAL:
             values = _node_values(inferred, inputs) if values is None else values
             pos = _by_value(layer.output, nodes, values, last_pos)
@@ -204,16 +204,18 @@ def _scalars(node: Any) -> dict[str, float]:
     return {a.name: float(onnx.helper.get_attribute_value(a)) for a in node.attribute if a.type in kinds}
 
 
-def _anchor(layer: CapturedLayer, nodes: Sequence[tuple], after: int) -> tuple[int | None, str]:
+def _anchor(layer: CapturedLayer, nodes: Sequence[tuple], after: int, foreign: set[str]) -> tuple[int | None, str]:
     """The node whose output is the layer's: the last one that reads its Parameters or carries its scope in its
-    name (the exporter names a sub-Cell's own operations ``Default/<cell>-<Type>/...``); for a layer with neither,
-    the next node of a matching op type."""
+    name (the exporter names a sub-Cell's own operations ``Default/<cell>-<Type>/...``), before any node that reads
+    another layer's Parameters (MindSpore's exporter names the action clip after the normaliser's clamp, one op
+    later); for a layer with neither, the next node of a matching op type."""
     scope = re.compile("Default/" + "/".join(rf"{re.escape(part)}-[^/]+" for part in layer.path.split(".")) + "/")
     if layer.params:
         readers = [k for k, n in enumerate(nodes) if set(n[2]) & set(layer.params)]
         if not readers:
             return None, f"its parameters ({', '.join(layer.params)}) are not initializers of the ONNX graph"
-        scoped = [k for k in _downstream(nodes, min(readers)) if layer.path and scope.search(nodes[k][0])]
+        stop = next((k for k in range(min(readers), len(nodes)) if set(nodes[k][2]) & foreign), len(nodes))
+        scoped = [k for k in _downstream(nodes, min(readers)) if k < stop and layer.path and scope.search(nodes[k][0])]
         return max(readers + scoped), ""
     scoped = [k for k in _downstream(nodes, after) if layer.path and scope.search(nodes[k][0])] if after >= 0 else []
     if scoped:

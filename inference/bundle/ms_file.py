@@ -1,9 +1,11 @@
 """What a Lite ``.ms`` file holds, read from its bytes: each tensor's data type and whether it carries quantization
-parameters. Enough to check a claim about the file (an int8 plan's ``.ms`` holds int8 weights) without Lite.
+parameters (their scales and zero points). Enough to check a claim about the file (an int8 plan's ``.ms`` holds int8
+weights; a policy trained in int8 was converted with the scales it was trained with) without Lite.
 
 A ``.ms`` is a FlatBuffer with the identifier ``MSL2`` (``MSL1`` before Lite 1.2) whose root is Lite's
 ``MetaGraph`` (``mindspore/lite/schema/model.fbs``): field 7 ``allTensors: [Tensor]``; a ``Tensor`` has ``nodeType``
-(0), ``dataType`` (1, MindSpore's TypeId), ``data: [ubyte]`` (6), ``quantParams`` (7) and ``name`` (9). FlatBuffers
+(0), ``dataType`` (1, MindSpore's TypeId), ``data: [ubyte]`` (6), ``quantParams`` (7: ``QuantParam`` tables, ``scale``
+double at 0, ``zeroPoint`` int at 1) and ``name`` (9). FlatBuffers
 only ever append fields, so these indices hold in every Lite version. Only the standard library reads it: the deploy
 side needs nothing more.
 """
@@ -31,6 +33,8 @@ class MsTensor:
     dtype: str  # TYPE_IDS' name, or "type <id>"
     data_bytes: int  # the constant data it carries (0: an activation or an input)
     quantized: bool  # carries quantization parameters
+    scales: tuple[float, ...] = ()  # its quantization parameters' scales (one per channel for a per-channel weight)
+    zero_points: tuple[int, ...] = ()
 
 
 class _Table:
@@ -48,6 +52,10 @@ class _Table:
     def int32(self, field: int, default: int = 0) -> int:
         off = self.offset(field)
         return _i32(self.buf, self.pos + off) if off else default
+
+    def float64(self, field: int, default: float = 0.0) -> float:
+        off = self.offset(field)
+        return struct.unpack_from("<d", self.buf, self.pos + off)[0] if off else default
 
     def vector(self, field: int) -> tuple[int, int]:
         """(start, length) of a vector field; (0, 0) when absent."""
@@ -91,8 +99,10 @@ def ms_tensors(path: str | Path) -> list[MsTensor]:
         for k in range(count):
             t = root.table(start, k)
             type_id = t.int32(_T_DATA_TYPE)
+            q_start, q_count = t.vector(_T_QUANT)
+            quant = [t.table(q_start, j) for j in range(q_count)]  # QuantParam: scale (0, double), zeroPoint (1)
             out.append(MsTensor(t.string(_T_NAME), TYPE_IDS.get(type_id, f"type {type_id}"), t.vector(_T_DATA)[1],
-                                t.vector(_T_QUANT)[1] > 0))  # fmt: skip
+                                q_count > 0, tuple(q.float64(0) for q in quant), tuple(q.int32(1) for q in quant)))
         return out
     except (struct.error, UnicodeDecodeError, IndexError) as exc:
         raise MsFileError(f"{path}: its tensor table cannot be read ({exc})") from None

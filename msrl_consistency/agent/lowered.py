@@ -31,7 +31,8 @@ WMAX = 127  # int8 weights: symmetric, [-127, 127]
 INT8_SCHEME = {
     "weights": "per output channel, symmetric: scale = max|w| / 127, integers in [-127, 127]",
     "activations": "per tensor, asymmetric: the calibration range widened to hold 0, scale = (max - min) / 255, "
-    "zero point = round(-128 - min / scale), integers in [-128, 127]",
+    "zero point = -128 - round(min / scale), integers in [-128, 127]; calibrated on Lite's float32 graph (its "
+    "Tanh saturates to exactly ±1 beyond |x| 4.97)",
     "bias": "int32 at scale = input scale × weight scale of its channel",
     "rounding": "half away from zero",
 }
@@ -62,16 +63,21 @@ def fp16(x: Tensor) -> Tensor:
 
 
 def act_qparams(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
-    """(scale, zero point) of an int8 activation with the calibration range [lo, hi] (``INT8_SCHEME``)."""
+    """(scale, zero point) of an int8 activation with the calibration range [lo, hi] (``INT8_SCHEME``), as the
+    converter computes them: the scale in float32, the zero point from the unrounded scale in float64 (a symmetric
+    range's ``lo / scale`` is then exactly -127.5, which rounds to a zero point of 0)."""
     lo, hi = ops.minimum(lo, 0.0), ops.maximum(hi, 0.0)
-    scale = ops.maximum((hi - lo) / float(QMAX - QMIN), 1e-12)
-    return scale, round_half_away(QMIN - lo / scale)
+    span = hi - lo
+    scale = ops.maximum(span / float(QMAX - QMIN), 1e-12)
+    ratio = lo.astype(ms.float64) / ops.maximum(span.astype(ms.float64) / float(QMAX - QMIN), 1e-12)
+    return scale, (QMIN - round_half_away(ratio)).astype(ms.float32)
 
 
 def int8_act(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
-    """``x`` quantized to int8 with its range's parameters and dequantized, straight through inside the range."""
+    """``x`` quantized to int8 with its range's parameters and dequantized (Lite multiplies by the reciprocal of the
+    scale), straight through inside the range."""
     scale, zero = act_qparams(lo, hi)
-    q = ops.clamp(round_half_away(x / scale) + zero, QMIN, QMAX)
+    q = ops.clamp(round_half_away(x * (1.0 / scale) + zero), QMIN, QMAX)
     inside = ops.stop_gradient(ops.logical_and(q > QMIN, q < QMAX).astype(x.dtype))
     return ops.stop_gradient((q - zero) * scale) + inside * (x - ops.stop_gradient(x))
 
@@ -150,6 +156,21 @@ def _round_out(mlp: Any, h: Tensor, t: int) -> Tensor:
     return int8_act(h, mlp.ranges[t, 0], mlp.ranges[t, 1])
 
 
+def lite_tanh(x: np.ndarray) -> np.ndarray:
+    """Lite 2.0.0's float32 Tanh on x86_64 CPUs (measured bit-exact over [-12, 12]): a Padé (7, 6) approximant in
+    fused multiply-adds, clamped to [-1, 1], so it reaches ±1 exactly where NumPy's stops at 0.99999994. A saturated
+    layer's calibrated range is then exactly [-1, 1], as the converter finds it."""
+    x = np.asarray(x, np.float32)
+    s = (x * x).astype(np.float32)
+
+    def fma(a: Any, b: np.ndarray, c: float) -> np.ndarray:  # one rounding, as the fused instruction
+        return (np.asarray(a, np.float64) * b.astype(np.float64) + c).astype(np.float32)
+
+    num = (fma(fma(s + np.float32(378), s, 17325.0), s, 135135.0) * x).astype(np.float32)
+    den = fma(fma(fma(28.0, s, 3150.0), s, 62370.0), s, 135135.0)
+    return np.clip(num / den, np.float32(-1), np.float32(1)).astype(np.float32)
+
+
 def activation_ranges(weights: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray, tanh: bool) -> np.ndarray:
     """[min, max] of every tensor of the trunk's float forward on the rows ``x`` (its input), with the int8 grid's
     weights: what Lite's MAX_MIN calibration observes when it runs the exported float graph on the same rows."""
@@ -159,6 +180,6 @@ def activation_ranges(weights: Sequence[tuple[np.ndarray, np.ndarray]], x: np.nd
         h = (h @ snap_weights(w).T + b).astype(np.float32)
         ranges.append((h.min(), h.max()))
         if k < len(weights) - 1:
-            h = np.tanh(h) if tanh else np.maximum(h, 0.0)
+            h = lite_tanh(h) if tanh else np.maximum(h, 0.0)
             ranges.append((h.min(), h.max()))
     return np.asarray(ranges, np.float32)

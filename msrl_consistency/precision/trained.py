@@ -33,9 +33,11 @@ from inference.errors import RuntimeUnavailable, UsageError
 from msrl_consistency.agent.lowered import lowered_numerics
 from msrl_consistency.agent.policy import ActorCritic
 from msrl_consistency.agent.spec import PolicySpec
+from msrl_consistency.artifacts.bundle import ExportCheckFailed
 from msrl_consistency.precision.layers import Layer, policy_layers
 
 ACTOR = "actor.layers."
+RANGE_RTOL = 1e-5  # the calibration forward's float32 rounding moves a scale by an ulp or two
 CALIBRATION_NOISE_SEED = 0  # the sampling noise a stochastic graph is calibrated with (its nodes stay fp32)
 
 
@@ -64,6 +66,9 @@ def export_trained(
         kept = kept_layers(layers, spec)
         lowering, calibration = _lowering(source, layers, work, policy)
         record = plan_record(source, layers, kept, policy, out, calibration)
+        if spec.lower == "int8":
+            record["trained"]["ranges_check"] = {
+                g: check_ranges(lowering.convert(g, kept), source.file(g, "onnx"), policy) for g in source.graphs}
         bundle = write_bundle(source, out, layers, kept, record, lowering)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -121,6 +126,51 @@ def plan_record(bundle: Bundle, layers: list[Layer], kept: frozenset[str], polic
     return record
 
 
-def check_ranges(lowering: Any, bundle: Bundle, kept: frozenset[str], policy: ActorCritic) -> dict[str, Any]:
-    """The activation ranges Lite's converter calibrated, read back from each ``.ms``, against the trained ones."""
-    raise NotImplementedError
+def expected_qparams(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero point) of each trunk tensor from its trained range, as Lite's converter computes them: float32
+    scale, zero point from the unrounded scale (``agent.lowered.INT8_SCHEME``)."""
+    lo, hi = np.minimum(ranges[:, 0], 0).astype(np.float32), np.maximum(ranges[:, 1], 0).astype(np.float32)
+    span = (hi - lo).astype(np.float32)
+    scale = (span / np.float32(255)).astype(np.float32)
+    ratio = lo.astype(np.float64) / (span.astype(np.float64) / 255)
+    return scale, -128 - np.sign(ratio) * np.floor(np.abs(ratio) + 0.5)
+
+
+def trunk_tensors(onnx_path: Path, policy: ActorCritic) -> list[str]:
+    """The trunk's tensors in ``activation_ranges``' order, by the names Lite's converter gives them (the ONNX node
+    that produces each, or the graph input): the first Dense's input, then each Dense's and each activation's output."""
+    import onnx
+
+    nodes = list(onnx.load(str(onnx_path)).graph.node)
+    producer = {out: n.name for n in nodes for out in n.output}
+    names: list[str] = []
+    actor = policy.actor
+    for k, i in enumerate(actor.dense_index):
+        weight = f"actor.layers.{i}.weight"
+        gemm = next((n for n in nodes if any(x.endswith(weight) for x in n.input)), None)
+        if gemm is None:
+            raise ExportCheckFailed(f"{onnx_path.name} has no node reading {weight}")
+        names += [producer.get(gemm.input[0], gemm.input[0]), gemm.name] if k == 0 else [gemm.name]
+        if k < len(actor.dense_index) - 1:
+            names.append(next(n.name for n in nodes if gemm.output[0] in n.input))
+    return names
+
+
+def check_ranges(ms_path: Path, onnx_path: Path, policy: ActorCritic) -> dict[str, Any]:
+    """The scales and zero points Lite's converter gave the trunk's tensors, read back from the ``.ms``, against the
+    ones its trained ranges give: equal up to float32 rounding of the calibration forward, or export fails."""
+    from inference.bundle.ms_file import ms_tensors
+
+    found = {t.name: t for t in ms_tensors(ms_path) if t.quantized}
+    scale, zero = expected_qparams(policy.actor.ranges.asnumpy())
+    worst, zeros = 0.0, 0
+    for k, name in enumerate(trunk_tensors(onnx_path, policy)):
+        tensor = found.get(name)
+        if tensor is None or len(tensor.scales) != 1:
+            raise ExportCheckFailed(f"{ms_path.name}: the trunk tensor {name!r} is not quantized per tensor")
+        worst = max(worst, abs(tensor.scales[0] / float(scale[k]) - 1))
+        zeros += abs(tensor.zero_points[0] - int(zero[k])) > 1
+    if worst > RANGE_RTOL or zeros:
+        raise ExportCheckFailed(f"{ms_path.name}: Lite's converter did not calibrate the trained ranges (scale off by "
+                                f"{worst:.2e} relative, {zeros} zero point(s) off)")  # fmt: skip
+    return {"tensors": len(scale), "max_scale_rel_diff": worst, "zero_points_equal": True}
