@@ -123,6 +123,8 @@ class VerifyResult:
             p = info.get("precision")
             if p and info.get("status") == "ran":
                 lines.append(f"{name}: computes in {p['computes_in']} (judged as {p['judged_as']}): {p['why']}")
+            if info.get("reference"):
+                lines.append(f"{name}: judged against {info['reference']}")
             if info.get("batch_invariance"):
                 lines.append(f"{name}: batch invariance: {describe(info['batch_invariance'])}")
         gated = {(c.runtime, c.name.split(".", 1)[1]) for c in self.checks if c.name.startswith("policy.")}

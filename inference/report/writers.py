@@ -125,6 +125,8 @@ def markdown(result: VerifyResult) -> str:
         if info.get("precision"):
             p = info["precision"]
             out.append(f"  - computes in **{p['computes_in']}**, judged as {p['judged_as']}: {p['why']}")
+        if info.get("reference"):
+            out.append(f"  - judged against {info['reference']}")
             if p.get("bounds"):
                 bars = ", ".join(f"{k} {v:g}" for k, v in p["bounds"].items() if isinstance(v, int | float))
                 out.append(f"  - the verifier's {p['judged_as']} policy bounds: {bars}")

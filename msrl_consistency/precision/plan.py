@@ -42,6 +42,13 @@ def source_bundle(path: Path, lower: str) -> Bundle:
         raise UsageError(str(exc)) from None
     if bundle.precision != "fp32":
         raise UsageError(f"{path} is an {bundle.precision} bundle: a plan lowers a float32 bundle")
+    trained = (bundle.plan or {}).get("trained")
+    if trained:
+        lowered = trained.get("computes_in")
+        raise UsageError(f"{path} is a policy trained in {lowered}: its bundle already lowers every actor layer it did "
+                         f"not keep and verifies against its own {lowered} Cell"
+                         + ("" if lowered == lower else f"; for {lower}, train in it (train --init-from RUN --lower "
+                            f"{lower})"))  # fmt: skip
     if bundle.plan:
         raise UsageError(f"{path} already follows a precision plan: plan from the float32 bundle it came from")
     for graph in bundle.graphs:  # int8 is converted from the ONNX graph into a .ms; fp16 is emulated on the ONNX graph
