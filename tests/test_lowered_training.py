@@ -179,6 +179,20 @@ def test_an_int8_fine_tuned_run_exports_its_trained_scales_and_verifies_against_
         f"actor.layers.{i}" for i in range(5)}
     for check in plan["trained"]["ranges_check"].values():  # Lite calibrated the ranges it was trained with
         assert check["tensors"] == 6 and check["max_scale_rel_diff"] < 1e-5
+    from inference.lite.client import LiteRunner
+    from msrl_consistency.artifacts.cells import TrainerCells
+
+    cell = TrainerCells(run / "checkpoint.ckpt", info["policy_spec"]).lowered("policy")
+    cell.set_train(False)
+    x = (np.random.default_rng(4).standard_normal((2000, 4)) * [1, 1, 0.1, 1]).astype(np.float32)
+    with compat.execution_mode(graph=False):
+        want = cell(ms.Tensor(x))[1].asnumpy()
+    runner = LiteRunner(bundle / "policy.ms", timeout=120)
+    try:
+        got = runner.infer(x)["logits"]
+    finally:
+        runner.close()
+    assert (np.abs(want - got).max(1) > 0).mean() < 0.01  # the same integers: a rounding boundary now and then
     fp32_size = cartpole_bundle.file("policy", "ms").stat().st_size
     assert (bundle / "policy.ms").stat().st_size < 0.8 * fp32_size
     proc = run_module("msrl_consistency.verify", "--bundle", str(bundle), "--ckpt", str(run), "--runtimes",
@@ -206,3 +220,32 @@ def test_an_fp16_fine_tuned_run_verifies_on_the_emulation_against_its_own_cell(c
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["runtimes"]["emulated-fp16"]["reference"].startswith("ms-cell in fp16")
+
+
+def _gemmlowp(acc: int, multiplier: float) -> int:
+    """gemmlowp's requantization in Python integers: QuantizeMultiplier, SaturatingRoundingDoublingHighMul and
+    RoundingDivideByPOT, as Lite's int8 MatMul calls them."""
+    import math
+
+    frac, e = math.frexp(multiplier)
+    q = int(math.floor(frac * 2**31 + 0.5))
+    if q == 2**31:
+        q, e = q // 2, e + 1
+    ab = (acc << max(e, 0)) * q
+    s = ab + ((1 << 30) if ab >= 0 else 1 - (1 << 30))
+    high = s // 2**31 if s >= 0 else -((-s) // 2**31)
+    right = max(-e, 0)
+    mask = (1 << right) - 1
+    return (high >> right) + int((high & mask) > (mask >> 1) + int(high < 0))
+
+
+def test_the_fixed_point_rescale_is_gemmlowps_to_the_integer():
+    rng = np.random.default_rng(5)
+    acc = rng.integers(-4_000_000, 4_000_000, (64, 9)).astype(np.float64)
+    acc[0, :3] = [0, 1, -1]
+    multipliers = np.array([3.1e-4, 0.0123, 0.5, 0.25, 1.0, 1.7, 2.0**-20, 0.0078125, 0.999999], np.float64)
+    with compat.execution_mode(graph=False):
+        got = lowered.fixed_point(ms.Tensor(acc), ms.Tensor(multipliers)).asnumpy()
+    want = np.array([[_gemmlowp(int(a), float(m)) for a, m in zip(row, multipliers, strict=True)] for row in acc])
+    assert np.array_equal(got, want)
+    assert not np.array_equal(want, np.sign(acc * multipliers) * np.floor(np.abs(acc * multipliers) + 0.5))  # not float

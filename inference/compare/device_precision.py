@@ -20,7 +20,7 @@ from typing import Any
 
 from inference.bundle import Bundle
 from inference.bundle.precision import DevicePrecision, lite_precision
-from inference.compare.policy_bounds import POLICY_BOUNDS, PolicyBounds
+from inference.compare.policy_bounds import POLICY_BOUNDS, TRAINED_BOUNDS, PolicyBounds
 from inference.compare.stats import PRESETS, Preset, Tolerance, tolerance_for
 
 LITE_RUNTIMES = ("lite", "lite-mindir", "lite-python")
@@ -57,10 +57,15 @@ def judgement(bundle: Bundle, name: str, device: str, tolerance: str | None) -> 
     preset_name = preset_name if preset_name in PRESETS else bundle.precision
     preset, tol, bounds = PRESETS[preset_name], tolerance_for(preset_name, name), POLICY_BOUNDS[preset_name]
     plan = bundle.plan or {}
-    if plan.get("lower") == preset_name:  # the plan's own numbers, where stricter than the verifier's
+    trained = plan.get("lower") == preset_name and bool(plan.get("trained")) and preset_name in TRAINED_BOUNDS
+    if trained:  # against the Cell trained in these numerics (``verifier.TrainedReference``)
+        bounds = TRAINED_BOUNDS[preset_name]
+    elif plan.get("lower") == preset_name:  # the plan's own numbers, where stricter than the verifier's
         bounds = bounds.tightened(plan.get("bounds"))
     info = {**precision.to_dict(), "judged_as": preset_name,
             "tolerance": {**tol.to_dict(), "rule": tol.describe()}, "bounds": bounds.to_dict()}  # fmt: skip
+    if trained:
+        info["why"] += f"; against the Cell trained in {preset_name}: the verifier's bounds for a policy trained so"
     if tolerance:
         info["why"] += f" (judged as {tolerance}: --tolerance)"
     return Judgement(preset, tol, bounds, info)

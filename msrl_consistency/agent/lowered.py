@@ -6,9 +6,10 @@ trained is the policy the device runs:
 * ``fp16``: every float input, weight and output of each operator rounded to fp16, as the fp16 emulation rewrites the
   exported graph (``inference.runtimes.fp16_emulation``): a Dense multiplies the rounded input by the rounded weights,
   accumulates in fp32, adds the rounded bias and rounds once; an activation rounds its output.
-* ``int8``: what Lite's full quantization computes (``INT8_SCHEME``, measured on Lite 2.0.0's CPU kernels): weights
-  per output channel, symmetric; every activation tensor per tensor, asymmetric, with the range its calibration
-  observed; the bias in int32 at the scale input × weight.
+* ``int8``: what Lite's full quantization computes (``INT8_SCHEME``, measured bit for bit on Lite 2.0.0's x86_64 CPU
+  kernels): weights per output channel, symmetric; every activation tensor per tensor, asymmetric, with the range its
+  calibration observed; the bias in int32 at the scale input × weight; each MatMul's integer product rescaled with
+  the fixed-point multiply Lite's kernels use; the activation between a dequantize and a quantize.
 
 The rounding is forwarded and the gradient passes straight through (``x + stop_gradient(q(x) - x)``); an int8
 activation outside its range gets no gradient (its value is clamped). The ranges are Parameters the training loop
@@ -34,6 +35,9 @@ INT8_SCHEME = {
     "zero point = -128 - round(min / scale), integers in [-128, 127]; calibrated on Lite's float32 graph (its "
     "Tanh saturates to exactly ±1 beyond |x| 4.97)",
     "bias": "int32 at scale = input scale × weight scale of its channel",
+    "matmul": "int32 product of the codes plus the bias, rescaled by gemmlowp's fixed-point multiply and rounding "
+    "shift",
+    "activations_between": "Tanh and ReLU compute in float32 between a dequantize and a quantize",
     "rounding": "half away from zero",
 }
 
@@ -73,11 +77,12 @@ def act_qparams(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     return scale, (QMIN - round_half_away(ratio)).astype(ms.float32)
 
 
-def int8_act(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
+def int8_act(x: Tensor, lo: Tensor, hi: Tensor, codes: Tensor | None = None) -> Tensor:
     """``x`` quantized to int8 with its range's parameters and dequantized (Lite multiplies by the reciprocal of the
-    scale), straight through inside the range."""
+    scale), straight through inside the range; ``codes``: the int8 codes when an int8 kernel computed them (a
+    MatMul's output), the float ``x`` then carrying only the gradient."""
     scale, zero = act_qparams(lo, hi)
-    q = ops.clamp(round_half_away(x * (1.0 / scale) + zero), QMIN, QMAX)
+    q = ops.clamp(round_half_away(x * (1.0 / scale) + zero), QMIN, QMAX) if codes is None else codes
     inside = ops.stop_gradient(ops.logical_and(q > QMIN, q < QMAX).astype(x.dtype))
     return ops.stop_gradient((q - zero) * scale) + inside * (x - ops.stop_gradient(x))
 
@@ -144,10 +149,51 @@ def _dense(mlp: Any, layer: Any, h: Tensor, k: int, kept: bool) -> Tensor:
         return fp16(ops.dense(fp16(h), fp16(layer.weight), fp16(layer.bias)))
     t = 2 * k  # the input tensor's index: 0, or the previous activation's output
     lo, hi = mlp.ranges[t, 0], mlp.ranges[t, 1]
+    out_lo, out_hi = mlp.ranges[t + 1, 0], mlp.ranges[t + 1, 1]
     h = int8_act(h, lo, hi)
-    in_scale, _ = act_qparams(lo, hi)
-    y = ops.dense(h, int8_weight(layer.weight), int8_bias(layer.bias, in_scale, layer.weight))
-    return int8_act(y, mlp.ranges[t + 1, 0], mlp.ranges[t + 1, 1])
+    in_scale, in_zero = act_qparams(lo, hi)
+    w, b = int8_weight(layer.weight), int8_bias(layer.bias, in_scale, layer.weight)
+    y = ops.dense(h, w, b)  # the float product the gradient follows
+    codes = ops.stop_gradient(_int8_matmul(h, w, b, in_scale, in_zero, weight_scale(layer.weight), out_lo, out_hi))
+    return int8_act(y, out_lo, out_hi, codes)
+
+
+def _int8_matmul(h: Tensor, w: Tensor, b: Tensor, in_scale: Tensor, in_zero: Tensor, w_scale: Tensor, lo: Tensor,
+                 hi: Tensor) -> Tensor:  # fmt: skip
+    """The output codes of Lite's int8 MatMul: the integer product of the codes plus the int32 bias, rescaled by
+    ``in_scale × w_scale / out_scale`` with gemmlowp's fixed-point multiply and rounding shift (``fixed_point``),
+    plus the output's zero point. Exact in float64 (codes times codes summed, far below 2^53)."""
+    f64 = ms.float64
+    w_scale = w_scale.squeeze(-1)
+    x = round_half_away(h * (1.0 / in_scale) + in_zero) - in_zero  # h is on its grid: these are its codes
+    acc = ops.dense(x.astype(f64), round_half_away(w / w_scale.expand_dims(-1)).astype(f64),
+                    round_half_away(b / (in_scale * w_scale)).astype(f64))  # fmt: skip
+    out_scale, out_zero = act_qparams(lo, hi)
+    multiplier = in_scale.astype(f64) * w_scale.astype(f64) / out_scale.astype(f64)
+    return ops.clamp(fixed_point(acc, multiplier) + out_zero.astype(f64), float(QMIN), float(QMAX)).astype(ms.float32)
+
+
+def fixed_point(acc: Tensor, multiplier: Tensor) -> Tensor:
+    """``acc × multiplier`` rounded as gemmlowp's requantization does (what Lite's int8 kernels call): the multiplier
+    as ``q × 2^(e - 31)`` (``frexp``, ``q`` rounded to 31 bits), SaturatingRoundingDoublingHighMul by ``q``, then a
+    rounding right shift by ``-e`` (half away from zero), in int64. Rounding twice is what the float product
+    ``round(acc × multiplier)`` misses by one code on a few tenths of a percent of outputs."""
+    f64, i64 = ms.float64, ms.int64
+    e = ops.floor(ops.log2(multiplier)) + 1.0
+    m = multiplier / ops.pow(2.0, e)
+    e = e + (m >= 1.0).astype(f64) - (m < 0.5).astype(f64)  # log2's rounding at a power of two
+    q = ops.floor(multiplier / ops.pow(2.0, e) * 2.0**31 + 0.5)
+    whole = q >= 2.0**31
+    q, e = ops.select(whole, q / 2.0, q), e + whole.astype(f64)
+    a = (acc * ops.pow(2.0, ops.maximum(e, 0.0))).astype(i64)
+    ab = a * q.astype(i64)
+    nudge = ops.select(ab >= 0, ops.full_like(ab, 1 << 30), ops.full_like(ab, 1 - (1 << 30)))
+    s, two31 = ab + nudge, Tensor(2**31, i64)
+    high = ops.select(s >= 0, ops.floor_div(s, two31), -ops.floor_div(-s, two31))  # C division: toward zero
+    p = ops.pow(2.0, ops.maximum(-e, 0.0)).astype(i64)
+    floor = ops.floor_div(high, p)
+    threshold = ops.floor_div(p - 1, Tensor(2, i64)) + (high < 0).astype(i64)
+    return (floor + (high - floor * p > threshold).astype(i64)).astype(f64)
 
 
 def _round_out(mlp: Any, h: Tensor, t: int) -> Tensor:
@@ -171,13 +217,24 @@ def lite_tanh(x: np.ndarray) -> np.ndarray:
     return np.clip(num / den, np.float32(-1), np.float32(1)).astype(np.float32)
 
 
+def lite_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Lite 2.0.0's float32 MatMul with bias on x86_64 (what its calibration runs, measured bit-exact): the sum starts
+    at the bias and adds ``x[:, k] * w[:, k]`` in order of ``k``, one fused multiply-add each."""
+    acc = np.broadcast_to(b.astype(np.float32), (len(x), len(w))).astype(np.float32)
+    w64 = w.astype(np.float64)
+    for k in range(w.shape[1]):
+        acc = (acc + x[:, k : k + 1].astype(np.float64) * w64[:, k]).astype(np.float32)
+    return acc
+
+
 def activation_ranges(weights: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray, tanh: bool) -> np.ndarray:
     """[min, max] of every tensor of the trunk's float forward on the rows ``x`` (its input), with the int8 grid's
-    weights: what Lite's MAX_MIN calibration observes when it runs the exported float graph on the same rows."""
+    weights: what Lite's MAX_MIN calibration observes when it runs the exported float graph on the same rows (its
+    MatMul's order of sums and its Tanh, so the scales come out bit for bit)."""
     ranges = [(x.min(), x.max())]
     h = x.astype(np.float32)
     for k, (w, b) in enumerate(weights):
-        h = (h @ snap_weights(w).T + b).astype(np.float32)
+        h = lite_linear(h, snap_weights(w), b)
         ranges.append((h.min(), h.max()))
         if k < len(weights) - 1:
             h = lite_tanh(h) if tanh else np.maximum(h, 0.0)
