@@ -249,3 +249,16 @@ def test_the_fixed_point_rescale_is_gemmlowps_to_the_integer():
     want = np.array([[_gemmlowp(int(a), float(m)) for a, m in zip(row, multipliers, strict=True)] for row in acc])
     assert np.array_equal(got, want)
     assert not np.array_equal(want, np.sign(acc * multipliers) * np.floor(np.abs(acc * multipliers) + 0.5))  # not float
+
+
+@pytest.mark.slow
+def test_an_int8_run_resumed_after_a_crash_is_bitwise_the_uninterrupted_one(tmp_path):
+    from msrl_consistency.artifacts.checkpoint import read_checkpoint
+
+    cfg = TrainConfig(env_id="CartPole-v1", total_steps=512, lower="int8", **{**TINY_RUN, "checkpoint_every": 2})
+    run_trainer(cfg, tmp_path / "whole")
+    run_trainer(cfg, tmp_path / "crashed", stop_at=5)
+    run_trainer(cfg, tmp_path / "crashed", resume=True)
+    whole, resumed = (read_checkpoint(tmp_path / d / "checkpoint.ckpt") for d in ("whole", "crashed"))
+    assert {"actor.ranges", "calibration"} <= set(whole)  # the ranges and the rows they come from are checkpointed
+    assert all(np.array_equal(whole[k].asnumpy(), resumed[k].asnumpy()) for k in whole)
