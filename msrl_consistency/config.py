@@ -21,6 +21,7 @@ from inference.bundle.files import read_document
 from inference.errors import UsageError
 
 PRESET_DIR = Path(__file__).with_name("presets")
+LOWERINGS = ("fp32", "int8", "fp16")  # what --lower trains the actor in (``agent.lowered``)
 MAX_UPDATES_PER_CALL = 8  # minibatch updates unrolled in one train-step graph: more compile time and memory
 AUTO_UPDATES_PER_CALL = 4  # the automatic choice stays at or below this (8 cost CartPole ~40 MB more, no faster)
 
@@ -247,8 +248,8 @@ class TrainConfig:
             raise UsageError(f"--env-threads must be in [0, 1024], got {self.env_threads}")
         if self.adv_norm_scope not in ("global", "rank"):
             raise UsageError(f"--adv-norm-scope must be global or rank, got {self.adv_norm_scope!r}")
-        if self.lower not in ("fp32", "int8", "fp16"):
-            raise UsageError(f"--lower must be fp32, int8 or fp16, got {self.lower!r}")
+        if self.lower not in LOWERINGS:
+            raise UsageError(f"--lower must be one of {', '.join(LOWERINGS)}, got {self.lower!r}")
         if self.keep and self.lower == "fp32":
             raise UsageError("--keep names layers kept in fp32 under --lower int8|fp16; this run computes in fp32")
         bad = [k for k in self.keep if not _actor_layer(k, len(self.hidden_sizes))]

@@ -132,7 +132,7 @@ def test_snapped_weights_are_on_their_own_grid():
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"keep": ["actor.layers.0"]}, "--keep names layers kept in fp32 under --lower"),
-    ({"lower": "int4"}, "--lower must be fp32, int8 or fp16"),
+    ({"lower": "int4"}, "--lower must be one of fp32, int8, fp16"),
     ({"lower": "int8", "keep": ["critic.layers.0"]}, "not an actor layer"),
     ({"lower": "int8", "keep": ["actor.layers.9"]}, "not an actor layer"),
     ({"lower": "int8", "workers": 2}, "--lower trains one process"),

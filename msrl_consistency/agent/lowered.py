@@ -26,7 +26,6 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-LOWERINGS = ("fp32", "int8", "fp16")
 QMIN, QMAX = -128, 127  # int8 activations
 WMAX = 127  # int8 weights: symmetric, [-127, 127]
 INT8_SCHEME = {
