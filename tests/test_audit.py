@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_field import audit, device, report
 
+from inference.bundle import sha256_file
 from inference.bundle.recording import index_recording, read_recording
 from inference.bundle.recording_chunk import chunk_name, write_chunk
 from inference.errors import UsageError
@@ -60,13 +61,19 @@ def copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def rewrite(path: Path, change: Callable[[dict, dict], None]) -> None:
-    """Change a chunk's arrays or meta in place (``change(arrays, meta)``), as a tampering hand would."""
+def rewrite(path: Path, change: Callable[[dict, dict], None], rechain: bool = True) -> None:
+    """Change a chunk's arrays or meta in place (``change(arrays, meta)``), as a faulty device would have written it:
+    the chunks after it in its directory name the new file (``previous``), unless ``rechain`` is off (a tampering
+    hand, which the chain then gives away)."""
     with np.load(path, allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files if k != "meta"}
         meta = json.loads(str(data["meta"]))
     change(arrays, meta)
     write_chunk(path, arrays, meta)
+    after = path.with_name(chunk_name(int(meta.get("chunk", -2)) + 1))
+    if rechain and after.is_file():
+        digest = sha256_file(path)
+        rewrite(after, lambda _a, m: m.__setitem__("previous", {"chunk": meta["chunk"], "sha256": digest}))
 
 
 def checks(out: Path) -> dict:
@@ -130,6 +137,22 @@ def test_a_continued_recording_audits_as_one_sequence(cartpole_bundle, cartpole_
     assert "2 recording sessions, continued in one sequence" in found["field.recording"]["summary"]
     episodes = read_recording([rec], cartpole_bundle).episode_returns()
     assert len({e for e, _, _ in episodes}) == len(episodes) and max(r for *_, r in episodes) <= 500
+
+
+def test_a_chunk_of_another_recording_of_the_same_bundle_is_refused(cartpole_bundle, recording, tmp_path):
+    """Each chunk names the file written before it: another recording's chunk 1 under this one's name breaks the
+    chain, whichever side of it the audit reads (the chunk itself, and the chunk after it)."""
+    other = tmp_path / "other"
+    proc = device(LOOP.format(bundle=str(cartpole_bundle.root), out=str(other), chunk=CHUNK, steps=2000, nan_every=0))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spliced = copy(recording, tmp_path / "spliced")
+    shutil.copyfile(other / chunk_name(1), spliced / chunk_name(1))
+    with pytest.raises(UsageError, match=r"chunk-000001.npz does not follow chunk-000000.npz here"):
+        index_recording([spliced], cartpole_bundle)
+    shutil.copyfile(other / chunk_name(0), spliced / chunk_name(0))  # both of its chunks: now chunk 2 does not follow
+    with pytest.raises(UsageError, match=r"chunk-000002.npz does not follow chunk-000001.npz here"):
+        index_recording([spliced], cartpole_bundle)
+    assert index_recording([recording], cartpole_bundle).chunks[1].meta["previous"]["chunk"] == 0
 
 
 @pytest.mark.parametrize("where", ["middle", "end"])

@@ -7,7 +7,10 @@ after what is there, so it is one sequence. Each chunk holds:
 * ``meta``: a JSON object: ``format``, ``version``, ``manifest_sha256`` (the bundle the device ran), ``env_id``,
   ``graph``, ``runtime``, ``session`` (one id per recorder), ``chunk`` (its index), ``steps``, ``next_episode``
   (the episode counter after its steps), ``lost`` (chunks of this directory the recorder could not write since its
-  previous chunk: ``{chunk, steps, why}``), ``dropped_steps`` (their steps) and ``created``;
+  previous chunk: ``{chunk, steps, why}``), ``dropped_steps`` (their steps), ``created`` and, from version 3,
+  ``previous`` (``{chunk, sha256}`` of the chunk file written before it in the directory, by this recorder or the one
+  it continued; null for the first): the chain that tells a chunk spliced in from another recording of the same
+  bundle;
 * one row per step: ``input/<k>`` (the graph's k-th input), ``output/<name>``, ``action`` (the env action taken),
   ``host_noise`` (the noise a host-sampled policy drew; NaN rows: no noise), ``time_ns``, ``episode`` (unique per
   episode across the rows of a vector env), ``env`` (the row of the call), ``reward`` (NaN when not given), ``done``.
@@ -190,12 +193,30 @@ def index_recording(paths: Sequence[str | os.PathLike[str]], bundle: Bundle) -> 
             mine.append(info)
         if given.is_dir():
             _check_complete(given, mine)
+        _check_chain(mine)
         chunks += mine
         recordings.append({"path": str(given), "chunks": len(mine), "steps": sum(c.steps for c in mine),
                            "sessions": len({c.session for c in mine}),
                            "lost": [e for c in mine for e in c.meta.get("lost", [])]})  # fmt: skip
     assert graph is not None and layout is not None
     return RecordingIndex(graph, layout, chunks, recordings)
+
+
+def _check_chain(chunks: list[ChunkInfo]) -> None:
+    """Each chunk that names the chunk written before it (``previous``) follows that very file, where it is among
+    ``chunks``: a chunk of another recording of the same bundle, copied in under the right name, breaks the chain."""
+    files = {c.index: c.path for c in chunks}
+    hashes: dict[int, str] = {}
+    for c in chunks:
+        previous = c.meta.get("previous")
+        if previous is None or previous["chunk"] not in files:
+            continue
+        index = previous["chunk"]
+        hashes[index] = hashes.get(index) or sha256_file(files[index])
+        if hashes[index] != previous["sha256"]:
+            raise UsageError(f"{c.path} does not follow {files[index].name} here: it was written after a chunk with "
+                             f"sha256 {previous['sha256'][:12]}…, this one's is {hashes[index][:12]}… (a chunk of "
+                             "another recording, copied in under its name)")  # fmt: skip
 
 
 def _check_complete(directory: Path, chunks: list[ChunkInfo]) -> None:
@@ -332,12 +353,13 @@ def read_recording(paths: Sequence[str | os.PathLike[str]], bundle: Bundle) -> R
     )  # fmt: skip
 
 
-def continuation(directory: Path, manifest_sha256: str, graph: str) -> tuple[int, int]:
-    """Where a recorder continues a recording in ``directory``: the next chunk index and the next episode id (after
-    the last chunk's). A directory holding another bundle's or graph's recording is refused."""
+def continuation(directory: Path, manifest_sha256: str, graph: str) -> tuple[int, int, dict[str, Any] | None]:
+    """Where a recorder continues a recording in ``directory``: the next chunk index, the next episode id (after
+    the last chunk's) and the last chunk's ``{chunk, sha256}`` (what the next chunk's ``previous`` names). A
+    directory holding another bundle's or graph's recording is refused."""
     numbers = [int(m.group(1)) for p in directory.iterdir() if (m := CHUNK.match(p.name))]
     if not numbers:
-        return 0, 0
+        return 0, 0, None
     last = directory / chunk_name(max(numbers))
     meta, _ = chunk_headers(last)
     if meta["manifest_sha256"] != manifest_sha256:
@@ -346,11 +368,12 @@ def continuation(directory: Path, manifest_sha256: str, graph: str) -> tuple[int
     if meta["graph"] != graph:
         raise UsageError(f"{directory} holds a recording of graph {meta['graph']!r}, this policy acts with {graph!r}: "
                          "record into another directory")  # fmt: skip
+    previous = {"chunk": max(numbers), "sha256": sha256_file(last)}
     if "next_episode" in meta:
-        return max(numbers) + 1, int(meta["next_episode"])
+        return max(numbers) + 1, int(meta["next_episode"]), previous
     try:
         with np.load(last, allow_pickle=False) as data:
             episodes = data["episode"]
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as exc:
         raise UsageError(f"{last}: cannot read its episodes to continue the recording ({first_line(exc)})") from None
-    return max(numbers) + 1, int(episodes.max(initial=-1)) + 1
+    return max(numbers) + 1, int(episodes.max(initial=-1)) + 1, previous

@@ -21,8 +21,8 @@ import numpy as np
 from inference.errors import UsageError, first_line
 
 FORMAT = "msrl-consistency/field-recording"
-VERSION = 2
-READABLE = (1, 2)
+VERSION = 3
+READABLE = (1, 2, 3)
 CHUNK = re.compile(r"^chunk-(\d{6})\.npz$")
 LOCK_FILE = ".recorder.lock"
 MAX_INT = 2**62
@@ -33,7 +33,9 @@ META_FIELDS: dict[str, tuple[type | tuple[type, ...], int]] = {
     "format": (str, 1), "version": (int, 1), "manifest_sha256": (str, 1), "graph": (str, 1), "runtime": (str, 1),
     "chunk": (int, 1), "steps": (int, 1), "dropped_steps": (int, 1), "created": (str, 1),
     "env_id": ((str, type(None)), 1), "session": (str, 2), "next_episode": (int, 2), "lost": (list, 2),
+    "previous": ((dict, type(None)), 3),
 }  # fmt: skip
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def chunk_name(index: int) -> str:
@@ -126,6 +128,13 @@ def _check_meta(meta: dict[str, Any], path: Path) -> None:
             raise UsageError(f"{path}: meta {key!r} is {value:.3g}, out of range")
     if meta["steps"] < 1:
         raise UsageError(f"{path}: meta 'steps' is {meta['steps']}: a chunk holds at least one step")
+    previous = meta.get("previous")
+    if previous is not None:
+        index = previous.get("chunk")
+        ok = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < meta["chunk"]
+        if not ok or set(previous) != {"chunk", "sha256"} or not SHA256.match(str(previous.get("sha256"))):
+            raise UsageError(f"{path}: meta 'previous' holds {previous!r:.80}, expected {{chunk, sha256}} of an "
+                             "earlier chunk")  # fmt: skip
     for entry in meta.get("lost", []):
         ok = isinstance(entry, dict) and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool)
                                              and 0 <= entry[k] < MAX_INT for k in ("chunk", "steps"))  # fmt: skip

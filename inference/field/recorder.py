@@ -65,7 +65,7 @@ class Recorder:
         sha = sha256_file(bundle.root / "manifest.json")
         lock = lock_directory(self.directory)
         try:
-            next_chunk, next_episode = continuation(self.directory, sha, graph)
+            next_chunk, next_episode, previous = continuation(self.directory, sha, graph)
             for stale in self.directory.glob(".chunk-*.npz.tmp"):  # a killed writer's (we hold the lock)
                 stale.unlink(missing_ok=True)
         except BaseException:
@@ -77,7 +77,7 @@ class Recorder:
         self._batched = {t["name"]: bool(t["shape"]) and int(t["shape"][0]) == -1 for t in entry["outputs"]}
         meta = {"format": FORMAT, "version": VERSION, "manifest_sha256": sha, "env_id": bundle.env_id,
                 "graph": graph, "runtime": runtime, "session": uuid.uuid4().hex}  # fmt: skip
-        self._sink = Sink(self.directory, meta, next_chunk, next_episode, lock, max_pending)
+        self._sink = Sink(self.directory, meta, next_chunk, next_episode, lock, max_pending, previous)
         self._finalizer = weakref.finalize(self, Sink.finish_at_exit, self._sink)
         self._names = tuple(self._batched)
         self._sink.names, self._sink.batched = self._names, self._batched

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from inference.bundle import sha256_file
 from inference.bundle.recording_chunk import LOCK_FILE, chunk_name, write_chunk
 from inference.errors import UsageError, first_line
 
@@ -102,9 +103,11 @@ class Sink:
 
     def __init__(
         self, directory: Path, meta: dict[str, Any], next_chunk: int, next_episode: int, lock: int | None,
-        max_pending: int,
+        max_pending: int, previous: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
+        """``previous``: ``{chunk, sha256}`` of the last chunk already in ``directory`` (a continued recording)."""
         self.directory, self.meta, self.lock = directory, meta, lock
+        self.previous = previous  # the chunk written last: the next one names it (the audit checks the chain)
         self.next_chunk, self.next_episode = next_chunk, next_episode
         self.cols: Columns | None = None
         self.names: tuple[str, ...] = ()
@@ -198,10 +201,12 @@ class Sink:
                 with self.guard:
                     lost = list(self.lost)
                 meta = {**self.meta, "chunk": cols.index, "steps": len(arrays["time_ns"]),
-                        "next_episode": cols.next_episode, "lost": lost,
+                        "next_episode": cols.next_episode, "lost": lost, "previous": self.previous,
                         "dropped_steps": sum(e["steps"] for e in lost),
                         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
-                write_chunk(self.directory / chunk_name(cols.index), arrays, meta)
+                path = self.directory / chunk_name(cols.index)
+                write_chunk(path, arrays, meta)
+                self.previous = {"chunk": cols.index, "sha256": sha256_file(path)}
             except Exception as exc:  # noqa: BLE001 - any failure is the caller's to hear about, never swallowed
                 self._lose(cols.index, steps, f"write failed: {first_line(exc)}")
                 with self.guard:
