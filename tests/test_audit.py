@@ -139,6 +139,18 @@ def test_a_continued_recording_audits_as_one_sequence(cartpole_bundle, cartpole_
     assert len({e for e, _, _ in episodes}) == len(episodes) and max(r for *_, r in episodes) <= 500
 
 
+def test_a_clock_set_back_is_said_and_the_windows_keep_the_steps_order(cartpole_bundle, cartpole_ckpt, recording,
+                                                                          tmp_path):  # fmt: skip
+    rec = copy(recording, tmp_path / "rec")
+    rewrite(rec / chunk_name(3), lambda a, _m: a.__setitem__("time_ns", a["time_ns"] - np.int64(3_600 * 10**9)))
+    assert audit(cartpole_bundle.root, cartpole_ckpt, rec, tmp_path / "r") == 0  # a warning: the policy agrees
+    drift = checks(tmp_path / "r")["field.drift"]
+    assert drift["status"] == "warn" and drift["metrics"]["clock_went_back"] == 1, drift["summary"]
+    assert "clock went back at 1 step(s)" in drift["summary"] and " s)" not in drift["summary"]
+    starts = [w["start_step"] for w in drift["metrics"]["windows"]]
+    assert starts == sorted(starts)
+
+
 def test_a_chunk_of_another_recording_of_the_same_bundle_is_refused(cartpole_bundle, recording, tmp_path):
     """Each chunk names the file written before it: another recording's chunk 1 under this one's name breaks the
     chain, whichever side of it the audit reads (the chunk itself, and the chunk after it)."""

@@ -195,10 +195,16 @@ class Windows:
         k = max(1, min(count, total // 16 or 1))
         bounds = np.linspace(0, total, k + 1).astype(np.int64)
         self.windows = [Window(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        self.last_ns: int | None = None
+        self.clock_back = 0  # steps recorded at an earlier time than the step before them (a clock set back)
 
     def add(self, offset: int, time_ns: np.ndarray, rows: Mapping[str, np.ndarray]) -> None:
         """One chunk's per-step facts: ``abs``, ``ratio``, ``beyond``, ``action``, ``nonfinite``, ``ood``."""
         end = offset + len(time_ns)
+        if len(time_ns):
+            previous = time_ns[0] if self.last_ns is None else self.last_ns
+            self.clock_back += int((np.diff(time_ns, prepend=previous) < 0).sum())
+            self.last_ns = int(time_ns[-1])
         for w in self.windows:
             lo, hi = max(w.start_step, offset) - offset, min(w.end_step, end) - offset
             if hi <= lo:
@@ -221,24 +227,28 @@ class Windows:
         worst = w[worst_at]
         median = float(np.median([x.max_abs for x in w]))
         span = f"{len(w)} windows of ~{w[0].steps} steps" if len(w) > 1 else f"1 window of {w[0].steps} steps"
-        named = (f"window {worst_at + 1} (steps {worst.start_step}-{worst.end_step - 1}, "
-                 f"{(worst.start_ns - t0) / 1e9:.1f}-{(worst.end_ns - t0) / 1e9:.1f} s)")  # fmt: skip
-        metrics = {"windows": [x.to_dict() for x in w], "worst_window": worst_at, "median_max_abs": median}
+        seconds = (f"{(worst.start_ns - t0) / 1e9:.1f}-{(worst.end_ns - t0) / 1e9:.1f} s" if not self.clock_back
+                   else "times not shown: the recorder's clock went back")  # fmt: skip
+        named = f"window {worst_at + 1} (steps {worst.start_step}-{worst.end_step - 1}, {seconds})"
+        metrics = {"windows": [x.to_dict() for x in w], "worst_window": worst_at, "median_max_abs": median,
+                   "clock_went_back": self.clock_back}  # fmt: skip
+        clock = (f"; the recorder's clock went back at {self.clock_back} step(s) (a clock set back): windows follow "
+                 "the recorded order of the steps, not their times") if self.clock_back else ""  # fmt: skip
         beyond = [x for x in w if x.mismatched_rows or x.worst_ratio > 1]
         if beyond:
             text = (f"{span}: the decision output is beyond tolerance in {len(beyond)} of them; worst {named} at "
                     f"{worst.worst_ratio:.3g}x the tolerance (max abs {worst.max_abs:.2e}, {worst.mismatched_rows} "
                     "step(s) beyond)")  # fmt: skip
-            return Check(runtime, "field.drift", "fail", text, metrics=metrics)
+            return Check(runtime, "field.drift", "fail", text + clock, metrics=metrics)
         rises = worst.worst_ratio > DRIFT_NOTICE and worst.max_abs > DRIFT_RISE * max(median, 1e-12)
         if rises:
             text = (f"{span}: within tolerance, but the error rises in {named} to {worst.worst_ratio:.2f} of the "
                     f"tolerance, {worst.max_abs / max(median, 1e-12):.0f}x the median window's (max abs "
                     f"{worst.max_abs:.2e})")  # fmt: skip
-            return Check(runtime, "field.drift", "warn", text, metrics=metrics)
+            return Check(runtime, "field.drift", "warn", text + clock, metrics=metrics)
         text = (f"{span}: within tolerance in every window; worst {named} at {worst.worst_ratio:.2f} of the tolerance "
                 f"(max abs {worst.max_abs:.2e}, median window {median:.2e})")  # fmt: skip
-        return Check(runtime, "field.drift", "pass", text, metrics=metrics)
+        return Check(runtime, "field.drift", "warn" if clock else "pass", text + clock, metrics=metrics)
 
 
 class Ranges:
