@@ -213,7 +213,8 @@ def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     """MindIR with a dynamic batch; every input keeps its dtype (a uint8 frame stays uint8)."""
     dynamic = [Tensor(shape=[None, *t.shape[1:]], dtype=compat.ms_dtype(t.dtype)) for t in graph.inputs]
     cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
-    ms.export(cell, *dynamic, file_name=str(path.with_suffix("")), file_format="MINDIR")
+    with compat.compile_log_captured():  # a failed or interrupted compile: our one line, not its C++ log
+        ms.export(cell, *dynamic, file_name=str(path.with_suffix("")), file_format="MINDIR")
     return path
 
 
@@ -225,7 +226,7 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
 
     def export_at(batch: int) -> onnx.ModelProto:
         examples = [Tensor(example(t, batch)) for t in graph.inputs]
-        with compat.onnx_ops_marked():
+        with compat.onnx_ops_marked(), compat.compile_log_captured():
             ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
         return onnx.load(str(path))
 
