@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _mlp(lower: str) -> MLP:
     mlp = MLP(np.random.default_rng(3), 3, [5], 2, "tanh", out_gain=1.0, lower=lower)
     if lower == "int8":
-        mlp.ranges.set_data(ms.Tensor(np.array([[-2, 2], [-3, 3], [-1, 1], [-1.5, 1.5]], np.float32)))
+        lowered.set_ranges(mlp, np.array([[-2, 2], [-3, 3], [-1, 1], [-1.5, 1.5]], np.float32))
     return mlp
 
 

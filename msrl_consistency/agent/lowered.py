@@ -12,9 +12,9 @@ trained is the policy the device runs:
   the fixed-point multiply Lite's kernels use; the activation between a dequantize and a quantize.
 
 The rounding is forwarded and the gradient passes straight through (``x + stop_gradient(q(x) - x)``); an int8
-activation outside its range gets no gradient (its value is clamped). The ranges are Parameters the training loop
-refreshes from the states the policy visits (``activation_ranges``) and the checkpoint stores, so export calibrates
-Lite to the very scales the policy was trained with.
+activation outside its range gets no gradient (its value is clamped). The ranges, and the scales and zero points they
+give, are Parameters the training loop refreshes from the states the policy visits (``activation_ranges``,
+``set_ranges``) and the checkpoint stores, so export calibrates Lite to the very scales the policy was trained with.
 """
 
 from __future__ import annotations
@@ -65,22 +65,28 @@ def fp16(x: Tensor) -> Tensor:
     return straight_through(x, x.astype(ms.float16).astype(ms.float32))
 
 
-def act_qparams(lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
-    """(scale, zero point) of an int8 activation with the calibration range [lo, hi] (``INT8_SCHEME``), as the
-    converter computes them: the scale in float32, the zero point from the unrounded scale in float64 (a symmetric
-    range's ``lo / scale`` is then exactly -127.5, which rounds to a zero point of 0)."""
-    lo, hi = ops.minimum(lo, 0.0), ops.maximum(hi, 0.0)
-    span = hi - lo
-    scale = ops.maximum(span / float(QMAX - QMIN), 1e-12)
-    ratio = lo.astype(ms.float64) / ops.maximum(span.astype(ms.float64) / float(QMAX - QMIN), 1e-12)
-    return scale, (QMIN - round_half_away(ratio)).astype(ms.float32)
+def act_qparams(ranges: np.ndarray) -> np.ndarray:
+    """[scale, zero point] of each int8 activation from its calibration range [min, max] (``INT8_SCHEME``), as Lite's
+    converter computes them: the range widened to hold 0, the scale in float32, the zero point from the unrounded scale
+    in float64 (a symmetric range's ``min / scale`` is then exactly -127.5, which rounds to a zero point of 0)."""
+    lo = np.minimum(ranges[:, 0], 0).astype(np.float32)
+    span = (np.maximum(ranges[:, 1], 0).astype(np.float32) - lo).astype(np.float32)
+    ratio = lo.astype(np.float64) / np.maximum(span.astype(np.float64) / (QMAX - QMIN), 1e-12)
+    zero = QMIN - np.sign(ratio) * np.floor(np.abs(ratio) + 0.5)
+    return np.stack([np.maximum(span / np.float32(QMAX - QMIN), np.float32(1e-12)), zero], 1).astype(np.float32)
 
 
-def int8_act(x: Tensor, lo: Tensor, hi: Tensor, codes: Tensor | None = None) -> Tensor:
-    """``x`` quantized to int8 with its range's parameters and dequantized (Lite multiplies by the reciprocal of the
-    scale), straight through inside the range; ``codes``: the int8 codes when an int8 kernel computed them (a
+def set_ranges(mlp: Any, ranges: np.ndarray) -> None:
+    """An int8 trunk's calibrated ranges and the quantization parameters they give (one host computation per
+    calibration: the graphs read the parameters, the checkpoint keeps both)."""
+    mlp.ranges.set_data(Tensor(np.asarray(ranges, np.float32)))
+    mlp.qparams.set_data(Tensor(act_qparams(np.asarray(ranges, np.float32))))
+
+
+def int8_act(x: Tensor, scale: Tensor, zero: Tensor, codes: Tensor | None = None) -> Tensor:
+    """``x`` quantized to int8 with ``scale`` and ``zero`` point and dequantized (Lite multiplies by the reciprocal of
+    the scale), straight through inside the range; ``codes``: the int8 codes when an int8 kernel computed them (a
     MatMul's output), the float ``x`` then carrying only the gradient."""
-    scale, zero = act_qparams(lo, hi)
     q = ops.clamp(round_half_away(x * (1.0 / scale) + zero), QMIN, QMAX) if codes is None else codes
     inside = ops.stop_gradient(ops.logical_and(q > QMIN, q < QMAX).astype(x.dtype))
     return ops.stop_gradient((q - zero) * scale) + inside * (x - ops.stop_gradient(x))
@@ -123,8 +129,12 @@ def freeze(policy: Any) -> Any:
     return policy
 
 
-def forward(mlp: Any, x: Tensor) -> Tensor:
+def forward(mlp: Any, x: Tensor, exact: bool = True) -> Tensor:
     """``mlp`` (``networks.MLP``) computed in ``mlp.lower``; layers in ``mlp.keep`` stay fp32.
+
+    ``exact`` (rollouts, evaluation, verify's reference): each int8 MatMul's output codes come from Lite's fixed-point
+    rescale. Off (the PPO update, whose gradient follows the float product either way), they come from rounding the
+    float product, which differs only at rounding boundaries and costs half the operations.
 
     Tensors are numbered as ``activation_ranges`` returns them: 0 the input, then each Dense's output and each
     activation's output in turn.
@@ -133,7 +143,7 @@ def forward(mlp: Any, x: Tensor) -> Tensor:
     h = x
     for k, i in enumerate(mlp.dense_index):
         layer = mlp.layers[i]
-        h = _dense(mlp, layer, h, k, i in mlp.kept_index)
+        h = _dense(mlp, layer, h, k, i in mlp.kept_index, exact)
         if k < last:
             h = ops.tanh(h) if mlp.tanh else ops.relu(h)
             if i + 1 not in mlp.kept_index:
@@ -141,24 +151,26 @@ def forward(mlp: Any, x: Tensor) -> Tensor:
     return h
 
 
-def _dense(mlp: Any, layer: Any, h: Tensor, k: int, kept: bool) -> Tensor:
+def _dense(mlp: Any, layer: Any, h: Tensor, k: int, kept: bool, exact: bool) -> Tensor:
     if kept:
         return ops.dense(h, layer.weight, layer.bias)
     if mlp.lower == "fp16":
         return fp16(ops.dense(fp16(h), fp16(layer.weight), fp16(layer.bias)))
     t = 2 * k  # the input tensor's index: 0, or the previous activation's output
-    lo, hi = mlp.ranges[t, 0], mlp.ranges[t, 1]
-    out_lo, out_hi = mlp.ranges[t + 1, 0], mlp.ranges[t + 1, 1]
-    h = int8_act(h, lo, hi)
-    in_scale, in_zero = act_qparams(lo, hi)
+    in_scale, in_zero = mlp.qparams[t, 0], mlp.qparams[t, 1]
+    out_scale, out_zero = mlp.qparams[t + 1, 0], mlp.qparams[t + 1, 1]
+    h = int8_act(h, in_scale, in_zero)
     w, b = int8_weight(layer.weight), int8_bias(layer.bias, in_scale, layer.weight)
     y = ops.dense(h, w, b)  # the float product the gradient follows
-    codes = ops.stop_gradient(_int8_matmul(h, w, b, in_scale, in_zero, weight_scale(layer.weight), out_lo, out_hi))
-    return int8_act(y, out_lo, out_hi, codes)
+    if not exact:
+        return int8_act(y, out_scale, out_zero)
+    codes = ops.stop_gradient(_int8_matmul(h, w, b, in_scale, in_zero, weight_scale(layer.weight), out_scale,
+                                           out_zero))  # fmt: skip
+    return int8_act(y, out_scale, out_zero, codes)
 
 
-def _int8_matmul(h: Tensor, w: Tensor, b: Tensor, in_scale: Tensor, in_zero: Tensor, w_scale: Tensor, lo: Tensor,
-                 hi: Tensor) -> Tensor:  # fmt: skip
+def _int8_matmul(h: Tensor, w: Tensor, b: Tensor, in_scale: Tensor, in_zero: Tensor, w_scale: Tensor,
+                 out_scale: Tensor, out_zero: Tensor) -> Tensor:  # fmt: skip
     """The output codes of Lite's int8 MatMul: the integer product of the codes plus the int32 bias, rescaled by
     ``in_scale × w_scale / out_scale`` with gemmlowp's fixed-point multiply and rounding shift (``fixed_point``),
     plus the output's zero point. Exact in float64 (codes times codes summed, far below 2^53)."""
@@ -167,7 +179,6 @@ def _int8_matmul(h: Tensor, w: Tensor, b: Tensor, in_scale: Tensor, in_zero: Ten
     x = round_half_away(h * (1.0 / in_scale) + in_zero) - in_zero  # h is on its grid: these are its codes
     acc = ops.dense(x.astype(f64), round_half_away(w / w_scale.expand_dims(-1)).astype(f64),
                     round_half_away(b / (in_scale * w_scale)).astype(f64))  # fmt: skip
-    out_scale, out_zero = act_qparams(lo, hi)
     multiplier = in_scale.astype(f64) * w_scale.astype(f64) / out_scale.astype(f64)
     return ops.clamp(fixed_point(acc, multiplier) + out_zero.astype(f64), float(QMIN), float(QMAX)).astype(ms.float32)
 
@@ -198,7 +209,7 @@ def fixed_point(acc: Tensor, multiplier: Tensor) -> Tensor:
 def _round_out(mlp: Any, h: Tensor, t: int) -> Tensor:
     if mlp.lower == "fp16":
         return fp16(h)
-    return int8_act(h, mlp.ranges[t, 0], mlp.ranges[t, 1])
+    return int8_act(h, mlp.qparams[t, 0], mlp.qparams[t, 1])
 
 
 def lite_tanh(x: np.ndarray) -> np.ndarray:

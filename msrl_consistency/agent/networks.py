@@ -54,6 +54,7 @@ class MLP(nn.Cell):
         if lower == "int8":  # [min, max] of the input, then of each Dense's and each activation's output
             init = np.tile(np.asarray([[-1.0, 1.0]], np.float32), (2 * len(hidden_sizes) + 2, 1))
             self.ranges = Parameter(Tensor(init), name="ranges", requires_grad=False)
+            self.qparams = Parameter(Tensor(lowered.act_qparams(init)), name="qparams", requires_grad=False)
 
     def construct(self, x: Tensor) -> Tensor:
         if self.lowered:  # a Python constant: each setting compiles its own graph

@@ -30,7 +30,7 @@ from inference.bundle import Bundle
 from inference.bundle.plan_claims import check_plan
 from inference.compare.policy_bounds import POLICY_BOUNDS
 from inference.errors import RuntimeUnavailable, UsageError
-from msrl_consistency.agent.lowered import lowered_numerics
+from msrl_consistency.agent.lowered import act_qparams, lowered_numerics
 from msrl_consistency.agent.policy import ActorCritic
 from msrl_consistency.agent.spec import PolicySpec
 from msrl_consistency.artifacts.bundle import ExportCheckFailed
@@ -126,16 +126,6 @@ def plan_record(bundle: Bundle, layers: list[Layer], kept: frozenset[str], polic
     return record
 
 
-def expected_qparams(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(scale, zero point) of each trunk tensor from its trained range, as Lite's converter computes them: float32
-    scale, zero point from the unrounded scale (``agent.lowered.INT8_SCHEME``)."""
-    lo, hi = np.minimum(ranges[:, 0], 0).astype(np.float32), np.maximum(ranges[:, 1], 0).astype(np.float32)
-    span = (hi - lo).astype(np.float32)
-    scale = (span / np.float32(255)).astype(np.float32)
-    ratio = lo.astype(np.float64) / (span.astype(np.float64) / 255)
-    return scale, -128 - np.sign(ratio) * np.floor(np.abs(ratio) + 0.5)
-
-
 def trunk_tensors(onnx_path: Path, policy: ActorCritic) -> list[str]:
     """The trunk's tensors in ``activation_ranges``' order, by the names Lite's converter gives them (the ONNX node
     that produces each, or the graph input): the first Dense's input, then each Dense's and each activation's output."""
@@ -162,7 +152,7 @@ def check_ranges(ms_path: Path, onnx_path: Path, policy: ActorCritic) -> dict[st
     from inference.bundle.ms_file import ms_tensors
 
     found = {t.name: t for t in ms_tensors(ms_path) if t.quantized}
-    scale, zero = expected_qparams(policy.actor.ranges.asnumpy())
+    scale, zero = act_qparams(policy.actor.ranges.asnumpy()).T
     worst, zeros = 0.0, 0
     for k, name in enumerate(trunk_tensors(onnx_path, policy)):
         tensor = found.get(name)

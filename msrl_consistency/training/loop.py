@@ -102,6 +102,7 @@ class Trainer(RunState):
         engine = ["envpool"] * (self.backend.name == "envpool")
         self.versions = versions("mindspore", "gymnasium", "numpy", *engine) if self.rank == 0 else {}
         self.lowered_cost: dict[str, float] = {}  # --lower: the lowered actor against its fp32 shadow (log fields)
+        self.shadow = lowering.Shadow(self.policy.actor) if cfg.lower != "fp32" else None
         self.started_from: dict[str, Any] | None = None  # --init-from: the run it started from
         if resume_state is None:
             self.rollout.reset()
@@ -157,7 +158,7 @@ class Trainer(RunState):
             buf = self.collect()  # rollout, then advantages
             stats = self.update(buf)
             if cfg.lower != "fp32":  # what the numerics cost, on the rollout just trained on
-                self.lowered_cost = lowering.shadow_mismatch(self.policy, buf["obs"], buf["actions"])
+                self.lowered_cost = lowering.shadow_mismatch(self.policy, self.shadow, buf["obs"], buf["actions"])
             merged = self.merge_ranks(buf, stats)
             self.update_statistics(merged)
             if cfg.lower == "int8":

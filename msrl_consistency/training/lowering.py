@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mindspore import Tensor
+from mindspore import Tensor, nn
 
 from inference.compare.policy_level import mismatch
 from inference.errors import UsageError
-from msrl_consistency import compat
 from msrl_consistency.agent import lowered
 from msrl_consistency.agent.policy import CALIBRATION_ROWS, ActorCritic
 from msrl_consistency.agent.preprocess import NORM_EPS, RunningMeanStd
@@ -54,16 +53,26 @@ def calibrate(policy: ActorCritic, obs: np.ndarray) -> None:
     rows = calibration_rows(obs)
     ranges = lowered.activation_ranges(trunk_weights(policy), normalise(policy, rows), policy.actor.tanh)
     policy.calibration.set_data(Tensor(rows))
-    policy.actor.ranges.set_data(Tensor(ranges))
+    lowered.set_ranges(policy.actor, ranges)
 
 
-def shadow_mismatch(policy: ActorCritic, obs: np.ndarray, actions: np.ndarray) -> dict[str, float]:
+class Shadow(nn.Cell):
+    """The actor trunk lowered (as it acts) and its fp32 shadow, on the same normalised observations: one compiled
+    call per iteration."""
+
+    def __init__(self, actor: nn.Cell) -> None:
+        super().__init__()
+        self.actor = actor
+
+    def construct(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return lowered.forward(self.actor, x), self.actor.layers(x)
+
+
+def shadow_mismatch(policy: ActorCritic, shadow: Shadow, obs: np.ndarray, actions: np.ndarray) -> dict[str, float]:
     """The lowered actor against its fp32 shadow on a rollout's observations and the actions it took: the rate of
     greedy actions that differ (discrete), mean exp|Δ log π| and the k3 KL of the sampled actions."""
     x = normalise(policy, obs.reshape(-1, obs.shape[-1]))
-    with compat.execution_mode(graph=False):
-        low = lowered.forward(policy.actor, Tensor(x)).asnumpy().astype(np.float64)
-        full = policy.actor.layers(Tensor(x)).asnumpy().astype(np.float64)
+    low, full = (out.asnumpy().astype(np.float64) for out in shadow(Tensor(x)))
     a = actions.reshape(len(x), -1)
     if policy.discrete:
         idx = a[:, 0].astype(int)
@@ -93,7 +102,7 @@ def init_from(policy: ActorCritic, run_dir: str | Path) -> tuple[RunningMeanStd,
     info = rd.read_run_json(source)
     saved = read_checkpoint(rd.checkpoint_path(source))
     own = policy_parameters(policy)
-    fresh = {"actor.ranges", "calibration"}
+    fresh = {"actor.ranges", "actor.qparams", "calibration"}
     missing = sorted(set(own) - set(saved) - fresh)
     if missing:
         raise UsageError(f"--init-from {source}: its checkpoint lacks {', '.join(missing[:4])} (another architecture?)")
