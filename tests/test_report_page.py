@@ -69,6 +69,7 @@ def test_report_html_is_one_small_self_contained_file_with_provenance(runs):
     for ref in ("http://", "https://", "src=", "<link", "@import", "url("):
         assert ref not in html, ref
     assert "default-src 'none'" in html and html.count("<script>") == 1 and "<svg" in html
+    assert "max-height" not in html  # every gate and every row shows: no table in a small inner scroll pane
     report = json.loads((runs["pass"] / "report.json").read_text())
     prov = report["provenance"]
     argv = prov["command"]["argv"]
@@ -90,7 +91,11 @@ def test_diff_names_the_nudged_checkpoint_and_passes_two_equal_runs(runs, tmp_pa
     regressions = {(c["kind"], c["what"]) for c in changes if c["effect"] == "regression"}
     assert ("verdict", "verdict") in regressions and ("check", "bundle provenance") in regressions
     assert any(kind == "metric" and what.startswith("lite ") for kind, what in regressions), regressions
-    assert "REGRESSED" in (tmp_path / "d.html").read_text()
+    page = (tmp_path / "d.html").read_text()
+    assert "REGRESSED" in page
+    lead = page[page.index('id="lead"') : page.index('<div class="grid">')]  # first, before the two runs
+    assert "CONSISTENT → INCONSISTENT" in lead and "NEW&#x27;s first failure" in lead, lead
+    assert 'id="new-layer"' in lead and load_run(runs["fail"]).diverging()[0]["layer"] in lead, lead
     same = cli("-m", "inference.report", "diff", str(runs["pass"]), str(runs["again"] / "report.json"), "--out",
                str(tmp_path / "same.html"))  # fmt: skip
     assert same.returncode == 0 and same.stdout.startswith("EQUIVALENT"), same.stdout + same.stderr

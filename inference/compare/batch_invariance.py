@@ -46,7 +46,8 @@ def _matrix(bundle: Any, runtimes: Mapping[str, Any], feeds: Any, rows: int) -> 
     probe, fill = ordinary[:rows], ordinary[rows : rows + max(SIZES)]
     contract = bundle.contract(graph)
     alone = [runtime.infer(*(x[k : k + 1] for x in inputs)) for k in probe]
-    out: dict[str, Any] = {"graph": graph, "rows": int(rows), "positions": "first, middle, last"}
+    out: dict[str, Any] = {"graph": graph, "rows": int(rows), "positions": "first, middle, last",
+                           "discrete": bool(contract.action.is_discrete)}  # fmt: skip
     for size in SIZES:
         equal = total = flips = 0
         worst = 0
@@ -71,9 +72,11 @@ def _matrix(bundle: Any, runtimes: Mapping[str, Any], feeds: Any, rows: int) -> 
 
 
 def describe(matrix: Mapping[str, Any]) -> str:
-    """One line: per batch size the bitwise-equal share, the largest ULP distance and the flips."""
+    """One line: per batch size the bitwise-equal share, the largest ULP distance and the env actions that changed
+    (a discrete action's flips; a continuous action's values not bitwise equal)."""
     if not matrix:
         return "not measured (too few ordinary observations)"
+    changed = "flip(s)" if matrix.get("discrete", True) else "env action(s) not bitwise equal"
     parts = [f"batch {s}: {matrix[str(s)]['bitwise_equal_share']:.0%} bitwise equal, max {matrix[str(s)]['max_ulp']} "
-             f"ULP, {matrix[str(s)]['action_flips']} flip(s)" for s in SIZES if str(s) in matrix]  # fmt: skip
+             f"ULP, {matrix[str(s)]['action_flips']} {changed}" for s in SIZES if str(s) in matrix]  # fmt: skip
     return "; ".join(parts)

@@ -38,8 +38,27 @@ def diff_page(old: Run, new: Run, changes: list[Change], out: Path) -> str:
     differ = ('<div class="card"><b>The runs differ in</b><br>' + "<br>".join(
         f"{escape(c.what)}: <code>{escape(c.old)}</code> → <code>{escape(c.new)}</code>" for c in context) + "</div>"
         if context else '<div class="card">Same bundle, checkpoint, versions and inputs.</div>')  # fmt: skip
-    body = f'{head}<main><div class="grid">{sides}</div>{differ}{table}{note}</main>'
+    body = f'{head}<main>{_lead(old, new)}<div class="grid">{sides}</div>{differ}{table}{note}</main>'
     return document(f"{outcome}: {new.subject}", body)
+
+
+def _lead(old: Run, new: Run) -> str:
+    """What a reader of a diff needs first: the verdict change, NEW's first failure, and each first diverging layer."""
+    lines = [f'<b id="verdict-change">{escape(old.verdict_line)} → {escape(new.verdict_line)}</b>']
+    first = new.first_failure()
+    if first is not None:
+        lines.append(f"NEW's first failure: <b>{escape(str(first.get('runtime')))} · {escape(str(first.get('name')))}"
+                     f"</b> at the {escape(new.stage_name(first))} stage: {escape(str(first.get('summary')))}")
+    for label, run in (("NEW", new), ("OLD", old)):
+        for k, r in enumerate(x for x in run.diverging() if x["layer"]):
+            head = r["row"]
+            detail = (f"cosine {head['cosine']:.6f}, max abs {head.get('max_abs', 0):.3g}" if isinstance(
+                head.get("cosine"), int | float) else escape(r["message"]))  # fmt: skip
+            anchor = f' id="{label.lower()}-layer"' if k == 0 else ""
+            lines.append(f"{label}: first diverging layer <b{anchor}>{escape(str(r['layer']))}</b> "
+                         f"({escape(str(r['kind']))}) in {escape(r['runtime'])} — {detail}")
+    return f'<div class="card why" id="lead">{"<br>".join(lines)}</div>'
+
 
 
 def relative_url(path: str) -> str:

@@ -45,7 +45,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.fail td{background:#fff5f5}tr.warn td{background:#fff9db}tr.error td{background:#fff4e6}
 .st{font-weight:700;white-space:nowrap}.st.pass{color:#2b8a3e}.st.fail{color:#c92a2a}.st.warn{color:#e67700}
 .st.error{color:#d9480f}.st.skip{color:#868e96}
-.scroll{max-height:300px;overflow:auto;border:1px solid #dee2e6}
+.scroll{overflow-x:auto;border:1px solid #dee2e6}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:10px}
 dl{margin:0;display:grid;grid-template-columns:170px 1fr;gap:2px 10px}
 dt{color:#495057;font-weight:600}dd{margin:0;word-break:break-all}
@@ -219,7 +219,9 @@ def layers_line(run: Run, failing: bool = False) -> str:
 def strip(run: Run) -> str:
     boxes = []
     for s in run.stages():
-        who = escape(", ".join(s.runtimes)) if s.runtimes else "not compared"
+        idle = {"precision": "no lowered runtime ran (verify --emulate fp16, a precision plan)",
+                "runtime": "no failure blamed on a runtime itself"}.get(s.name, "not compared")  # fmt: skip
+        who = escape(", ".join(s.runtimes)) if s.runtimes else idle
         if s.failing:
             who += f"<br>fails: {escape(', '.join(s.failing[:3]))}{' …' if len(s.failing) > 3 else ''}"
         tag = '<div class="tag">first failure</div>' if s.first_failure else ""

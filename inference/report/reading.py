@@ -23,7 +23,8 @@ from inference.errors import UsageError
 # blamed on a lowered precision (fp16, int8: a precision plan, a target computing in fp16) to the "precision" box,
 # with the emulation of the device's fp16.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Cell", ("ms-cell", "ms-graph", "bundle")),
+    ("checkpoint", ("bundle",)),  # was the bundle exported from the checkpoint verify was given (provenance)
+    ("Cell", ("ms-cell", "ms-graph")),
     ("MindIR", ("ms-mindir", "lite-mindir")),
     ("ONNX", ("onnxruntime",)),
     (".ms", ("lite", "lite-python", "lite-aarch64")),
@@ -129,8 +130,16 @@ class Run:
         stage = (check.get("diagnosis") or {}).get("stage")
         if stage:
             return str(stage)
-        return {"provenance": "provenance", "repeatability": "runtime", "baseline": "baseline"}.get(
-            str(check.get("name")), "undiagnosed")
+        named = {"provenance": "provenance", "repeatability": "runtime", "baseline": "baseline"}.get(
+            str(check.get("name")))
+        if named:
+            return named
+        # a bundle not exported from the checkpoint it is compared with: every difference follows from that
+        return "provenance" if self.provenance_failed else "undiagnosed"
+
+    @property
+    def provenance_failed(self) -> bool:
+        return any(c.get("name") == "provenance" and c.get("status") == "fail" for c in self.checks)
 
     def stages(self) -> list[Stage]:
         """The strip: each box's worst status over its checks, with the first failing box marked."""

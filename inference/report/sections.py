@@ -109,7 +109,7 @@ def layers(run: Run, colors: dict[str, str]) -> str:
 
 def policy(run: Run, colors: dict[str, str]) -> str:
     """Flips with their margins, KL, |Δ log-prob| and the log-ratio distribution, per runtime and graph."""
-    rows, flips, charts, equal = [], [], [], []
+    rows, flips, ratios = [], [], {}
     for c in run.checks:
         if not str(c.get("name", "")).startswith("observations."):
             continue
@@ -123,10 +123,12 @@ def policy(run: Run, colors: dict[str, str]) -> str:
         for row, margin in zip(f.get("rows") or [], f.get("margins") or [], strict=False):
             flips.append(f"<tr><td>{escape(runtime)}</td><td>{escape(graph)}</td>{td(row)}{td(margin)}</tr>")
         ratio = m.get("log_ratio") or {}
-        if ratio.get("count") and ratio.get("zeros") == ratio.get("count"):
-            equal.append(f"{runtime} · {graph}")
-        elif ratio.get("count") and len(charts) < 8:
-            charts.append(log_ratio_chart(f"{runtime} · {graph}", ratio, colors.get(runtime, PALETTE[0])))
+        if ratio.get("count"):
+            ratios.setdefault(runtime, []).append((graph, ratio))
+    merged = {runtime: merge_ratios(found) for runtime, found in ratios.items()}
+    equal = [f"{r} ({', '.join(g for g, _ in ratios[r])})" for r, m in merged.items() if m["zeros"] == m["count"]]
+    charts = [log_ratio_chart(f"{r} ({', '.join(g for g, _ in ratios[r])})", m, colors.get(r, PALETTE[0]))
+              for r, m in merged.items() if m["zeros"] != m["count"]]  # fmt: skip
     if not rows:
         return ""
     head = ["runtime", "graph", "flips", "at near-ties", "flip rate", "max rate", "KL mean", "KL max", "|Δ log p| mean",
@@ -141,6 +143,28 @@ def policy(run: Run, colors: dict[str, str]) -> str:
         out.append("<h3>Log-ratio log p<sub>runtime</sub>(a) − log p<sub>reference</sub>(a) of the sampled actions"
                    f'</h3>{same}<div class="charts">{"".join(charts)}</div>')
     return "".join(out)
+
+
+def merge_ratios(found: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One runtime's log-ratio histograms over its graphs as one (the bins are fixed: counts add), with the widest
+    quantiles and the worst mismatch numbers of any graph."""
+    if len(found) == 1:
+        return found[0][1]
+    first = found[0][1]
+    out: dict[str, Any] = {"edges": first.get("edges") or [], "count": 0, "zeros": 0}
+    for side in ("negative", "positive"):
+        width = max(len(r.get(side) or []) for _, r in found)
+        out[side] = [sum((r.get(side) or [])[k] if k < len(r.get(side) or []) else 0 for _, r in found)
+                     for k in range(width)]  # fmt: skip
+    out["count"] = sum(int(r.get("count") or 0) for _, r in found)
+    out["zeros"] = sum(int(r.get("zeros") or 0) for _, r in found)
+    qs = [r.get("quantiles") or {} for _, r in found]
+    pick = {"p1": min, "min": min, "p99": max, "max": max}
+    out["quantiles"] = {k: f(q[k] for q in qs if q.get(k) is not None) for k, f in pick.items()
+                        if any(q.get(k) is not None for q in qs)}  # fmt: skip
+    worst = max((r.get("mismatch") or {} for _, r in found), key=lambda m: m.get("mean_exp_abs") or 0.0)
+    out["mismatch"] = worst
+    return out
 
 
 def log_ratio_chart(title: str, ratio: dict[str, Any], color: str) -> str:

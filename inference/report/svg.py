@@ -188,7 +188,7 @@ def _frame(ax: Axes, title: str, x_label: str, y_label: str, x_names: Sequence[s
         out.append(f'<line x1="{left}" x2="{right}" y1="{py:.1f}" y2="{py:.1f}" stroke="#f1f3f5"/>'
                    f'<text x="{left - 4}" y="{py + 3:.1f}" text-anchor="end">{label}</text>')  # fmt: skip
     if x_names is not None:
-        every = max(1, math.ceil(len(x_names) / 12))
+        every = max(1, math.ceil(len(x_names) / 8))  # labels of up to ~7 characters, none overlapping
         for k in range(0, len(x_names), every):
             out.append(f'<text x="{ax.x(k):.1f}" y="{bottom + 13}" text-anchor="middle">{escape(x_names[k])}</text>')
     else:
