@@ -600,3 +600,16 @@ def test_a_failing_lite_kernel_is_named_and_leaky_relu_runs_once_rewritten(model
         got = r.infer(obs)["y"]
     h = obs @ weight.T
     np.testing.assert_allclose(got, np.maximum(h, 0.2 * h), rtol=1e-5, atol=1e-6)
+
+
+def test_a_runner_that_never_starts_is_waited_for_once(mlp: Mlp, tmp_path: Path) -> None:
+    """The fork server cannot fork it in time, and the plain start after that gets only what is left of the one
+    start-up budget (not a second ``load_timeout``)."""
+    silent = tmp_path / "msrl-lite-runner"
+    silent.write_text("#!/bin/sh\nexec sleep 600\n")
+    silent.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(Exception, match="no answer|did not|not start|handshake|timeout"):
+        LiteRunner(mlp.ms, runner=silent, load_timeout=3.0, fork_server=True)
+    took = time.monotonic() - started
+    assert 3.0 <= took < 3.0 + 0.75 + 2.5, took  # the budget, its last quarter for the plain start, the clean-up

@@ -81,6 +81,8 @@ def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
 
 PROBE_ROWS = 64  # a first request of more rows is preceded by one row, which measures the model's cost
 ROW_COST_SLACK = 20.0
+MIN_START_WAIT = 5.0  # seconds a plain start still gets after a fork server used up the start-up budget (at most a
+# quarter of that budget)
 
 
 class LiteRunner:
@@ -195,6 +197,7 @@ class LiteRunner:
         self._buf = bytearray()
         self._pos = 0
         self._proc, self.forked = None, False
+        started = time.monotonic()  # one start-up budget, whichever way the runner starts
         if self.fork_server:
             try:
                 self._proc = forks.spawn(self._launcher, self._argv, env, self._stderr, self.load_timeout)
@@ -215,7 +218,10 @@ class LiteRunner:
             )
         self._in = self._proc.stdin.fileno()  # type: ignore[union-attr]
         self._out = self._proc.stdout.fileno()  # type: ignore[union-attr]
-        self._hello = self._handshake(self.load_timeout)
+        # A fork server that could not fork in time leaves the plain start what is left of the budget (at least
+        # MIN_START_WAIT, or a quarter of it): a runner that never answers is not waited for twice.
+        least = min(MIN_START_WAIT, self.load_timeout / 4)
+        self._hello = self._handshake(max(least, self.load_timeout - (time.monotonic() - started)))
 
     def _restart(self) -> None:
         """Starts a fresh runner after the previous one was killed or died; bounded by ``max_restarts``."""
