@@ -166,6 +166,7 @@ def test_an_int8_fine_tuned_run_exports_its_trained_scales_and_verifies_against_
     run = tmp_path / "int8"
     info = _fine_tune(cartpole_ckpt, "int8", run)
     assert info["policy_spec"]["lower"] == "int8" and info["precision"]["actor"]["computes_in"] == "int8"
+    assert len(info["precision"]["actor"]["ranges"]) == 6 == len(info["precision"]["actor"]["scales_zero_points"])
     assert info["precision"]["started_from"]["run_dir"] == str(cartpole_ckpt.parent)
     header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"lowered_flip_rate", "lowered_exp_abs_log_ratio", "lowered_k3_kl"} <= set(header)

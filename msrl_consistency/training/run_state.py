@@ -81,6 +81,13 @@ class RunState:
             rollout.disc_return[:] = 0.0
 
 
+    def trained_scales(self) -> dict[str, Any]:
+        """An int8 actor's calibrated ranges and the scales and zero points they give (the checkpoint holds them)."""
+        actor = self.policy.actor
+        if actor.lower != "int8":
+            return {}
+        return {"ranges": actor.ranges.asnumpy().tolist(), "scales_zero_points": actor.qparams.asnumpy().tolist()}
+
     def run_info(self, eval_returns: list[float] | None = None) -> dict[str, Any]:
         """run.json's content for the self as it is now (``rd.run_info`` lays it out)."""
         cfg = self.cfg
@@ -130,7 +137,7 @@ class RunState:
                 "update": cfg.update_precision,
                 "master_weights": "fp32",
                 "rollouts": "fp32" if cfg.lower == "fp32" else f"actor trunk in {cfg.lower}",
-                "actor": lowered_numerics(cfg.lower, cfg.keep),
+                "actor": {**lowered_numerics(cfg.lower, cfg.keep), **self.trained_scales()},
                 "started_from": getattr(self, "started_from", None),
                 "loss_scale": None if scale is None else float(scale.scale.asnumpy()),
                 "skipped_updates": None if scale is None else int(scale.skipped.asnumpy()),
