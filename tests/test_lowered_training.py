@@ -263,3 +263,20 @@ def test_an_int8_run_resumed_after_a_crash_is_bitwise_the_uninterrupted_one(tmp_
     whole, resumed = (read_checkpoint(tmp_path / d / "checkpoint.ckpt") for d in ("whole", "crashed"))
     assert {"actor.ranges", "calibration"} <= set(whole)  # the ranges and the rows they come from are checkpointed
     assert all(np.array_equal(whole[k].asnumpy(), resumed[k].asnumpy()) for k in whole)
+
+
+def test_a_kept_layer_is_calibrated_and_computed_with_its_own_weights():
+    rng = np.random.default_rng(2)
+    weights = [(rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal(5).astype(np.float32)),
+               (rng.standard_normal((2, 5)).astype(np.float32), rng.standard_normal(2).astype(np.float32))]
+    x = rng.standard_normal((50, 3)).astype(np.float32)
+    snapped, kept = (lowered.activation_ranges(weights, x, tanh=True, kept=k) for k in ((), (1,)))
+    assert np.array_equal(snapped[:3], kept[:3]) and not np.array_equal(snapped[3], kept[3])  # layer 1's output
+    mlp = MLP(np.random.default_rng(3), 3, [5], 2, "tanh", out_gain=1.0, lower="int8", keep=(2,))
+    lowered.set_ranges(mlp, kept)
+    h = ms.Tensor(x)
+    with compat.execution_mode(graph=False):
+        out = lowered.forward(mlp, h).asnumpy()
+        hidden = mlp.layers[1](lowered._dense(mlp, mlp.layers[0], h, 0, False, True))  # int8 Dense, float Tanh
+        want = ms.ops.dense(hidden, mlp.layers[2].weight, mlp.layers[2].bias).asnumpy()  # the kept Dense: float
+    assert np.allclose(out, want, atol=1e-6)

@@ -146,8 +146,8 @@ def forward(mlp: Any, x: Tensor, exact: bool = True) -> Tensor:
         h = _dense(mlp, layer, h, k, i in mlp.kept_index, exact)
         if k < last:
             h = ops.tanh(h) if mlp.tanh else ops.relu(h)
-            if i + 1 not in mlp.kept_index:
-                h = _round_out(mlp, h, 2 + 2 * k)
+            if mlp.lower == "fp16" and i + 1 not in mlp.kept_index:
+                h = fp16(h)  # int8: the activation computes in float; the next lowered Dense quantizes its output
     return h
 
 
@@ -206,12 +206,6 @@ def fixed_point(acc: Tensor, multiplier: Tensor) -> Tensor:
     return (floor + (high - floor * p > threshold).astype(i64)).astype(f64)
 
 
-def _round_out(mlp: Any, h: Tensor, t: int) -> Tensor:
-    if mlp.lower == "fp16":
-        return fp16(h)
-    return int8_act(h, mlp.qparams[t, 0], mlp.qparams[t, 1])
-
-
 def lite_tanh(x: np.ndarray) -> np.ndarray:
     """Lite 2.0.0's float32 Tanh on x86_64 CPUs (measured bit-exact over [-12, 12]): a Padé (7, 6) approximant in
     fused multiply-adds, clamped to [-1, 1], so it reaches ±1 exactly where NumPy's stops at 0.99999994. A saturated
@@ -237,14 +231,16 @@ def lite_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
-def activation_ranges(weights: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray, tanh: bool) -> np.ndarray:
+def activation_ranges(weights: Sequence[tuple[np.ndarray, np.ndarray]], x: np.ndarray, tanh: bool,
+                      kept: Sequence[int] = ()) -> np.ndarray:  # fmt: skip
     """[min, max] of every tensor of the trunk's float forward on the rows ``x`` (its input), with the int8 grid's
     weights: what Lite's MAX_MIN calibration observes when it runs the exported float graph on the same rows (its
-    MatMul's order of sums and its Tanh, so the scales come out bit for bit)."""
+    MatMul's order of sums and its Tanh, so the scales come out bit for bit). ``kept``: the Dense layers (by order)
+    kept in fp32, whose weights stay as they are."""
     ranges = [(x.min(), x.max())]
     h = x.astype(np.float32)
     for k, (w, b) in enumerate(weights):
-        h = lite_linear(h, snap_weights(w), b)
+        h = lite_linear(h, w if k in kept else snap_weights(w), b)
         ranges.append((h.min(), h.max()))
         if k < len(weights) - 1:
             h = lite_tanh(h) if tanh else np.maximum(h, 0.0)

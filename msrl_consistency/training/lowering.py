@@ -51,7 +51,9 @@ def trunk_weights(policy: ActorCritic) -> list[tuple[np.ndarray, np.ndarray]]:
 def calibrate(policy: ActorCritic, obs: np.ndarray) -> None:
     """Set an int8 actor's calibration rows and activation ranges from a rollout's observations."""
     rows = calibration_rows(obs)
-    ranges = lowered.activation_ranges(trunk_weights(policy), normalise(policy, rows), policy.actor.tanh)
+    actor = policy.actor
+    kept = [k for k, i in enumerate(actor.dense_index) if i in actor.kept_index]
+    ranges = lowered.activation_ranges(trunk_weights(policy), normalise(policy, rows), actor.tanh, kept)
     policy.calibration.set_data(Tensor(rows))
     lowered.set_ranges(policy.actor, ranges)
 
