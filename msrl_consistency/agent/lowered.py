@@ -15,6 +15,11 @@ The rounding is forwarded and the gradient passes straight through (``x + stop_g
 activation outside its range gets no gradient (its value is clamped). The ranges, and the scales and zero points they
 give, are Parameters the training loop refreshes from the states the policy visits (``activation_ranges``,
 ``set_ranges``) and the checkpoint stores, so export calibrates Lite to the very scales the policy was trained with.
+
+Why not MindSpore Golden Stick (``mindspore-gs`` 1.4.1, built for MindSpore 2.7.1): its SimQAT and LSQ algorithms
+wrap a Cell on MindSpore 2.10, but their kernels (``FakeQuantPerLayer``, ``FakeLearnedScaleQuantPerLayer``) have no
+CPU implementation ("Unsupported op ... on CPU"), its import needs Hugging Face ``datasets``, and it fake-quantizes by
+its own rules rather than the rounding and fixed-point rescale Lite's converter and kernels apply.
 """
 
 from __future__ import annotations
