@@ -15,7 +15,6 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from msrl_consistency.agent import distributions as D
-from msrl_consistency.agent import lowered
 from msrl_consistency.agent.networks import MLP
 from msrl_consistency.agent.preprocess import ActionPostprocess, ObsNormalizer
 from msrl_consistency.agent.spec import PolicySpec
@@ -65,8 +64,7 @@ class ActorCritic(nn.Cell):
         the log-probabilities and losses, which need the range. Rollouts and the exported graphs never take it.
         """
         if dtype is None:
-            actor = lowered.forward(self.actor, x, exact=False) if self.actor.lowered else self.actor(x)
-            return actor, self.critic(x).squeeze(-1)
+            return self.actor(x), self.critic(x).squeeze(-1)
         param = self.actor.forward_as(x, dtype).astype(ms.float32)
         return param, self.critic.forward_as(x, dtype).astype(ms.float32).squeeze(-1)
 
