@@ -139,9 +139,8 @@ def forward(mlp: Any, x: Tensor, exact: bool = True) -> Tensor:
 
     ``exact``: each int8 MatMul's output codes come from Lite's fixed-point rescale (rollouts, the PPO update,
     evaluation, verify's reference). Off, from rounding the float product: half the operations, the same codes but at
-    rounding boundaries. The update keeps it on: measured on CartPole-v1 (3 seeds, 20,480 int8 fine-tuning steps
-    from a 500-return policy), an update rounding the float product ended at a deterministic return of 457 ± 35,
-    the exact one at 500 ± 0 (``bench/lowered_training.py``).
+    rounding boundaries. The update keeps it on: an update whose forward rounded the float product while the rollouts
+    acted exactly fine-tuned worse (``bench/results/lowered_training.md``).
 
     Tensors are numbered as ``activation_ranges`` returns them: 0 the input, then each Dense's output and each
     activation's output in turn.
