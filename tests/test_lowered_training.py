@@ -277,6 +277,6 @@ def test_a_kept_layer_is_calibrated_and_computed_with_its_own_weights():
     h = ms.Tensor(x)
     with compat.execution_mode(graph=False):
         out = lowered.forward(mlp, h).asnumpy()
-        hidden = mlp.layers[1](lowered._dense(mlp, mlp.layers[0], h, 0, False, True))  # int8 Dense, float Tanh
+        hidden = mlp.layers[1](lowered._dense(mlp, mlp.layers[0], h, 0, False))  # int8 Dense, float Tanh
         want = ms.ops.dense(hidden, mlp.layers[2].weight, mlp.layers[2].bias).asnumpy()  # the kept Dense: float
     assert np.allclose(out, want, atol=1e-6)

@@ -134,13 +134,12 @@ def freeze(policy: Any) -> Any:
     return policy
 
 
-def forward(mlp: Any, x: Tensor, exact: bool = True) -> Tensor:
+def forward(mlp: Any, x: Tensor) -> Tensor:
     """``mlp`` (``networks.MLP``) computed in ``mlp.lower``; layers in ``mlp.keep`` stay fp32.
 
-    ``exact``: each int8 MatMul's output codes come from Lite's fixed-point rescale (rollouts, the PPO update,
-    evaluation, verify's reference). Off, from rounding the float product: half the operations, the same codes but at
-    rounding boundaries. The update keeps it on: an update whose forward rounded the float product while the rollouts
-    acted exactly fine-tuned worse (``bench/results/lowered_training.md``).
+    Each int8 MatMul's output codes come from Lite's fixed-point rescale, in the rollouts and in the PPO update alike:
+    an update that rounded the float product instead (half the operations, the same codes but at rounding boundaries)
+    fine-tuned worse (``bench/results/lowered_training.md``).
 
     Tensors are numbered as ``activation_ranges`` returns them: 0 the input, then each Dense's output and each
     activation's output in turn.
@@ -149,7 +148,7 @@ def forward(mlp: Any, x: Tensor, exact: bool = True) -> Tensor:
     h = x
     for k, i in enumerate(mlp.dense_index):
         layer = mlp.layers[i]
-        h = _dense(mlp, layer, h, k, i in mlp.kept_index, exact)
+        h = _dense(mlp, layer, h, k, i in mlp.kept_index)
         if k < last:
             h = ops.tanh(h) if mlp.tanh else ops.relu(h)
             if mlp.lower == "fp16" and i + 1 not in mlp.kept_index:
@@ -157,7 +156,7 @@ def forward(mlp: Any, x: Tensor, exact: bool = True) -> Tensor:
     return h
 
 
-def _dense(mlp: Any, layer: Any, h: Tensor, k: int, kept: bool, exact: bool) -> Tensor:
+def _dense(mlp: Any, layer: Any, h: Tensor, k: int, kept: bool) -> Tensor:
     if kept:
         return ops.dense(h, layer.weight, layer.bias)
     if mlp.lower == "fp16":
@@ -168,8 +167,6 @@ def _dense(mlp: Any, layer: Any, h: Tensor, k: int, kept: bool, exact: bool) -> 
     h = int8_act(h, in_scale, in_zero)
     w, b = int8_weight(layer.weight), int8_bias(layer.bias, in_scale, layer.weight)
     y = ops.dense(h, w, b)  # the float product the gradient follows
-    if not exact:
-        return int8_act(y, out_scale, out_zero)
     codes = ops.stop_gradient(_int8_matmul(h, w, b, in_scale, in_zero, weight_scale(layer.weight), out_scale,
                                            out_zero))  # fmt: skip
     return int8_act(y, out_scale, out_zero, codes)
