@@ -463,6 +463,20 @@ class NoneDropped(nn.Cell):
         return kept
 
 
+# How MindSpore says an op has no kernel on the device it runs on (a Cell that cannot run here, whatever its inputs)
+_NO_KERNEL = (re.compile(r"Unsupported op \[(\w+)\] on"), re.compile(r"'(\w+)' is not supported on this device"),
+              re.compile(r"()Kernel select failed"))  # fmt: skip
+
+
+def no_kernel_here(exc: BaseException) -> str | None:
+    """The op MindSpore has no kernel for on this device, from its error (None: another error)."""
+    for pattern in _NO_KERNEL:
+        found = pattern.search(str(exc))
+        if found is not None:
+            return found.group(1) or "an op"
+    return None
+
+
 def exportable(cell: nn.Cell, examples: list[Any]) -> nn.Cell:
     """``cell``, or a ``NoneDropped`` wrapper of it when it returns ``None`` entries (run once on ``examples``)."""
     with execution_mode(graph=False):

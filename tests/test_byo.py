@@ -157,6 +157,30 @@ def test_contract_that_disagrees_is_a_usage_error(pendulum, edit, message):
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
+NO_KERNEL_POLICY = '''
+from policy import PolicyNet
+
+class Repeating(PolicyNet):
+    """Calls an op this MindSpore has no CPU kernel for (``Tensor.repeat``, as MAPPO's actor does)."""
+    def construct(self, x):
+        return super().construct(x.repeat(1, 0))
+
+def make():
+    return Repeating()
+'''
+
+
+@pytest.mark.slow
+def test_a_cell_that_cannot_run_on_this_device_is_said_so_before_any_contract_talk(pendulum):
+    (pendulum / "repeating.py").write_text(NO_KERNEL_POLICY)
+    proc = run(pendulum, "--cell", "repeating:make", "--contract", "contract.toml", "--out", "b-repeat",
+               module="msrl_consistency.export")  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the Cell fails on this device (CPU): MindSpore has no repeat kernel" in errors[0]
+    assert "contract" not in errors[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
 SAMPLING_POLICY = '''
 from mindspore import ops
 from policy import PolicyNet

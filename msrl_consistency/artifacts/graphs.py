@@ -26,7 +26,7 @@ from mindspore import Tensor, nn
 
 from inference.bundle.contract import NOISE, OBS, ActionSpec, ContractError, Field, PolicyContract
 from inference.bundle.tensors import TensorMeta
-from inference.errors import first_line
+from inference.errors import RuntimeUnavailable, first_line
 from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
 from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, batch_dependent, symbolic_batch
@@ -135,6 +135,11 @@ def probe_graph(cell: nn.Cell, contract: PolicyContract, name: str = "policy") -
             with compat.execution_mode(graph=False):
                 outs = [o.asnumpy() for o in compat.as_tuple(cell(*feeds))]
         except Exception as exc:  # noqa: BLE001 - the user's Cell may raise anything on a wrong input shape
+            op = compat.no_kernel_here(exc)
+            if op is not None:  # not the contract's fault: the Cell cannot run on this device at all
+                device = ms.get_context("device_target")
+                raise RuntimeUnavailable(f"the Cell fails on this device ({device}): MindSpore has no {op} kernel "
+                                         f"here ({first_line(exc, 160)})") from None
             raise ContractError(
                 f"the Cell fails on inputs shaped by the contract ({', '.join(str(t.shape) for t in inputs)}): "
                 f"{first_line(exc)}"
