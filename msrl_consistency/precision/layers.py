@@ -1,6 +1,6 @@
 """The layers a precision plan chooses between, and the ONNX nodes (per graph) that compute each.
 
-A layer is a leaf sub-Cell of the policy (``localization.capture_layers``: the scope verify's localisation names),
+A layer is a leaf sub-Cell of the policy (``layer_capture.capture_layers``: the scope verify's localisation names),
 mapped onto each exported graph by ``localization.plan_layers`` (its output tensor). Every ONNX node belongs to the
 first layer whose output comes at or after it in the graph, so a layer owns the operations between the previous
 layer's output and its own (the ``* 400`` before a LayerNorm belongs to the LayerNorm); the nodes after the last
@@ -23,7 +23,8 @@ import numpy as np
 from inference.bundle import Bundle
 from inference.compare.localize import LayerPlan
 from msrl_consistency.artifacts.graphs import example
-from msrl_consistency.localization import capture_layers, plan_layers
+from msrl_consistency.layer_capture import capture_layers
+from msrl_consistency.localization import plan_layers
 
 POST = "post-processing"
 
