@@ -274,7 +274,7 @@ def verify_policy(
     contract: ContractLike | None,
     model: str | Path,
     *,
-    checkpoint: Path | None = None,
+    checkpoint: str | Path | None = None,
     env_id: str | None = None,
     env: str | Callable[[], Any] | None = None,
     observations: str | Path | np.ndarray | None = None,
@@ -292,6 +292,7 @@ def verify_policy(
     """
     options = options or VerifyOptions()
     compat.select_device(options.device, options.device_id)
+    checkpoint = Path(checkpoint) if checkpoint is not None else None  # a path as a string, as the other entry points
     cells = UserCells(cell, checkpoint)
     with cells.caller_mode_kept():
         bundle = open_model(model, contract, cells)

@@ -96,6 +96,8 @@ def test_an_int8_plan_end_to_end_and_the_search_and_verify_are_one_judge(cartpol
     proc = cli("msrl_consistency.precision", "--bundle", str(cartpole_bundle.root), "--ckpt", str(cartpole_ckpt),
                "--lower", "int8", "--out", str(out), *judge)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    command = next(line for line in proc.stdout.splitlines() if line.startswith("verify it"))
+    assert f"--ckpt {cartpole_ckpt}" in command and "CKPT" not in command, command  # runnable as printed
     manifest = json.loads((out / "manifest.json").read_text())
     plan = manifest["plan"]
     assert plan["lower"] == "int8" and plan["quantization"] == "full" and plan["final"]["ok"]

@@ -2,8 +2,8 @@
 
 OLD and NEW are report directories (or their report.json) written by ``verify``, ``verify --audit`` or
 ``inference.check``. Prints one summary line, then each change (regressions first), and writes a page of the
-comparison (``--out``, default ``diff.html``). Exit codes: 0 equivalent or changed without a regression, 1 NEW
-regressed against OLD, 2 bad input (one ``error:`` line). No MindSpore needed.
+comparison (``--out``, default ``diff.html`` beside NEW's report). Exit codes: 0 equivalent or changed without a
+regression, 1 NEW regressed against OLD, 2 bad input (one ``error:`` line). No MindSpore needed.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EXITS)  # fmt: skip
     d.add_argument("old", type=Path, help="the earlier run: a report directory or its report.json (e.g. the last good)")
     d.add_argument("new", type=Path, help="the run to judge against it")
-    d.add_argument("--out", type=Path, default=Path("diff.html"), help="the comparison page (default: diff.html)")
+    d.add_argument("--out", type=Path, help="the comparison page (default: diff.html in NEW's report directory)")
     d.add_argument("--json", type=Path, help="also write the changes as JSON")
     d.add_argument("--quiet", action="store_true", help="print only the summary line")
     return p
@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     from inference.report.reading import load_run
 
     old, new = load_run(args.old), load_run(args.new)
+    if args.out is None:  # beside NEW's report, never the working directory
+        args.out = (args.new if args.new.is_dir() else args.new.parent) / "diff.html"
     for path in (args.out, args.json):
         if path is not None and path.is_dir():
             raise UsageError(f"{path} is a directory; pass a file name for the page")

@@ -23,6 +23,7 @@ lowering cannot run here (no converter, no onnx, a .ms Lite cannot load).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda _m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="msrl-plan-") as work:
         bundle, result, plan = make_plan(args, Path(work), say)
-    print(summary(bundle, plan))
+    print(summary(bundle, plan, args))
     if not result.final.ok and args.keep is None:  # every layer kept is the float32 graph: too few states to bound it
         print(f"error: no set of kept layers passes verify, not even every layer in fp32, on "
               f"{plan['judge']['observations']} observations: {'; '.join(result.final.broken)[:400]}",
@@ -77,7 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result.final.ok else 1
 
 
-def summary(bundle: Any, plan: dict[str, Any]) -> str:
+def verify_command(bundle: Any, plan: dict[str, Any], args: Any) -> str:
+    """The verify command that judges the plan's bundle as the search did: the same Cell, checkpoint and options."""
+    j = plan["judge"]
+    parts = ["python -m msrl_consistency.verify", "--bundle", shlex.quote(str(bundle.root))]
+    if getattr(args, "cell", None):
+        parts += ["--cell", shlex.quote(str(args.cell))]
+    if getattr(args, "ckpt", None) is not None:
+        parts += ["--ckpt", shlex.quote(str(args.ckpt))]
+    for flag in ("env_id", "env"):
+        if getattr(args, flag, None):
+            parts += [f"--{flag.replace('_', '-')}", shlex.quote(str(getattr(args, flag)))]
+    parts += ["--observations", str(j["observations"]), "--episodes", str(j["episodes"]), "--seed", str(j["seed"])]
+    return " ".join(parts)
+
+
+def summary(bundle: Any, plan: dict[str, Any], args: Any = None) -> str:
     final = plan["final"]
     lines = [f"plan {plan['lower']} → {bundle.root}: kept in fp32: {', '.join(plan['kept']) or 'none'}; "
              f"{'verify passes it' if final['ok'] else 'verify FAILS it'} (badness {final['badness']})"]  # fmt: skip
@@ -89,9 +105,7 @@ def summary(bundle: Any, plan: dict[str, Any]) -> str:
     every = plan["all_lowered"]
     lines.append(f"  every layer lowered: {'within' if every['ok'] else 'beyond'} the bounds"
                  + (f": {'; '.join(every['broken'][:2])}" if every.get("broken") else ""))  # fmt: skip
-    j = plan["judge"]
-    lines.append(f"verify it (the same judge): python -m msrl_consistency.verify --bundle {bundle.root} --ckpt CKPT "
-                 f"--observations {j['observations']} --episodes {j['episodes']} --seed {j['seed']}")
+    lines.append(f"verify it (the same judge): {verify_command(bundle, plan, args)}")
     return "\n".join(lines)
 
 
