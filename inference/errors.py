@@ -9,6 +9,7 @@ could not be judged), 130 interrupted.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -111,6 +112,21 @@ class Interrupts:
 INTERRUPTS = Interrupts()
 
 
+@contextlib.contextmanager
+def _one_line_argument_errors() -> Iterator[None]:
+    """argparse's errors as our one ``error:`` line and exit 2, not its usage block (for the command's run only)."""
+    original = argparse.ArgumentParser.error
+
+    def error(self: argparse.ArgumentParser, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original  # type: ignore[method-assign]
+
+
 def run_cli(
     main: Callable[[list[str] | None], int],
     argv: list[str] | None = None,
@@ -119,7 +135,8 @@ def run_cli(
     """Run a CLI entry point: ``error: ...`` on stderr and the exit code from ``describe`` (or 1 for a verdict)."""
     INTERRUPTS.install()
     try:
-        code = main(argv)
+        with _one_line_argument_errors():
+            code = main(argv)
         if code == EXIT_OK:
             INTERRUPTS.check()  # a signal swallowed on its way through C++ still ends the run as interrupted
     except verdicts as exc:

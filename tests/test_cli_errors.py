@@ -141,3 +141,16 @@ def test_a_mistyped_bundle_path_is_named_as_typed(cartpole_bundle, tmp_path):
     proc = run_module("inference.play", str(typo), "--episodes", "1")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{typo} does not exist" in proc.stderr and f"{typo.parent} is not a bundle" not in proc.stderr
+
+
+@pytest.mark.parametrize(("module", "args"), [
+    ("msrl_consistency.train", ["--total-steps", "abc"]), ("msrl_consistency.train", ["--bogus-flag"]),
+    ("msrl_consistency.verify", ["--observations", "abc"]), ("msrl_consistency.export", ["--precision", "fp8"]),
+    ("inference.play", ["bundles/x", "--episodes", "abc"]),
+])  # fmt: skip
+def test_a_mistyped_argument_is_one_error_line_not_the_usage_block(module, args):
+    proc = run_module(module, *args)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(("error: argument", "error: unrecognized")), proc.stderr
+    assert f"(see python -m {module} --help)" in lines[0] and "usage:" not in proc.stderr
