@@ -151,9 +151,9 @@ def test_init_from_refuses_another_architecture(cartpole_ckpt, tmp_path):
     assert not (tmp_path / "run" / "checkpoint.ckpt").exists()
 
 
-def _fine_tune(start: Path, lower: str, run_dir: Path) -> dict:
+def _fine_tune(start: Path, lower: str, run_dir: Path, keep: tuple[str, ...] = ()) -> dict:
     cfg = TrainConfig(env_id="CartPole-v1", seed=2, total_steps=256, lower=lower, init_from=str(start.parent),
-                      learning_rate=1e-4, **{**TINY_RUN, "eval_episodes": 3})  # fmt: skip
+                      learning_rate=1e-4, keep=list(keep), **{**TINY_RUN, "eval_episodes": 3})  # fmt: skip
     run_trainer(cfg, run_dir)
     return json.loads((run_dir / "run.json").read_text())
 
@@ -203,6 +203,25 @@ def test_an_int8_fine_tuned_run_exports_its_trained_scales_and_verifies_against_
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["runtimes"]["lite"]["reference"].startswith("ms-cell in int8")
     assert "reference" not in report["runtimes"]["onnxruntime"]  # the float graphs: against the frozen float Cell
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not lite_build.BUILT and not lite_build.required(), reason=lite_build.WHY_NOT)
+def test_an_int8_run_keeping_its_last_layer_in_fp32_exports_and_verifies(cartpole_ckpt, tmp_path):
+    """The kept Dense stays float in the .ms and in training (its own weights in calibration); the scales of the
+    lowered Dense layers' inputs and outputs are the trained ones; verify passes against the trained Cell."""
+    run = tmp_path / "keep"
+    _fine_tune(cartpole_ckpt, "int8", run, keep=("actor.layers.4",))
+    bundle = tmp_path / "bundle"
+    proc = run_module("msrl_consistency.export", "--ckpt", str(run), "--out", str(bundle), cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    plan = json.loads((bundle / "manifest.json").read_text())["plan"]
+    assert "actor.layers.4" in plan["kept"] and "actor.layers.2" not in plan["kept"]
+    assert all(c["tensors"] == 4 and c["max_scale_rel_diff"] < 1e-5 for c in plan["trained"]["ranges_check"].values())
+    proc = run_module("msrl_consistency.verify", "--bundle", str(bundle), "--ckpt", str(run), "--runtimes", "lite",
+                      "--observations", "600", "--episodes", "3", "--out", str(tmp_path / "r"), cwd=REPO,
+                      timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.slow
