@@ -288,7 +288,8 @@ def golden_file(path: Path, bundle, manifest_sha256: str | None, meta_text: str 
     arrays["source"] = np.array(["stats"] * n).astype("U8")
     arrays["noise/policy_sample"] = np.zeros((n, 2), np.float32)
     for graph in bundle.graphs:
-        arrays[f"out/{graph}/action"] = np.zeros(n, np.int32)
+        for out in bundle.graph(graph)["outputs"]:
+            arrays[f"out/{graph}/{out['name']}"] = np.zeros((n, *out["shape"][1:]), out["dtype"])
     meta = {"format": "msrl-consistency/golden", "version": 3, "env": "CartPole-v1", "seed": 0, "episodes": 0,
             "manifest_sha256": manifest_sha256}  # fmt: skip
     arrays["meta"] = np.array(meta_text if meta_text is not None else json.dumps(meta))
@@ -308,6 +309,32 @@ def test_a_golden_file_of_another_bundle_is_refused_naming_both_hashes(cartpole_
     assert load_golden(golden_file(tmp_path / "g.npz", cartpole_bundle, mine), cartpole_bundle).origin_unchecked is None
     with pytest.raises(UsageError, match="key 'seed' appears twice"):
         load_golden(golden_file(tmp_path / "g.npz", cartpole_bundle, mine, '{"seed": 0, "seed": 1}'), cartpole_bundle)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("truncated", "is not a golden file written by verify --save-golden (BadZipFile"),
+    ("no-output", "field 'out/policy/logits' is missing"),
+    ("fewer-rows", "field 'source' has 4 rows, 'obs' 2"),
+    ("narrow-obs", "field 'obs' has rows of shape [3], the bundle's 'policy' takes [4]"),
+])  # fmt: skip
+def test_a_damaged_golden_file_is_one_line_naming_the_file_and_the_field(cartpole_bundle, tmp_path, damage, message):
+    from inference.compare.golden import load_golden
+
+    path = golden_file(tmp_path / "g.npz", cartpole_bundle, sha256_file(cartpole_bundle.root / "manifest.json"))
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    else:
+        arrays = dict(np.load(path))
+        if damage == "no-output":
+            del arrays["out/policy/logits"]
+        elif damage == "fewer-rows":
+            arrays["obs"] = arrays["obs"][:2]
+        else:
+            arrays["obs"] = arrays["obs"][:, :3]
+        np.savez(path, **arrays)
+    with pytest.raises(UsageError) as info:
+        load_golden(path, cartpole_bundle)
+    assert message in str(info.value) and str(path) in str(info.value)
 
 
 def test_a_golden_file_without_a_manifest_hash_still_loads_with_a_warning(cartpole_bundle, tmp_path):

@@ -20,6 +20,7 @@ that bundle: one from another bundle of the same env is refused (exit 2), as it 
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from inference.compare.episodes import EpisodeTrace
 from inference.compare.feeds import Feeds
 from inference.compare.localize import LayerPlan, RecordedLayers
 from inference.compare.reference import Reference
-from inference.errors import UsageError
+from inference.errors import UsageError, first_line
 
 GOLDEN_FORMAT = "msrl-consistency/golden"
 GOLDEN_VERSION = 3
@@ -82,8 +83,9 @@ def read_golden(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
         text = str(arrays.pop("meta"))
-    except (OSError, ValueError, KeyError) as exc:
-        raise UsageError(f"{path} is not a golden file written by verify --save-golden ({exc})") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"{path} is not a golden file written by verify --save-golden ({type(exc).__name__}: "
+                         f"{first_line(exc)})") from None
     meta = loads_strict(text, f"golden file {path}: its meta", UsageError)
     if not isinstance(meta, dict):
         raise UsageError(f"{path} is not a golden file written by verify --save-golden (its meta is not an object)")
@@ -108,6 +110,7 @@ def load_golden(path: Path, bundle: Bundle) -> Reference:
         if key.startswith("out/"):
             _, graph, name = key.split("/", 2)
             outputs.setdefault(graph, {})[name] = value
+    _check_fields(path, bundle, arrays, outputs)
     modes = {k.split("/")[1] for k in arrays if k.startswith("trace/")}
     traces = {m: EpisodeTrace(*(arrays[f"trace/{m}/{f}"] for f in TRACE_FIELDS), arrays.get(f"trace/{m}/states"))
               for m in sorted(modes)}  # fmt: skip
@@ -120,6 +123,31 @@ def load_golden(path: Path, bundle: Bundle) -> Reference:
         origin=f"golden:{path.name}", skipped_episodes=meta.get("skipped_episodes"), top2=top2,
         origin_unchecked=unchecked,
     )  # fmt: skip
+
+
+def _check_fields(path: Path, bundle: Bundle, arrays: dict[str, np.ndarray],
+                  outputs: dict[str, dict[str, np.ndarray]]) -> None:  # fmt: skip
+    """Every field the comparison reads is there with one row per observation and the contract's shape: a damaged
+    golden file is one line naming the file and the field, not a failure deep in a comparison."""
+    for field in ("obs", "source"):
+        if field not in arrays:
+            raise UsageError(f"golden file {path}: field {field!r} is missing")
+    rows = len(arrays["obs"])
+    for graph in bundle.graphs:
+        for out in bundle.graph(graph)["outputs"]:
+            if out["name"] not in outputs.get(graph, {}):
+                raise UsageError(f"golden file {path}: field 'out/{graph}/{out['name']}' is missing")
+    counted = {k: v for k, v in arrays.items() if k == "source" or k.startswith(("out/", "noise/"))}
+    for key, value in counted.items():
+        if np.ndim(value) < 1 or len(value) != rows:
+            raise UsageError(f"golden file {path}: field {key!r} has {len(value) if np.ndim(value) else 0} rows, "
+                             f"'obs' {rows}")  # fmt: skip
+    graph = bundle.mode_graph("deterministic") or bundle.graphs[0]
+    want = [tuple(t["shape"][1:]) for t in bundle.graph(graph)["inputs"]]
+    got = tuple(arrays["obs"].shape[1:])
+    if arrays["obs"].dtype.names is None and want and got != want[0] and int(np.prod(got)) != int(np.prod(want[0])):
+        raise UsageError(f"golden file {path}: field 'obs' has rows of shape {list(got)}, the bundle's "
+                         f"{graph!r} takes {list(want[0])}")  # fmt: skip
 
 
 def golden_origin(meta: dict[str, Any], path: Path, bundle: Bundle) -> str | None:
