@@ -140,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     apply_arm_cpu(args)
     from inference.compare.stats import Tolerance
     from inference.compare.verifier import VerifyOptions
-    from inference.report.baseline import check_baseline, save_baseline
+    from inference.report.baseline import check_baseline, read_baseline, save_baseline
+
+    baseline = read_baseline(args.baseline) if args.baseline else None  # before minutes of comparisons
 
     options = VerifyOptions(
         observations=args.observations,
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     with _gc_frozen_unless_golden(args):
         result, against, localizer, facts = _run(args, options, progress)
     if args.baseline:
-        result.checks.append(check_baseline(args.baseline, result))
+        result.checks.append(check_baseline(args.baseline, result, baseline))
     if args.save_baseline:
         save_baseline(args.save_baseline, result)
     if args.save_golden:

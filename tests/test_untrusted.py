@@ -267,6 +267,10 @@ def test_a_malformed_baseline_is_one_line(cartpole_bundle, tmp_path):
         with pytest.raises(UsageError) as info:
             check_baseline(path, None)  # type: ignore[arg-type]  - refused before the result is looked at
         assert expected in str(info.value), (text, str(info.value))
+    proc = run_module("msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--env-id", "CartPole-v1",
+                      "--baseline", str(path), "--out", str(tmp_path / "r"))  # fmt: skip
+    assert proc.returncode == 2 and "is not a baseline file" in proc.stderr
+    assert "reference" not in proc.stderr  # refused before verify built anything
 
 
 def test_a_run_record_with_a_repeated_key_is_refused(tmp_path):

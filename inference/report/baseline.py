@@ -40,12 +40,20 @@ def save_baseline(path: Path, result: VerifyResult, margin_abs: float = 1e-6, ma
     write_json_atomic(path, {"schema": BASELINE_SCHEMA, "metrics": metrics})
 
 
-def check_baseline(path: Path, result: VerifyResult) -> Check:
+def read_baseline(path: Path) -> dict[str, Any]:
+    """A baseline file, checked (``UsageError`` naming the file and the metric): verify reads it before it compares
+    anything, so a bad file costs no run."""
     data: dict[str, Any] = read_document(path, "baseline", UsageError)
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
         schema = data.get("schema") if isinstance(data, dict) else None
         raise UsageError(f"{path} is not a baseline file (schema {schema!r})")
     _check_metrics(path, data.get("metrics"))
+    return data
+
+
+def check_baseline(path: Path, result: VerifyResult, data: dict[str, Any] | None = None) -> Check:
+    """``result``'s metrics against the baseline at ``path`` (``data``: the file as ``read_baseline`` read it)."""
+    data = read_baseline(path) if data is None else data
     current = collect_metrics(result)
     regressions = []
     for key, spec in data["metrics"].items():
