@@ -613,3 +613,18 @@ def test_a_runner_that_never_starts_is_waited_for_once(mlp: Mlp, tmp_path: Path)
         LiteRunner(mlp.ms, runner=silent, load_timeout=3.0, fork_server=True)
     took = time.monotonic() - started
     assert 3.0 <= took < 3.0 + 0.75 + 2.5, took  # the budget, its last quarter for the plain start, the clean-up
+
+
+def test_an_installed_package_names_its_own_runner_paths_when_none_is_built(tmp_path, monkeypatch):
+    """Installed (no checkout with a .lite beside the package), the runners not built yet: the paths said are the
+    environment's (where build_runner puts them), not ones inside site-packages."""
+    from inference.lite import common, emulation
+
+    monkeypatch.delenv("MSRL_LITE_RUNNER", raising=False)
+    monkeypatch.delenv("MSRL_LITE_AARCH64_RUNNER", raising=False)
+    monkeypatch.setattr(common, "_REPO", tmp_path / "site-packages")
+    monkeypatch.setattr(emulation, "_REPO", tmp_path / "site-packages")
+    monkeypatch.setattr(emulation, "native", lambda: False)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "env"))
+    assert common.runner_path() == tmp_path / "env" / "bin" / common.RUNNER_NAME
+    assert emulation.aarch64_runner() == tmp_path / "env" / "share" / "msrl-lite" / "bin-aarch64" / common.RUNNER_NAME

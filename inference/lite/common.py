@@ -141,7 +141,9 @@ def runner_path() -> Path:
         return Path(env)
     checkout = _REPO / ".lite" / "bin" / RUNNER_NAME
     in_env = Path(sys.prefix) / "bin" / RUNNER_NAME
-    return in_env if not checkout.is_file() and in_env.is_file() else checkout
+    if checkout.is_file() or not in_env.is_file() and (_REPO / ".lite").is_dir():
+        return checkout  # a source checkout runs its own build (or says where `make lite` puts it)
+    return in_env  # an installed deploy package: its environment's bin, built there or not yet
 
 
 def runner_available() -> tuple[bool, str]:

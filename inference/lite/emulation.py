@@ -64,7 +64,9 @@ def aarch64_runner() -> Path:
         return runner_path()
     checkout = _REPO / ".lite" / "bin-aarch64" / RUNNER_NAME
     installed = Path(sys.prefix) / "share" / "msrl-lite" / "bin-aarch64" / RUNNER_NAME
-    return installed if not checkout.is_file() and installed.is_file() else checkout
+    if checkout.is_file() or not installed.is_file() and (_REPO / ".lite").is_dir():
+        return checkout  # a source checkout runs its own build (or says where `make lite-aarch64` puts it)
+    return installed
 
 
 def launcher(cpu: str | None = None) -> list[str]:
