@@ -151,9 +151,17 @@ def test_init_from_refuses_another_architecture(cartpole_ckpt, tmp_path):
     assert not (tmp_path / "run" / "checkpoint.ckpt").exists()
 
 
+def _played_return(bundle: Path) -> float:
+    """The deterministic mean return of ``bundle`` played on the deploy side (Lite), seeds 0-9."""
+    proc = run_module("inference.play", str(bundle), "--episodes", "10", cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("mean return"))
+    return float(line.split()[2])
+
+
 def _fine_tune(start: Path, lower: str, run_dir: Path, keep: tuple[str, ...] = ()) -> dict:
     cfg = TrainConfig(env_id="CartPole-v1", seed=2, total_steps=256, lower=lower, init_from=str(start.parent),
-                      learning_rate=1e-4, keep=list(keep), **{**TINY_RUN, "eval_episodes": 3})  # fmt: skip
+                      learning_rate=1e-5, keep=list(keep), **{**TINY_RUN, "eval_episodes": 3})  # fmt: skip
     run_trainer(cfg, run_dir)
     return json.loads((run_dir / "run.json").read_text())
 
@@ -196,6 +204,8 @@ def test_an_int8_fine_tuned_run_exports_its_trained_scales_and_verifies_against_
     assert (np.abs(want - got).max(1) > 0).mean() < 0.01  # the same integers: a rounding boundary now and then
     fp32_size = cartpole_bundle.file("policy", "ms").stat().st_size
     assert (bundle / "policy.ms").stat().st_size < 0.8 * fp32_size
+    before, after = (_played_return(b) for b in (cartpole_bundle.root, bundle))  # what each device would do
+    assert abs(after - before) <= 0.1 * abs(before), (before, after)
     proc = run_module("msrl_consistency.verify", "--bundle", str(bundle), "--ckpt", str(run), "--runtimes",
                       "lite,onnxruntime", "--observations", "600", "--episodes", "3", "--out", str(tmp_path / "r"),
                       cwd=REPO, timeout=900)  # fmt: skip
