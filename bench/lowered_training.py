@@ -143,6 +143,8 @@ def main() -> None:
     parser.add_argument("--steps", required=True, help="ENV=N,... fine-tuning steps per env")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "bench" / "lowered_training")
+    parser.add_argument("--rows", default="fp32,ptq-int8,int8,ptq-fp16,fp16",
+                        help="which rows to run (the fp32 base row always)")
     args = parser.parse_args()
     runs = dict(item.split("=", 1) for item in args.runs.split(","))
     steps = {k: int(v) for k, v in (item.split("=", 1) for item in args.steps.split(","))}
@@ -157,15 +159,20 @@ def main() -> None:
         proc, _ = sh("-m", "msrl_consistency.export", "--ckpt", str(base), "--out", str(fp32), "--force")
         must(proc, f"export {env}")
         fp32_kb = (fp32 / "policy.ms").stat().st_size / 1024
-        rows = [{"env": env, "row": "fp32 base", "return": eval_return(base), "kb": fp32_kb, "verify": "–"},
-                trained_rows(env, base, work, "fp32", steps[env], seeds),
-                ptq_row(env, base, fp32, work, "int8"), trained_rows(env, base, work, "int8", steps[env], seeds),
-                ptq_row(env, base, fp32, work, "fp16"), trained_rows(env, base, work, "fp16", steps[env], seeds)]
+        wanted = set(args.rows.split(","))
+        rows = [{"env": env, "row": "fp32 base", "return": eval_return(base), "kb": fp32_kb, "verify": "–"}]
+        for name in ("fp32", "ptq-int8", "int8", "ptq-fp16", "fp16"):
+            if name not in wanted:
+                continue
+            lower = name.removeprefix("ptq-")
+            rows.append(ptq_row(env, base, fp32, work, lower) if name.startswith("ptq-") else
+                        trained_rows(env, base, work, lower, steps[env], seeds))  # fmt: skip
         for row in rows:
             lines.append(fmt(row, fp32_kb))
             print(lines[-1], flush=True)
     header = (f"{time.strftime('%Y-%m-%d')}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
-              f"`python bench/lowered_training.py --runs {args.runs} --steps {args.steps} --seeds {args.seeds}`, "
+              f"`python bench/lowered_training.py --runs {args.runs} --steps {args.steps} --seeds {args.seeds} "
+              f"--rows {args.rows}`, "
               f"{time.perf_counter() - started:.0f} s")  # fmt: skip
     print("\n" + header + "\n\n" + "\n".join(lines))
 

@@ -309,3 +309,11 @@ def test_a_kept_layer_is_calibrated_and_computed_with_its_own_weights():
         hidden = mlp.layers[1](lowered._dense(mlp, mlp.layers[0], h, 0, False))  # int8 Dense, float Tanh
         want = ms.ops.dense(hidden, mlp.layers[2].weight, mlp.layers[2].bias).asnumpy()  # the kept Dense: float
     assert np.allclose(out, want, atol=1e-6)
+
+
+def test_the_int8_forward_computes_lites_own_tanh_in_graph_and_pynative():
+    x = np.linspace(-12, 12, 200_001).astype(np.float32)
+    with compat.execution_mode(graph=False):
+        got = lowered.lite_tanh_graph(ms.Tensor(x)).asnumpy()
+    assert np.array_equal(got, lowered.lite_tanh(x))
+    assert not np.array_equal(got, np.tanh(x))  # the point: MindSpore's and NumPy's tanh are not Lite's

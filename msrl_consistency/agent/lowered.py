@@ -150,7 +150,12 @@ def forward(mlp: Any, x: Tensor) -> Tensor:
         layer = mlp.layers[i]
         h = _dense(mlp, layer, h, k, i in mlp.kept_index)
         if k < last:
-            h = ops.tanh(h) if mlp.tanh else ops.relu(h)
+            if not mlp.tanh:
+                h = ops.relu(h)
+            elif mlp.lower == "int8" and i + 1 not in mlp.kept_index:
+                h = straight_through(ops.tanh(h), lite_tanh_graph(h))  # Lite's own Tanh: the next code depends on it
+            else:
+                h = ops.tanh(h)
             if mlp.lower == "fp16" and i + 1 not in mlp.kept_index:
                 h = fp16(h)  # int8: the activation computes in float; the next lowered Dense quantizes its output
     return h
@@ -222,6 +227,22 @@ def lite_tanh(x: np.ndarray) -> np.ndarray:
     num = (fma(fma(s + np.float32(378), s, 17325.0), s, 135135.0) * x).astype(np.float32)
     den = fma(fma(fma(28.0, s, 3150.0), s, 62370.0), s, 135135.0)
     return np.clip(num / den, np.float32(-1), np.float32(1)).astype(np.float32)
+
+
+def lite_tanh_graph(x: Tensor) -> Tensor:
+    """``lite_tanh`` in MindSpore ops, for the int8 forward: a hidden layer's Tanh takes at most 256 distinct inputs
+    (dequantized codes), so where MindSpore's own tanh and Lite's land on two sides of an output code, every row with
+    that input differs; computed as Lite does, they never do. Each fused multiply-add is one rounding of an exact
+    float64 product and sum."""
+    f32, f64 = ms.float32, ms.float64
+    s = x * x
+
+    def fma(a: Tensor, b: Tensor, c: float) -> Tensor:
+        return (a.astype(f64) * b.astype(f64) + c).astype(f32)
+
+    num = fma(fma(s + 378.0, s, 17325.0), s, 135135.0) * x
+    den = fma(fma(fma(ops.full_like(s, 28.0), s, 3150.0), s, 62370.0), s, 135135.0)
+    return ops.clamp(num / den, -1.0, 1.0)
 
 
 def lite_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
