@@ -131,7 +131,8 @@ def fmt(row: dict, fp32_kb: float) -> str:
     kb = row.get("kb")
     size = f"{kb:.1f} ({kb / fp32_kb:.0%})" if kb else "–"
     flips = f"{row['flips']:.2%}" if row.get("flips") is not None else "–"
-    ratio = f"{row['ratio']:.5f}" if row.get("ratio") is not None else "–"
+    value = row.get("ratio")
+    ratio = "–" if value is None else f"{value:.5f}" if value < 1e3 else f"{value:.3g}"
     wall = f"{row['wall']:.0f}" if isinstance(row.get("wall"), float) else "–"
     return (f"| {row['env']} | {row['row']} | {row.get('steps', '–')} | {wall} | {shown} | {size} | {flips} | "
             f"{ratio} | {row.get('verify', '–')} |")  # fmt: skip

@@ -68,6 +68,8 @@ def test_the_batch_invariance_matrix_sees_a_row_that_depends_on_its_batch():
     from inference.compare.batch_invariance import batch_invariance
 
     class Contract:
+        action = SimpleNamespace(is_discrete=True)
+
         def env_action(self, out):
             return np.asarray(out["y"]).argmax(-1)
 

@@ -94,7 +94,7 @@ def test_diff_names_the_nudged_checkpoint_and_passes_two_equal_runs(runs, tmp_pa
     page = (tmp_path / "d.html").read_text()
     assert "REGRESSED" in page
     lead = page[page.index('id="lead"') : page.index('<div class="grid">')]  # first, before the two runs
-    assert "CONSISTENT → INCONSISTENT" in lead and "NEW&#x27;s first failure" in lead, lead
+    assert "CONSISTENT → INCONSISTENT" in lead and "NEW's first failure" in lead, lead
     assert 'id="new-layer"' in lead and load_run(runs["fail"]).diverging()[0]["layer"] in lead, lead
     same = cli("-m", "inference.report", "diff", str(runs["pass"]), str(runs["again"] / "report.json"), "--out",
                str(tmp_path / "same.html"))  # fmt: skip
