@@ -51,6 +51,8 @@ class MLP(nn.Cell):
         layers.append(dense(rng, width, out_dim, out_gain))
         self.layers = nn.SequentialCell(layers)
         self.lower, self.kept_index, self.lowered = lower, tuple(keep), lower != "fp32"
+        # the Dense layers kept in fp32, by their order among the Dense layers (``lowered.activation_ranges``)
+        self.kept_dense = tuple(k for k, i in enumerate(self.dense_index) if i in self.kept_index)
         if lower == "int8":  # [min, max] of the input, then of each Dense's and each activation's output
             init = np.tile(np.asarray([[-1.0, 1.0]], np.float32), (2 * len(hidden_sizes) + 2, 1))
             self.ranges = Parameter(Tensor(init), name="ranges", requires_grad=False)

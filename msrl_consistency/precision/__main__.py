@@ -82,18 +82,14 @@ def verify_command(bundle: Any, plan: dict[str, Any], args: Any) -> str:
     """The verify command that judges the plan's bundle as the search did: the same Cell, checkpoint and options."""
     j = plan["judge"]
     parts = ["python -m msrl_consistency.verify", "--bundle", shlex.quote(str(bundle.root))]
-    if getattr(args, "cell", None):
-        parts += ["--cell", shlex.quote(str(args.cell))]
-    if getattr(args, "ckpt", None) is not None:
-        parts += ["--ckpt", shlex.quote(str(args.ckpt))]
-    for flag in ("env_id", "env"):
-        if getattr(args, flag, None):
-            parts += [f"--{flag.replace('_', '-')}", shlex.quote(str(getattr(args, flag)))]
+    for flag, value in (("--cell", args.cell), ("--ckpt", args.ckpt), ("--env-id", args.env_id), ("--env", args.env)):
+        if value is not None:
+            parts += [flag, shlex.quote(str(value))]
     parts += ["--observations", str(j["observations"]), "--episodes", str(j["episodes"]), "--seed", str(j["seed"])]
     return " ".join(parts)
 
 
-def summary(bundle: Any, plan: dict[str, Any], args: Any = None) -> str:
+def summary(bundle: Any, plan: dict[str, Any], args: Any) -> str:
     final = plan["final"]
     lines = [f"plan {plan['lower']} → {bundle.root}: kept in fp32: {', '.join(plan['kept']) or 'none'}; "
              f"{'verify passes it' if final['ok'] else 'verify FAILS it'} (badness {final['badness']})"]  # fmt: skip

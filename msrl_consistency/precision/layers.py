@@ -22,6 +22,7 @@ import numpy as np
 
 from inference.bundle import Bundle
 from inference.compare.localize import LayerPlan
+from inference.errors import UsageError
 from msrl_consistency.artifacts.graphs import example
 from msrl_consistency.layer_capture import capture_layers
 from msrl_consistency.localization import plan_layers
@@ -83,6 +84,15 @@ def policy_layers(bundle: Bundle, cells: Callable[[str], Any]) -> list[Layer]:
             weights = sum(sizes[i] for n in nodes for i in set(reads.get(n, ())))
             layer.cost = max(layer.cost, weights + out_size.get(scope, 0))
     return list(layers.values())
+
+
+def needs_files(bundle: Bundle, lower: str, what: str) -> None:
+    """The files lowering to ``lower`` starts from, in every graph: int8 is converted from the ONNX graph into a
+    ``.ms``; fp16 is emulated on the ONNX graph (``UsageError`` naming ``what`` and the graph otherwise)."""
+    for graph in bundle.graphs:
+        if not bundle.has_file(graph, "onnx") or (lower == "int8" and not bundle.has_file(graph, "ms")):
+            need = ".onnx and .ms" if lower == "int8" else ".onnx"
+            raise UsageError(f"{what}: graph {graph!r} needs its {need} (export with --formats mindir,onnx,ms)")
 
 
 def kept_nodes(layers: Sequence[Layer], kept: set[str] | frozenset[str], graph: str) -> list[str]:

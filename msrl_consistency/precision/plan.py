@@ -27,7 +27,7 @@ from inference.lite.common import LiteRunnerError
 from inference.runtimes.registry import create
 from msrl_consistency.artifacts.graphs import ConversionError
 from msrl_consistency.precision.evaluate import Evaluation, from_report
-from msrl_consistency.precision.layers import Layer, policy_layers
+from msrl_consistency.precision.layers import Layer, needs_files, policy_layers
 from msrl_consistency.precision.lowering import CALIBRATION_SIZE, Fp16Lowering, Int8Lowering, close
 from msrl_consistency.precision.search import SearchResult, search
 from msrl_consistency.precision.write import write_bundle, write_plan_bundle
@@ -51,10 +51,7 @@ def source_bundle(path: Path, lower: str) -> Bundle:
                             f"{lower})"))  # fmt: skip
     if bundle.plan:
         raise UsageError(f"{path} already follows a precision plan: plan from the float32 bundle it came from")
-    for graph in bundle.graphs:  # int8 is converted from the ONNX graph into a .ms; fp16 is emulated on the ONNX graph
-        if not bundle.has_file(graph, "onnx") or (lower == "int8" and not bundle.has_file(graph, "ms")):
-            need = ".onnx and .ms" if lower == "int8" else ".onnx"
-            raise UsageError(f"{path}: graph {graph!r} needs its {need} (export with --formats mindir,onnx,ms)")
+    needs_files(bundle, lower, str(path))
     return bundle
 
 

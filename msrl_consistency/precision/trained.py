@@ -34,7 +34,7 @@ from msrl_consistency.agent.lowered import act_qparams, lowered_numerics
 from msrl_consistency.agent.policy import ActorCritic
 from msrl_consistency.agent.spec import PolicySpec
 from msrl_consistency.artifacts.bundle import ExportCheckFailed
-from msrl_consistency.precision.layers import Layer, policy_layers
+from msrl_consistency.precision.layers import Layer, needs_files, policy_layers
 
 ACTOR = "actor.layers."
 RANGE_RTOL = 1e-5  # the calibration forward's float32 rounding moves a scale by an ulp or two
@@ -61,7 +61,7 @@ def export_trained(
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         source = write_float(work / "fp32")
-        _needs_files(source, spec.lower)
+        needs_files(source, spec.lower, f"a run trained in {spec.lower}")
         layers = policy_layers(source, TrainerCells(ckpt, spec.to_dict()))
         kept = kept_layers(layers, spec)
         lowering, calibration = _lowering(source, layers, work, policy)
@@ -74,13 +74,6 @@ def export_trained(
         shutil.rmtree(work, ignore_errors=True)
     check_plan(bundle)
     return bundle
-
-
-def _needs_files(bundle: Bundle, lower: str) -> None:
-    for graph in bundle.graphs:
-        if not bundle.has_file(graph, "onnx") or (lower == "int8" and not bundle.has_file(graph, "ms")):
-            need = ".onnx and .ms" if lower == "int8" else ".onnx"
-            raise UsageError(f"a run trained in {lower} exports its {need} (--formats mindir,onnx,ms): graph {graph!r}")
 
 
 def _lowering(bundle: Bundle, layers: list[Layer], work: Path, policy: ActorCritic) -> tuple[Any, np.ndarray | None]:
@@ -154,7 +147,7 @@ def check_ranges(ms_path: Path, onnx_path: Path, policy: ActorCritic) -> dict[st
     found = {t.name: t for t in ms_tensors(ms_path) if t.quantized}
     scale, zero = act_qparams(policy.actor.ranges.asnumpy()).T
     actor = policy.actor
-    lowered = [k for k, i in enumerate(actor.dense_index) if i not in actor.kept_index]
+    lowered = [k for k in range(len(actor.dense_index)) if k not in actor.kept_dense]
     names = trunk_tensors(onnx_path, policy)
     worst, zeros = 0.0, 0
     checked = sorted({t for d in lowered for t in (2 * d, 2 * d + 1)})  # each lowered Dense's input and output

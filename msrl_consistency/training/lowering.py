@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 from mindspore import Tensor, nn
 
+from inference.bundle.policy_math import gaussian_log_prob, log_softmax
 from inference.compare.policy_level import mismatch
 from inference.errors import UsageError
 from msrl_consistency.agent import lowered
 from msrl_consistency.agent.policy import CALIBRATION_ROWS, ActorCritic
-from msrl_consistency.agent.preprocess import NORM_EPS, RunningMeanStd
+from msrl_consistency.agent.preprocess import RunningMeanStd, numpy_normalize
 
 LOG_FIELDS = ("lowered_flip_rate", "lowered_exp_abs_log_ratio", "lowered_k3_kl")
 
@@ -38,9 +39,7 @@ def normalise(policy: ActorCritic, obs: np.ndarray) -> np.ndarray:
     norm = policy.normalizer
     if not norm.enabled:
         return obs.astype(np.float32)
-    mean, var = norm.mean.asnumpy(), norm.var.asnumpy()
-    x = (obs.astype(np.float32) - mean) / np.sqrt(var + np.float32(NORM_EPS))
-    return np.clip(x, -norm.clip, norm.clip).astype(np.float32)
+    return numpy_normalize(obs, norm.mean.asnumpy(), norm.var.asnumpy(), norm.clip).astype(np.float32)
 
 
 def trunk_weights(policy: ActorCritic) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -52,8 +51,7 @@ def calibrate(policy: ActorCritic, obs: np.ndarray) -> None:
     """Set an int8 actor's calibration rows and activation ranges from a rollout's observations."""
     rows = calibration_rows(obs)
     actor = policy.actor
-    kept = [k for k, i in enumerate(actor.dense_index) if i in actor.kept_index]
-    ranges = lowered.activation_ranges(trunk_weights(policy), normalise(policy, rows), actor.tanh, kept)
+    ranges = lowered.activation_ranges(trunk_weights(policy), normalise(policy, rows), actor.tanh, actor.kept_dense)
     policy.calibration.set_data(Tensor(rows))
     lowered.set_ranges(policy.actor, ranges)
 
@@ -78,20 +76,14 @@ def shadow_mismatch(policy: ActorCritic, shadow: Shadow, obs: np.ndarray, action
     a = actions.reshape(len(x), -1)
     if policy.discrete:
         idx = a[:, 0].astype(int)
-        logp_low, logp_full = _log_softmax(low)[np.arange(len(x)), idx], _log_softmax(full)[np.arange(len(x)), idx]
+        logp_low, logp_full = log_softmax(low)[np.arange(len(x)), idx], log_softmax(full)[np.arange(len(x)), idx]
         flips = float(np.mean(low.argmax(-1) != full.argmax(-1)))
     else:
         std = np.exp(policy.log_std.asnumpy().astype(np.float64))
-        logp_low = -0.5 * (((a - low) / std) ** 2).sum(-1)  # the shared terms cancel in the ratio
-        logp_full = -0.5 * (((a - full) / std) ** 2).sum(-1)
+        logp_low, logp_full = gaussian_log_prob(low, std, a), gaussian_log_prob(full, std, a)
         flips = float("nan")
     m = mismatch(logp_full - logp_low)  # actions drawn from the lowered actor: it is the reference here
     return {"lowered_flip_rate": flips, "lowered_exp_abs_log_ratio": m["mean_exp_abs"], "lowered_k3_kl": m["k3_kl"]}
-
-
-def _log_softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
 def init_from(policy: ActorCritic, run_dir: str | Path) -> tuple[RunningMeanStd, dict[str, Any]]:
