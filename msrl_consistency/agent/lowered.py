@@ -88,11 +88,16 @@ def set_ranges(mlp: Any, ranges: np.ndarray) -> None:
     mlp.qparams.set_data(Tensor(act_qparams(np.asarray(ranges, np.float32))))
 
 
+def act_codes(x: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
+    """The int8 codes of ``x`` at ``scale`` and ``zero`` point (Lite multiplies by the reciprocal of the scale)."""
+    return ops.clamp(round_half_away(x * (1.0 / scale) + zero), QMIN, QMAX)
+
+
 def int8_act(x: Tensor, scale: Tensor, zero: Tensor, codes: Tensor | None = None) -> Tensor:
-    """``x`` quantized to int8 with ``scale`` and ``zero`` point and dequantized (Lite multiplies by the reciprocal of
-    the scale), straight through inside the range; ``codes``: the int8 codes when an int8 kernel computed them (a
-    MatMul's output), the float ``x`` then carrying only the gradient."""
-    q = ops.clamp(round_half_away(x * (1.0 / scale) + zero), QMIN, QMAX) if codes is None else codes
+    """``x`` quantized to int8 with ``scale`` and ``zero`` point and dequantized, straight through inside the range;
+    ``codes``: its codes when already known (the input's, or those an int8 MatMul computed: the float ``x`` then
+    carries only the gradient)."""
+    q = act_codes(x, scale, zero) if codes is None else codes
     inside = ops.stop_gradient(ops.logical_and(q > QMIN, q < QMAX).astype(x.dtype))
     return ops.stop_gradient((q - zero) * scale) + inside * (x - ops.stop_gradient(x))
 
@@ -100,17 +105,6 @@ def int8_act(x: Tensor, scale: Tensor, zero: Tensor, codes: Tensor | None = None
 def weight_scale(w: Tensor) -> Tensor:
     """Per output channel (row of a Dense weight) scale: max|w| / 127."""
     return ops.maximum(ops.abs(w).max(axis=1, keepdims=True) / float(WMAX), 1e-12)
-
-
-def int8_weight(w: Tensor) -> Tensor:
-    scale = weight_scale(w)
-    return straight_through(w, ops.clamp(round_half_away(w / scale), -WMAX, WMAX) * scale)
-
-
-def int8_bias(b: Tensor, in_scale: Tensor, w: Tensor) -> Tensor:
-    """The bias as Lite stores it: int32 at the scale input × weight of each channel."""
-    scale = in_scale * weight_scale(w).squeeze(-1)
-    return straight_through(b, round_half_away(b / scale) * scale)
 
 
 def snap_weights(w: np.ndarray) -> np.ndarray:
@@ -169,26 +163,31 @@ def _dense(mlp: Any, layer: Any, h: Tensor, k: int, kept: bool) -> Tensor:
     t = 2 * k  # the input tensor's index: 0, or the previous activation's output
     in_scale, in_zero = mlp.qparams[t, 0], mlp.qparams[t, 1]
     out_scale, out_zero = mlp.qparams[t + 1, 0], mlp.qparams[t + 1, 1]
-    h = int8_act(h, in_scale, in_zero)
-    w, b = int8_weight(layer.weight), int8_bias(layer.bias, in_scale, layer.weight)
-    y = ops.dense(h, w, b)  # the float product the gradient follows
-    codes = ops.stop_gradient(_int8_matmul(h, w, b, in_scale, in_zero, weight_scale(layer.weight), out_scale,
-                                           out_zero))  # fmt: skip
+    # every code once: the input's, the weights' (per output channel, symmetric), the bias's (int32 at input ×
+    # weight scale); the float product of their dequantized values is what the gradient follows
+    x_codes = act_codes(h, in_scale, in_zero)
+    w_scale = weight_scale(layer.weight)
+    w_codes = ops.clamp(round_half_away(layer.weight / w_scale), -WMAX, WMAX)
+    b_scale = in_scale * w_scale.squeeze(-1)
+    b_codes = round_half_away(layer.bias / b_scale)
+    y = ops.dense(int8_act(h, in_scale, in_zero, x_codes), straight_through(layer.weight, w_codes * w_scale),
+                  straight_through(layer.bias, b_codes * b_scale))  # fmt: skip
+    codes = ops.stop_gradient(_int8_matmul(x_codes - in_zero, w_codes, b_codes, in_scale, w_scale.squeeze(-1),
+                                           out_scale, out_zero))  # fmt: skip
     return int8_act(y, out_scale, out_zero, codes)
 
 
-def _int8_matmul(h: Tensor, w: Tensor, b: Tensor, in_scale: Tensor, in_zero: Tensor, w_scale: Tensor,
-                 out_scale: Tensor, out_zero: Tensor) -> Tensor:  # fmt: skip
-    """The output codes of Lite's int8 MatMul: the integer product of the codes plus the int32 bias, rescaled by
-    ``in_scale × w_scale / out_scale`` with gemmlowp's fixed-point multiply and rounding shift (``fixed_point``),
-    plus the output's zero point. Exact in float64 (codes times codes summed, far below 2^53)."""
+def _int8_matmul(x: Tensor, w: Tensor, b: Tensor, in_scale: Tensor, w_scale: Tensor, out_scale: Tensor,
+                 out_zero: Tensor) -> Tensor:  # fmt: skip
+    """The output codes of Lite's int8 MatMul from the input's codes less its zero point (``x``), the weights' and
+    the int32 bias's codes: their integer product plus the bias, rescaled by ``in_scale × w_scale / out_scale`` (in
+    float64, as Lite) with gemmlowp's fixed-point multiply and rounding shift (``fixed_point``), plus the output's
+    zero point. Exact in float64 (codes times codes summed, far below 2^53)."""
     f64 = ms.float64
-    w_scale = w_scale.squeeze(-1)
-    x = round_half_away(h * (1.0 / in_scale) + in_zero) - in_zero  # h is on its grid: these are its codes
-    acc = ops.dense(x.astype(f64), round_half_away(w / w_scale.expand_dims(-1)).astype(f64),
-                    round_half_away(b / (in_scale * w_scale)).astype(f64))  # fmt: skip
+    acc = ops.dense(x.astype(f64), w.astype(f64), b.astype(f64))
     multiplier = in_scale.astype(f64) * w_scale.astype(f64) / out_scale.astype(f64)
-    return ops.clamp(fixed_point(acc, multiplier) + out_zero.astype(f64), float(QMIN), float(QMAX)).astype(ms.float32)
+    return ops.clamp(fixed_point(acc, multiplier) + out_zero.astype(f64), float(QMIN),
+                     float(QMAX)).astype(ms.float32)  # fmt: skip
 
 
 def fixed_point(acc: Tensor, multiplier: Tensor) -> Tensor:
