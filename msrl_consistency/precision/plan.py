@@ -184,7 +184,7 @@ def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) 
     def judge(kept: frozenset[str]) -> Evaluation:
         INTERRUPTS.check()
         where = work / "candidates" / str(next(count))
-        provisional = {**record, "kept": sorted(kept), "layers": _layer_records(layers, kept, args.lower)}
+        provisional = {**record, "kept": sorted(kept), "layers": layer_records(layers, kept, args.lower)}
         try:
             candidate = write_bundle(bundle, where, layers, kept, provisional, lowering)
         except (LiteRunnerError, ConversionError) as exc:  # a lowering this Lite cannot convert
@@ -208,7 +208,7 @@ def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) 
     if unusable:
         raise RuntimeUnavailable(f"the plan keeping {', '.join(sorted(result.final.kept)) or 'no layer'} cannot run "
                                  f"here: {unusable[0]}")  # fmt: skip
-    record.update(kept=sorted(result.kept), layers=_layer_records(layers, result.kept, args.lower, result),
+    record.update(kept=sorted(result.kept), layers=layer_records(layers, result.kept, args.lower, result),
                   search={"method": result.method, "evaluations": result.evaluations, "tried": result.tried[:64]},
                   final=result.final.summary(), all_lowered=result.all_lowered.summary())  # fmt: skip
     written = write_plan_bundle(bundle, args.out, layers, result, record, lowering, args.force)
@@ -227,7 +227,12 @@ def _something_to_lower(bundle: Bundle, layers: list[Layer], lower: str) -> None
                          f"{', '.join(QUANTIZED_OPS)}); its float32 bundle is what the device runs")  # fmt: skip
 
 
-def _layer_records(layers: list[Layer], kept: frozenset[str], lower: str,
+def source_graphs(bundle: Bundle) -> dict[str, str]:
+    """The fingerprint of the float32 graphs a plan is made from (``plan_claims`` checks it): graph → ONNX sha256."""
+    return {g: bundle.graph(g)["files"]["onnx"]["sha256"] for g in bundle.graphs}
+
+
+def layer_records(layers: list[Layer], kept: frozenset[str], lower: str,
                    result: SearchResult | None = None) -> list[dict[str, Any]]:  # fmt: skip
     return [{"scope": layer.scope, "kind": layer.kind, "cost": layer.cost, "nodes": layer.nodes,
              "precision": "fp32" if layer.scope in kept else lower,
@@ -271,9 +276,9 @@ def plan_record(args: argparse.Namespace, bundle: Bundle, layers: list[Layer], c
         "lower": lowered,
         "quantization": args.quantization if lowered == "int8" else None,
         "kept": [],
-        "layers": _layer_records(layers, frozenset(), lowered),
+        "layers": layer_records(layers, frozenset(), lowered),
         "bounds": POLICY_BOUNDS[lowered].to_dict(),
-        "source_graphs": {g: bundle.graph(g)["files"]["onnx"]["sha256"] for g in bundle.graphs},
+        "source_graphs": source_graphs(bundle),
         "calibration": None,
         "bundle": str(args.out),
         "source_bundle": str(bundle.root),

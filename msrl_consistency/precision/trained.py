@@ -35,6 +35,7 @@ from msrl_consistency.agent.policy import ActorCritic
 from msrl_consistency.agent.spec import PolicySpec
 from msrl_consistency.artifacts.bundle import ExportCheckFailed
 from msrl_consistency.precision.layers import Layer, needs_files, policy_layers
+from msrl_consistency.precision.plan import calibration_inputs, layer_records, source_graphs
 
 ACTOR = "actor.layers."
 RANGE_RTOL = 1e-5  # the calibration forward's float32 rounding moves a scale by an ulp or two
@@ -79,7 +80,6 @@ def export_trained(
 def _lowering(bundle: Bundle, layers: list[Layer], work: Path, policy: ActorCritic) -> tuple[Any, np.ndarray | None]:
     from msrl_consistency.artifacts.graphs import ConverterUnavailable
     from msrl_consistency.precision.lowering import Fp16Lowering, Int8Lowering
-    from msrl_consistency.precision.plan import calibration_inputs
 
     if policy.spec.lower == "fp16":
         return Fp16Lowering(bundle, layers), None
@@ -101,10 +101,9 @@ def plan_record(bundle: Bundle, layers: list[Layer], kept: frozenset[str], polic
         "lower": lower,
         "quantization": "full" if lower == "int8" else None,
         "kept": sorted(kept),
-        "layers": [{"scope": layer.scope, "kind": layer.kind, "cost": layer.cost, "nodes": layer.nodes,
-                    "precision": "fp32" if layer.scope in kept else lower} for layer in layers],  # fmt: skip
+        "layers": layer_records(layers, kept, lower),
         "bounds": POLICY_BOUNDS[lower].to_dict(),
-        "source_graphs": {g: bundle.graph(g)["files"]["onnx"]["sha256"] for g in bundle.graphs},
+        "source_graphs": source_graphs(bundle),
         "calibration": None,
         "bundle": str(out),
         "search": {"method": "none: the policy was trained in these numerics (train --lower)", "evaluations": 0},
