@@ -88,13 +88,15 @@ def ptq_row(env: str, base: Path, fp32: Path, work: Path, lower: str) -> dict:
             "kb": (out / "policy.ms").stat().st_size / 1024, "flips": flips, "ratio": ratio, "verify": str(code)}
 
 
-def trained_rows(env: str, base: Path, work: Path, lower: str, steps: int, seeds: list[int]) -> dict:
+def trained_rows(env: str, base: Path, work: Path, lower: str, steps: int, seeds: list[int], lr: str | None) -> dict:
     returns, walls, codes, flips, ratios, sizes = [], [], [], [], [], []
+    rate = ["--learning-rate", lr] if lr else []
     for seed in seeds:
         run = work / f"{lower}-s{seed}"
         shutil.rmtree(run, ignore_errors=True)  # a fresh run each time the bench runs
         proc, seconds = sh("-m", "msrl_consistency.train", "--env-id", env, "--init-from", str(base), "--lower", lower,
-                           "--total-steps", str(steps), "--seed", str(seed), "--run-dir", str(run), "--no-progress")
+                           "--total-steps", str(steps), "--seed", str(seed), "--run-dir", str(run), "--no-progress",
+                           *rate)  # fmt: skip
         must(proc, f"train {env} {lower} seed {seed}")
         returns.append(eval_return(run))
         walls.append(seconds)
@@ -115,7 +117,7 @@ def trained_rows(env: str, base: Path, work: Path, lower: str, steps: int, seeds
             "wall": float(np.mean(walls)), "return": (float(np.mean(returns)), float(np.std(returns))),
             "kb": float(np.mean(sizes)) if sizes else None, "flips": max(worst) if worst else None,
             "ratio": max((v for v in ratios if v is not None), default=None),
-            "verify": ", ".join(codes) if codes else "–"}  # fmt: skip
+            "verify": ", ".join(codes) if codes else "–", "seeds": returns}  # fmt: skip
 
 
 def fmt(row: dict, fp32_kb: float) -> str:
@@ -146,6 +148,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "bench" / "lowered_training")
     parser.add_argument("--rows", default="fp32,ptq-int8,int8,ptq-fp16,fp16",
                         help="which rows to run (the fp32 base row always)")
+    parser.add_argument("--learning-rate", help="the fine-tunes' learning rate (default: each env's preset)")
     args = parser.parse_args()
     runs = dict(item.split("=", 1) for item in args.runs.split(","))
     steps = {k: int(v) for k, v in (item.split("=", 1) for item in args.steps.split(","))}
@@ -153,6 +156,7 @@ def main() -> None:
     started = time.perf_counter()
     lines = ["| policy | row | steps | wall s | deterministic return | policy.ms KB (vs fp32) | flip rate | "
              "mean exp\\|Δ log π\\| | verify |", "|---|---|---:|---:|---|---:|---:|---:|---|"]  # fmt: skip
+    notes: list[str] = []
     for env, base_dir in runs.items():
         base, work = Path(base_dir).resolve(), args.out / env
         work.mkdir(parents=True, exist_ok=True)
@@ -167,15 +171,17 @@ def main() -> None:
                 continue
             lower = name.removeprefix("ptq-")
             rows.append(ptq_row(env, base, fp32, work, lower) if name.startswith("ptq-") else
-                        trained_rows(env, base, work, lower, steps[env], seeds))  # fmt: skip
+                        trained_rows(env, base, work, lower, steps[env], seeds, args.learning_rate))  # fmt: skip
         for row in rows:
             lines.append(fmt(row, fp32_kb))
             print(lines[-1], flush=True)
+        notes += [f"{row['env']} {row['row']} per seed: {', '.join(f'{r:.1f}' for r in row['seeds'])}"
+                  for row in rows if row.get("seeds")]  # fmt: skip
     header = (f"{time.strftime('%Y-%m-%d')}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
               f"`python bench/lowered_training.py --runs {args.runs} --steps {args.steps} --seeds {args.seeds} "
-              f"--rows {args.rows}`, "
+              f"--rows {args.rows}{f' --learning-rate {args.learning_rate}' if args.learning_rate else ''}`, "
               f"{time.perf_counter() - started:.0f} s")  # fmt: skip
-    print("\n" + header + "\n\n" + "\n".join(lines))
+    print("\n" + header + "\n\n" + "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes))
 
 
 if __name__ == "__main__":
