@@ -156,7 +156,8 @@ class ErfPrimitivePolicy(nn.Cell):
 
 
 class NegativeSplitPolicy(nn.Cell):
-    """``P.Split(-1, 2)``, as Dreamer's actor splits mean and std: the ONNX exporter refuses the negative axis."""
+    """``P.Split(-1, 2)``, as Dreamer's actor splits mean and std: the ONNX exporter refuses the negative axis, which
+    export counts from the front."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -285,3 +286,110 @@ MASKED_CONTRACT = {**CARTPOLE_LOGITS, "input": {"obs": [4], "masks": {"constant"
 def make_masked() -> MaskedPolicy:
     ms.set_seed(6)
     return MaskedPolicy()
+
+
+# -- layers MindSpore's ONNX exporter stops at, which export writes as substitutes ------------------------------------
+HIDDEN = 16
+RECURRENT_CONTRACT = {
+    "env_id": "CartPole-v1",
+    "input": {"obs": [4]},
+    "state": {"h": {"shape": [HIDDEN], "next": "h_next", "init": "zeros"}},
+    "outputs": {"names": ["logits", "h_next"]},
+    "action": {"kind": "categorical", "logits": "logits"},
+}
+LSTM_CONTRACT = {
+    **RECURRENT_CONTRACT,
+    "state": {"h": {"shape": [HIDDEN], "next": "h_next", "init": "zeros"},
+              "c": {"shape": [HIDDEN], "next": "c_next", "init": "zeros"}},
+    "outputs": {"names": ["logits", "h_next", "c_next"]},
+}  # fmt: skip
+
+
+class OneStepGRUPolicy(nn.Cell):
+    """QMIX's agent layout: a Dense, ``nn.GRU`` over one time-major step from the carried state, a LayerNorm on the
+    GRU's sequence output, logits. MindSpore's GRU loop has no ONNX export (``make_list``), and its sequence output
+    keeps the first call's batch in a dynamic-batch MindIR."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Dense(4, HIDDEN, activation=nn.ReLU())
+        self.rnn = nn.GRU(HIDDEN, HIDDEN)
+        self.norm, self.head = nn.LayerNorm((HIDDEN,)), nn.Dense(HIDDEN, 2)
+
+    def construct(self, obs: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        out, h_n = self.rnn(self.fc(obs).expand_dims(0), h.expand_dims(0))
+        return self.head(self.norm(out.squeeze(0))), h_n.squeeze(0)
+
+
+class OneStepLSTMPolicy(nn.Cell):
+    """An ``nn.LSTM`` over one batch-first step, carrying ``(h, c)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Dense(4, HIDDEN)
+        self.rnn = nn.LSTM(HIDDEN, HIDDEN, batch_first=True)
+        self.head = nn.Dense(HIDDEN, 2)
+
+    def construct(self, obs: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        out, (h_n, c_n) = self.rnn(ops.tanh(self.fc(obs)).expand_dims(1), (h.expand_dims(0), c.expand_dims(0)))
+        return self.head(out.squeeze(1)), h_n.squeeze(0), c_n.squeeze(0)
+
+
+class GreedyQPolicy(nn.Cell):
+    """A DQN that also returns its greedy action as int64 (MindSpore writes the Cast as int32 into an int64 output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.q = nn.Dense(4, 32), nn.Dense(32, 2)
+
+    def construct(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        q = self.q(ops.relu(self.fc(obs)))
+        return q, ops.argmax(q, dim=1).astype(ms.int64)
+
+
+GREEDY_CONTRACT = {"env_id": "CartPole-v1", "input": {"obs": [4]}, "outputs": {"names": ["q", "action"]},
+                   "action": {"kind": "deterministic", "action": "action", "discrete": True}}  # fmt: skip
+
+
+class AdaptivePoolQNet(nn.Cell):
+    """An Atari-style Q-net on uint8 frames with ``nn.AdaptiveMaxPool2d`` (no ONNX export in MindSpore)."""
+
+    def __init__(self, pooled: int = 5) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, pad_mode="valid", has_bias=True)
+        self.pool = nn.AdaptiveMaxPool2d((pooled, pooled))
+        self.q = nn.Dense(8 * pooled * pooled, 4)
+
+    def construct(self, frame: Tensor) -> Tensor:
+        x = ops.transpose(frame.astype(ms.float32) / 255.0, (0, 3, 1, 2))
+        x = self.pool(ops.relu(self.conv(x)))
+        return self.q(x.reshape(x.shape[0], -1))
+
+
+FRAME_CONTRACT = {"input": {"obs": [12, 12, 3], "dtype": "uint8"}, "outputs": {"names": ["q"]},
+                  "action": {"kind": "argmax", "values": "q"}}  # fmt: skip
+
+
+def make_negative_split() -> NegativeSplitPolicy:
+    ms.set_seed(5)
+    return NegativeSplitPolicy()
+
+
+def make_gru() -> OneStepGRUPolicy:
+    ms.set_seed(5)
+    return OneStepGRUPolicy()
+
+
+def make_lstm() -> OneStepLSTMPolicy:
+    ms.set_seed(5)
+    return OneStepLSTMPolicy()
+
+
+def make_greedy_q() -> GreedyQPolicy:
+    ms.set_seed(5)
+    return GreedyQPolicy()
+
+
+def make_adaptive_pool(pooled: int = 5) -> AdaptivePoolQNet:
+    ms.set_seed(5)
+    return AdaptivePoolQNet(pooled)

@@ -184,13 +184,6 @@ def test_an_erf_primitive_the_exporter_cannot_write_says_what_to_write_instead(t
     assert "Erf" in reason and "ops.gelu(x, approximate='none')" in reason, reason
 
 
-def test_a_negative_split_axis_the_exporter_refuses_says_how_to_write_it(tmp_path):
-    with pytest.raises(ExportCheckFailed) as failed:
-        export_policy(lp.NegativeSplitPolicy(), lp.CARTPOLE_LOGITS, tmp_path / "bundle")
-    reason = failed.value.bundle.graph("policy")["files"]["onnx"]["failed"]
-    assert "`axis` is out of range" in reason and "P.Split(1, 2)" in reason, reason
-
-
 def test_an_output_named_like_a_parameter_exports(tmp_path):
     bundle = export_policy(lp.make_log_std(), lp.LOG_STD_CONTRACT, tmp_path / "bundle")
     assert "onnx" in files(bundle)

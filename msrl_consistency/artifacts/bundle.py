@@ -186,7 +186,10 @@ def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions, config: 
     files: dict[str, Any] = {}
     base = tmp / graph.io.name
     if "mindir" in options.formats:
-        files["mindir"] = _entry(G.write_mindir(graph.cell, graph.io, base.with_suffix(".mindir")))
+        substitutes: list[str] = []
+        files["mindir"] = _entry(G.write_mindir(graph.cell, graph.io, base.with_suffix(".mindir"), substitutes))
+        if substitutes:
+            files["mindir"]["substitutes"] = substitutes
     fp16 = options.precision == "fp16"
     onnx_source = graph.fp32_cell if fp16 else graph.cell
     onnx_path = None
@@ -199,9 +202,12 @@ def _write_graph(graph: GraphExport, tmp: Path, options: ExportOptions, config: 
         try:
             if onnx_source is None:
                 raise G.ConversionError("an fp16 .ms needs the float32 graph to convert from")
-            onnx_path = G.write_onnx(onnx_source, graph.io, base.with_suffix(".onnx"))
+            substitutes = []
+            onnx_path = G.write_onnx(onnx_source, graph.io, base.with_suffix(".onnx"), substitutes)
             if not fp16:
                 files["onnx"] = _entry(onnx_path)
+                if substitutes:
+                    files["onnx"]["substitutes"] = substitutes
         except G.ConversionError as exc:
             onnx_failure = str(exc)
         except Exception as exc:  # noqa: BLE001 - MindSpore's ONNX exporter raises assorted types

@@ -31,14 +31,17 @@ from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, StochasticPolicy
 from msrl_consistency.artifacts.onnx_batch import EXPORT_BATCHES, BatchDependent, batch_dependent, symbolic_batch
 from msrl_consistency.artifacts.onnx_patterns import (
+    drop_expand_squeeze,
     drop_noop_slices,
     explicit_reduce_axes,
+    fix_output_casts,
     fix_shrink_slices,
     fuse_leaky_relu,
     hoist_input_transposes,
     restore_marked,
     split_reduce_sum_square,
 )
+from msrl_consistency.artifacts.substitutes import SubstituteError, substituted
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONVERTER = REPO_ROOT / ".lite" / "bin" / "msrl-lite-convert"
@@ -214,19 +217,24 @@ def examples(contract: PolicyContract, batch: int, rng: np.random.Generator) -> 
     return [example(t, batch, rng, highs.get(t.name, 256)) for t in contract.input_metas()]
 
 
-def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
-    """MindIR with a dynamic batch; every input keeps its dtype (a uint8 frame stays uint8)."""
+def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path, substitutes: list[str] | None = None) -> Path:
+    """MindIR with a dynamic batch; every input keeps its dtype (a uint8 frame stays uint8). Recurrent layers are
+    written as their substitutes (``substitutes.py``: MindSpore's own loop keeps the first call's batch in a
+    dynamic-batch MindIR), one line each appended to ``substitutes``."""
     dynamic = [Tensor(shape=[None, *t.shape[1:]], dtype=compat.ms_dtype(t.dtype)) for t in graph.inputs]
     cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
-    with compat.compile_log_captured():  # a failed or interrupted compile: our one line, not its C++ log
+    with substituted(cell, [], only=("recurrent",)) as used, compat.compile_log_captured():
         ms.export(cell, *dynamic, file_name=str(path.with_suffix("")), file_format="MINDIR")
+    if substitutes is not None:
+        substitutes += used
     return path
 
 
-def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
+def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path, substitutes: list[str] | None = None) -> Path:
     """Export at two of ``EXPORT_BATCHES`` (all three where they differ), make the batch symbolic (frozen constants,
-    inputs, batched outputs), then give inputs and outputs the contract's names. ``ConversionError`` when a constant
-    cannot be made symbolic."""
+    inputs, batched outputs), then give inputs and outputs the contract's names. Layers the exporter cannot write are
+    written as their substitutes (``substitutes.py``; one line each appended to ``substitutes``).
+    ``ConversionError`` when a constant cannot be made symbolic or a layer has no exact substitute."""
     cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
 
     def export_at(batch: int) -> onnx.ModelProto:
@@ -235,11 +243,17 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
             ms.export(cell, *examples, file_name=str(path.with_suffix("")), file_format="ONNX")
         return onnx.load(str(path))
 
-    batches = EXPORT_BATCHES[:2]
-    exports = [export_at(batch) for batch in batches]
-    if batch_dependent(exports):  # each compile costs ~0.25 s: the third only checks a rewrite
-        batches = EXPORT_BATCHES
-        exports.append(export_at(batches[2]))
+    try:
+        with substituted(cell, [Tensor(example(t, 2)) for t in graph.inputs]) as used:
+            batches = EXPORT_BATCHES[:2]
+            exports = [export_at(batch) for batch in batches]
+            if batch_dependent(exports):  # each compile costs ~0.25 s: the third only checks a rewrite
+                batches = EXPORT_BATCHES
+                exports.append(export_at(batches[2]))
+    except SubstituteError as exc:
+        raise ConversionError(f"ONNX export: {exc}") from None
+    if substitutes is not None:
+        substitutes += used
     try:
         model = symbolic_batch(exports, batches)
     except BatchDependent as exc:
@@ -250,6 +264,8 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path) -> Path:
     fix_shrink_slices(model)
     drop_noop_slices(model)
     explicit_reduce_axes(model)
+    drop_expand_squeeze(model, exports[0])
+    fix_output_casts(model)
     fuse_leaky_relu(model)
     hoist_input_transposes(model)
     _name_io(model, graph)

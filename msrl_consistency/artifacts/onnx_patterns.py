@@ -19,6 +19,13 @@
   it.
 * A reduction over every axis (``ReduceMean(keep_dims=True)`` without an axis) is written with ``axes = []``: ONNX
   Runtime reduces every axis, Lite 2.0.0 reduces none (or hangs). ``explicit_reduce_axes`` names the axes.
+* An integer output cast to int64 (a Q-net returning ``argmax(q).astype(int64)``): the exporter writes the ``Cast``
+  with ``to = int32`` and declares the output int64, a graph ONNX Runtime refuses to load. ``fix_output_casts``
+  casts to the type the output declares (the Cell's), so the contract's action dtype is kept.
+* A leading axis added and removed again (``x.expand_dims(0)`` into a one-step ``nn.GRU``, which squeezes it):
+  ``Squeeze(axes=[0])`` of a ``Reshape`` to ``[1, *x.shape]``. After a batch change, Lite 2.0.0 keeps the first
+  batch on the path behind such a pair after a ``Gemm`` and ``Relu``, and then crashes ("double free") adding it to a
+  tensor of the new batch. ``drop_expand_squeeze`` leaves ``x`` itself, the same values.
 * ``Erf`` and ``Elu``: MindSpore's exporter has neither; export writes each as a ``Clip`` with marker bounds
   (``compat.onnx_ops_marked``), and ``restore_marked`` puts the ONNX op back.
 """
@@ -28,6 +35,60 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    return {v.name: [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim]
+            for v in values if v.type.tensor_type.HasField("shape")}  # fmt: skip
+
+
+def drop_expand_squeeze(model: onnx.ModelProto, static: onnx.ModelProto) -> int:
+    """Replace each ``Squeeze(axes=[0])`` of a ``Reshape`` that only added that axis by an ``Identity`` of the
+    Reshape's input, in place (the Reshape goes when nothing else reads it); returns how many. ``static``: an export of
+    the same graph at a fixed batch, whose inferred shapes tell which Reshapes only add a leading 1."""
+    shapes = _static_shapes(static)
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    outputs = {o.name for o in graph.output}
+    dropped = 0
+    for index, node in enumerate(graph.node):
+        axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+        reshape = producers.get(node.input[0]) if node.op_type == "Squeeze" else None
+        if axes != [0] or reshape is None or reshape.op_type != "Reshape" or reshape.output[0] in outputs:
+            continue
+        before, after = shapes.get(reshape.input[0]), shapes.get(reshape.output[0])
+        if before is None or after != [1, *before] or -1 in before:
+            continue
+        graph.node[index].CopyFrom(helper.make_node("Identity", [reshape.input[0]], list(node.output),
+                                                    name=f"{node.name or 'Squeeze'}/Identity"))  # fmt: skip
+        readers[reshape.output[0]] -= 1
+        dropped += 1
+    unread = [n for n in graph.node if n.op_type == "Reshape" and readers.get(n.output[0], 0) == 0
+              and n.output[0] not in outputs]  # fmt: skip
+    for node in unread:
+        graph.node.remove(node)
+    return dropped
+
+
+def fix_output_casts(model: onnx.ModelProto) -> int:
+    """Make each ``Cast`` that produces a graph output cast to the type the output declares, in place; returns how
+    many were changed."""
+    declared = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
+    changed = 0
+    for node in model.graph.node:
+        if node.op_type != "Cast" or node.output[0] not in declared:
+            continue
+        to = next(a for a in node.attribute if a.name == "to")
+        if declared[node.output[0]] and to.i != declared[node.output[0]]:
+            to.i = declared[node.output[0]]
+            changed += 1
+    return changed
 
 
 def fuse_leaky_relu(model: onnx.ModelProto) -> int:
