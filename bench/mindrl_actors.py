@@ -35,14 +35,14 @@ EVERY_RUNTIME = ("ms-graph", "ms-mindir", "lite", "onnxruntime")
 
 
 class TolerantImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``mindspore_rl.*`` from ``root``, each module's top-level statements run one by one, the ones raising
-    ImportError/AttributeError/NameError skipped (what they would have defined is then missing)."""
+    """``package.*`` (``mindspore_rl`` by default) from ``root``, each module's top-level statements run one by one,
+    the ones raising ImportError/AttributeError/NameError skipped (what they would have defined is then missing)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root, self.skipped = root, []
+    def __init__(self, root: Path, package: str = "mindspore_rl") -> None:
+        self.root, self.package, self.skipped = root, package, []
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "mindspore_rl" and not name.startswith("mindspore_rl."):
+        if name != self.package and not name.startswith(self.package + "."):
             return None
         base = self.root / Path(*name.split("."))
         if (base / "__init__.py").is_file():
@@ -70,7 +70,7 @@ class Actor:
     module: str  # mindspore_rl.algorithm...
     build: str  # a Python expression over the module ``m`` (and ``np``, ``ms``, ``nn``) that builds the Cell
     contract: dict[str, Any]
-    observations: int | None = None  # recorded observations of this width instead of an env (envs not on PyPI)
+    observations: int | tuple[int, ...] | None = None  # recorded observations of this shape instead of an env
     note: str = ""  # what the row shows, found by reading the library's code
 
 
@@ -161,8 +161,12 @@ class Row:
     seconds: float = 0.0
 
 
-def run_one(actor: Actor, mindrl: Path, work: Path, observations: int, episodes: int) -> Row:
-    """Export and verify one actor (in this process)."""
+def run_one(
+    actor: Actor, root: Path, work: Path, observations: int, episodes: int, package: str = "mindspore_rl",
+    prelude: str = "",
+) -> Row:
+    """Export and verify one actor of the library ``package`` checked out at ``root`` (in this process); ``prelude``:
+    imports the actor's build expression uses."""
     import mindspore as ms
     import numpy as np
     from mindspore import nn
@@ -173,12 +177,14 @@ def run_one(actor: Actor, mindrl: Path, work: Path, observations: int, episodes:
     from msrl_consistency.artifacts.bundle import ExportCheckFailed
 
     compat.set_device("cpu")  # before the library's modules run: some select a GPU at import
-    sys.meta_path.insert(0, TolerantImport(mindrl))
+    sys.meta_path.insert(0, TolerantImport(root, package))
     module = importlib.import_module(actor.module)
+    names = {"m": module, "np": np, "ms": ms, "nn": nn}
+    exec(prelude, names)  # noqa: S102 - our own table
 
     def make() -> Any:
         ms.set_seed(11)
-        return eval(actor.build, {"m": module, "np": np, "ms": ms, "nn": nn})  # noqa: S307 - our own table
+        return eval(actor.build, names)  # noqa: S307 - our own table
 
     row, start = Row(actor.name), time.perf_counter()
     out = work / actor.module.rsplit(".", 1)[-1] / "bundle"
@@ -199,7 +205,8 @@ def run_one(actor: Actor, mindrl: Path, work: Path, observations: int, episodes:
         f"{fmt}: {e.get('failed', e.get('skipped'))}" for fmt, e in files.items() if fmt not in kept) + ")"
     recorded = None
     if actor.observations is not None:
-        recorded = np.random.default_rng(0).standard_normal((observations, actor.observations)).astype(np.float32)
+        shape = (observations, *np.atleast_1d(actor.observations))
+        recorded = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     options = VerifyOptions(observations=observations, episodes=episodes, seed=2, required=EVERY_RUNTIME)
 
     def verify(cell_factory: Any) -> Any:
@@ -228,8 +235,8 @@ def run_one(actor: Actor, mindrl: Path, work: Path, observations: int, episodes:
     return row
 
 
-def table(rows: list[Row]) -> str:
-    lines = ["| actor (MindSpore RL) | export | verify genuine / nudged | layer named (nudged: lite, onnxruntime, "
+def table(rows: list[Row], library: str = "MindSpore RL") -> str:
+    lines = [f"| actor ({library}) | export | verify genuine / nudged | layer named (nudged: lite, onnxruntime, "
              "ms-mindir) |", "|---|---|---|---|"]  # fmt: skip
     for r in rows:
         named = ", ".join(str(r.layers.get(rt)) for rt in ("lite", "onnxruntime", "ms-mindir")) if r.layers else "-"

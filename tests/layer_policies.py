@@ -74,6 +74,36 @@ def make_attention() -> AttentionPolicy:
     return AttentionPolicy()
 
 
+HEADS = 4
+
+
+class MultiHeadAttentionPolicy(nn.Cell):
+    """Multi-head self-attention: each projection reshaped to ``[b, t, heads, d]`` and transposed (the exporter merges
+    the Dense's reshape with the heads' into one: no tensor of the graph has the projection's shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Dense(FEATURES, WIDTH)
+        self.q, self.k, self.v = nn.Dense(WIDTH, WIDTH), nn.Dense(WIDTH, WIDTH), nn.Dense(WIDTH, WIDTH)
+        self.out, self.head = nn.Dense(WIDTH, WIDTH), nn.Dense(WIDTH, 2)
+
+    def heads(self, x: Tensor) -> Tensor:
+        return x.reshape(x.shape[0], x.shape[1], HEADS, WIDTH // HEADS).transpose(0, 2, 1, 3)
+
+    def construct(self, obs: Tensor) -> Tensor:
+        x = self.embed(obs)
+        q, k, v = self.heads(self.q(x)), self.heads(self.k(x)), self.heads(self.v(x))
+        att = ops.softmax(ops.matmul(q, k.swapaxes(2, 3)) / float(np.sqrt(WIDTH // HEADS)), axis=-1)
+        y = ops.matmul(att, v).transpose(0, 2, 1, 3)
+        x = x + self.out(y.reshape(y.shape[0], y.shape[1], WIDTH))
+        return self.head(x[:, -1])
+
+
+def make_multi_head() -> MultiHeadAttentionPolicy:
+    ms.set_seed(3)
+    return MultiHeadAttentionPolicy()
+
+
 SLICES = ("last", "tail", "first", "prefix", "full_prefix")
 
 

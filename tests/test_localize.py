@@ -294,3 +294,21 @@ def test_a_changed_clip_bound_of_the_normaliser_is_preprocessing(cartpole_bundle
     diagnosed = {c.diagnosis["stage"] for c in result.failed if c.diagnosis}
     assert diagnosed == {"preprocessing"}, result.console_table(only_failed=True)
     assert all("ruled out" not in c.diagnosis["detail"] for c in result.failed if c.diagnosis)
+
+
+def test_a_multi_head_attentions_projections_are_compared_through_their_reshapes(tmp_path):
+    """The exporter writes each projection's output already split into heads; the projection is still compared (a
+    reshape keeps the elements' order) and a nudged query is named where it happens."""
+    import layer_policies as lp
+
+    bundle = export_policy(lp.make_multi_head(), lp.STACKED_CONTRACT, tmp_path / "bundle")
+    observations = np.random.default_rng(1).standard_normal((300, lp.STEPS, lp.FEATURES)).astype(np.float32)
+    options = VerifyOptions(observations=300, episodes=1, seed=3, runtimes=("lite", "onnxruntime"),
+                            required=("lite", "onnxruntime"))  # fmt: skip
+    result = verify_policy(nudge(lp.make_multi_head(), "q.weight", 0.5), None, bundle.root,
+                           observations=observations, options=options)  # fmt: skip
+    assert result.exit_code == 1
+    for runtime in ("lite", "onnxruntime"):
+        assert_named(result.localizations[runtime], "q")
+    status = {row.scope: row.status for row in result.localizations["onnxruntime"].layers}
+    assert status["k"] == status["v"] == "pass", status

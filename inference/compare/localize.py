@@ -137,8 +137,9 @@ def compare_layers(
     tensor (``got``); ``fused``: tensor → the kernel that fused it away (no value of its own in this runtime)."""
     rows: list[LayerComparison] = []
     first = None
+    reshaped = {out for _, op, _, outs, _ in plan.nodes if op in REINTERPRETING for out in outs}
     for layer, want in zip(plan.layers, reference, strict=True):
-        row = _compare_layer(layer, want, got, tol, fused or {})
+        row = _compare_layer(layer, want, got, tol, fused or {}, reshaped)
         rows.append(row)
         if row.status == "fail" and first is None:
             first = row
@@ -146,7 +147,8 @@ def compare_layers(
 
 
 def _compare_layer(
-    layer: PlannedLayer, want: np.ndarray, got: Mapping[str, np.ndarray], tol: Tolerance, fused: Mapping[str, Fused]
+    layer: PlannedLayer, want: np.ndarray, got: Mapping[str, np.ndarray], tol: Tolerance, fused: Mapping[str, Fused],
+    reshaped: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> LayerComparison:  # fmt: skip
     """One planned layer against the runtime's value of its tensor (or of the kernel that fused it away)."""
     unmatched = lambda note: LayerComparison(layer.scope, layer.kind, "unmatched", note=note, role=layer.role)  # noqa: E731
@@ -164,7 +166,7 @@ def _compare_layer(
         tensor = f.output
     if tensor not in got:
         return unmatched(f"no output {tensor!r} here")
-    value = to_layout(np.asarray(got[tensor]), np.asarray(want))
+    value = to_layout(np.asarray(got[tensor]), np.asarray(want), tensor in reshaped)
     if value is None:
         where = f" (kernel output {tensor!r})" if tensor != layer.tensor else ""
         return unmatched(f"shape {list(np.shape(got[tensor]))}{where} vs {list(np.shape(want))}: no exact layout "
@@ -292,12 +294,20 @@ def _tap_runner(runtime: str, bundle: Any, graph: str, device: str) -> Any:
     return tap_runner(runtime, RuntimeSource(bundle, device=device), graph)
 
 
-def to_layout(value: np.ndarray, like: np.ndarray) -> np.ndarray | None:
+# Ops whose output holds their input's elements in the same order (a multi-head attention's projection reshaped to
+# heads: the exporter merges the Dense's own reshape with the policy's into one, and no tensor has the layer's shape)
+REINTERPRETING = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+
+
+def to_layout(value: np.ndarray, like: np.ndarray, reshaped: bool = False) -> np.ndarray | None:
     """``value`` in ``like``'s layout, only where the mapping is exact: as it is; an NHWC tensor (Lite's
-    convolutions) as NCHW; or a reshape that only adds or drops axes of size 1 (the elements keep their order).
+    convolutions) as NCHW; a reshape that only adds or drops axes of size 1 (the elements keep their order); or, for
+    a tensor ``reshaped`` from the layer's output (``REINTERPRETING``), any shape with its batch and element count.
     None otherwise: reshaping a tensor whose axes are ordered otherwise would compare unrelated elements."""
     if value.shape == like.shape:
         return value
+    if reshaped and value.size == like.size and value.shape[:1] == like.shape[:1]:
+        return value.reshape(like.shape)
     if value.ndim == 4 and like.ndim == 4 and value.shape == (like.shape[0], *like.shape[2:], like.shape[1]):
         return np.transpose(value, (0, 3, 1, 2))
     if [d for d in value.shape if d != 1] == [d for d in like.shape if d != 1]:
