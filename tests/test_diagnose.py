@@ -100,3 +100,11 @@ def test_the_network_rule_never_says_preprocessing_is_ruled_out():
         e.checkpoint_matches = matches
         found = diagnose(e)
         assert found.stage == "network" and "ruled out" not in found.detail, found
+
+
+def test_outputs_with_no_role_that_differ_are_the_network_s():
+    """XuanCe's DQN returns its features, its integer greedy action and its Q-values: a nudged weight moves the
+    Q-values without flipping an action; that is a network difference, not "no single stage"."""
+    assert diagnose(evidence()).stage == "unknown"
+    found = diagnose(Evidence(**{**evidence().__dict__, "others_failed": ("q", "state")}))
+    assert found.stage == "network" and "the outputs q, state do not" in found.detail, found

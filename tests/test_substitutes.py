@@ -140,3 +140,16 @@ def test_an_output_cast_casts_to_the_type_the_output_declares():
     x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
     (action,) = run(m, x)
     assert action.dtype == np.int64 and (action == x.argmax(1)).all()
+
+
+@needs_runner
+def test_q_values_that_differ_behind_an_agreeing_greedy_action_are_localised_on_their_rows(tmp_path):
+    """The decision output (the int64 action) agrees on every row; the Q-values do not: the failure is the network's
+    and localisation runs on the rows where the Q-values are furthest beyond their tolerance."""
+    bundle = export_policy(lp.make_greedy_q(), lp.GREEDY_CONTRACT, tmp_path / "bundle")
+    nudged = judge(fp.nudge(lp.make_greedy_q(), "fc.weight", 0.002), bundle)
+    assert nudged.exit_code == 1
+    failing = [c for c in nudged.failed if c.name == "observations.policy"]
+    assert failing and all(c.diagnosis["stage"] == "network" for c in failing), nudged.console_table()
+    named = {runtime: loc.first for runtime, loc in nudged.localizations.items()}
+    assert named["onnxruntime"] == named["lite"] == "fc", named

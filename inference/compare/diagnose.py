@@ -55,6 +55,7 @@ class Evidence:
     unsquashed_sample: bool = False  # in-graph samples equal mean + std * noise: the squash is missing
     separate_sampling_graph: bool = False  # the sampled action comes from a graph of its own
     state_ok: bool = True  # the carried states' ``next`` outputs agree
+    others_failed: tuple[str, ...] = ()  # outputs with no role in the contract (features, Q-values) that differ
 
 
 def close(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
@@ -114,6 +115,9 @@ def diagnose(e: Evidence) -> Diagnosis:
         return Diagnosis("state", "the decision outputs agree but the carried state's next output does not: the graph "
                          "does not return the state the Cell carries (next names another output, or the state is not "
                          "updated), so it drifts step after step")  # fmt: skip
+    if e.others_failed:
+        return Diagnosis("network", f"the decision outputs agree, the outputs {', '.join(e.others_failed)} do not: "
+                         "weights, constants or layers behind them differ from the Cell's")  # fmt: skip
     return Diagnosis("unknown", "no single stage explains the difference")
 
 

@@ -63,6 +63,8 @@ def gather_diagnosis(
         max_rel_param=param.max_rel, cosine_param=param.cosine, precision=bundle.precision,
         checkpoint_matches=checkpoint_matches,
         state_ok=all(cmps[g][st.next].passed for g in bundle.graphs for st in bundle.contract(g).states),
+        others_failed=tuple(sorted({name for g in bundle.graphs for name, c in cmps[g].items()
+                                    if not c.passed and name not in _roles(bundle.contract(g))})),
     )  # fmt: skip
     if not same_shape(ref_out, got_out, decision):
         return Diagnosis("network", f"output {decision!r} has shape {param.shape_mismatch}: the graph's shapes are "
@@ -103,6 +105,13 @@ def gather_diagnosis(
                 raw = mean + contract.std(got_out, mean.shape) * noise.reshape(mean.shape)
                 e.unsquashed_sample = close(contract.env_action(got_out), raw, atol, 0.0)
     return diagnose(e).to_dict()
+
+
+def _roles(contract: PolicyContract) -> set[str]:
+    """The outputs the other evidence judges: the decision heads, the action, the value and the states' next."""
+    a = contract.action
+    return {*a.heads, a.distribution_output, *filter(None, [a.action, contract.value]),
+            *(st.next for st in contract.states)}
 
 
 def actions_agree(contract: PolicyContract, ref: np.ndarray, got: np.ndarray, atol: float) -> bool:

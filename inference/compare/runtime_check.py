@@ -121,7 +121,7 @@ def check_runtime(
             gate = policy_check(name, graph, bundle, ref, got[graph], policy, preset) if policy else None
             checks += [gate] if gate is not None else []
         info["nan_propagation"] = _nan_facts(ref, got)
-        worst = {g: _worst_rows(bundle, g, ref, got[g]) for g in bundle.graphs}
+        worst = {g: _worst_rows(bundle, g, ref, got[g], tolerance) for g in bundle.graphs}
         repeat = _repeat_check(name, bundle, runtimes, ref.feeds, tolerance, ref.batch_coupled)
         checks.append(repeat)
         info["batch_invariance"] = batch_invariance(bundle, runtimes, ref.feeds)
@@ -174,15 +174,29 @@ def check_runtime(
     return RuntimeReport(info, checks, diffs, worst)
 
 
-def _worst_rows(bundle: Bundle, graph: str, ref: Reference, got: Mapping[str, np.ndarray], n: int = 8) -> np.ndarray:
-    """The ordinary feed rows where the graph's decision output differs most (the rows a localisation runs on)."""
-    decision = bundle.contract(graph).action.distribution_output
-    want, have = np.asarray(ref.outputs[graph][decision], np.float64), np.asarray(got[decision], np.float64)
+def _worst_rows(
+    bundle: Bundle, graph: str, ref: Reference, got: Mapping[str, np.ndarray], tolerance: Mapping[str, Tolerance],
+    n: int = 8,
+) -> np.ndarray:  # fmt: skip
+    """The ordinary feed rows where the graph's outputs are furthest beyond their tolerance (the rows a localisation
+    runs on): the decision output's rows when it fails, else those of any output that does (Q-values next to an
+    integer action, a network's features)."""
     rows = np.flatnonzero(ref.feeds.finite & ref.feeds.ordinary)
-    if want.shape != have.shape or want.ndim == 0 or want.shape[0] != len(ref.feeds) or not len(rows):
-        return rows[:n]
-    error = np.abs(want - have).reshape(len(want), -1).max(1)[rows]
-    return np.sort(rows[np.argsort(-error, kind="stable")[:n]])
+    decision = bundle.contract(graph).action.distribution_output
+    worst, deciding = np.zeros(len(rows)), np.zeros(len(rows))  # error / tolerance per row: any output, the decision
+    for name, want in ref.outputs[graph].items():
+        want, have = np.asarray(want, np.float64), np.asarray(got.get(name), np.float64)
+        if want.shape != have.shape or want.ndim == 0 or want.shape[0] != len(ref.feeds) or name not in tolerance:
+            continue
+        tol = tolerance[name]
+        with np.errstate(all="ignore"):
+            over = np.abs(want - have) / (tol.atol + tol.rtol * np.abs(want))
+        over = np.nan_to_num(over.reshape(len(want), -1).max(1)[rows], nan=0.0, posinf=0.0)
+        worst = np.maximum(worst, over)
+        if name == decision:
+            deciding = np.where(over > 1.0, over, 0.0)
+    order = np.lexsort((-worst, -deciding))  # the decision output's failing rows first
+    return np.sort(rows[order[:n]])
 
 
 def _input_casts(runtimes: Mapping[str, Runtime]) -> str | None:
