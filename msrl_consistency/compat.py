@@ -430,9 +430,12 @@ def ms_dtype(dtype: np.dtype) -> Any:
 
 
 def as_tuple(outputs: Any) -> tuple[Any, ...]:
-    """A Cell's outputs as a tuple: a single-output Cell (or GraphCell) returns a bare Tensor; ``None`` entries (a
-    Cell returning ``(logits, None)``, tianshou's convention for "no state") are not outputs."""
-    return tuple(o for o in outputs if o is not None) if isinstance(outputs, tuple | list) else (outputs,)
+    """A Cell's outputs as a flat tuple: a single-output Cell (or GraphCell) returns a bare Tensor; a nested tuple
+    (XuanCe's DRQN returns ``(..., (h, c))``) is flattened in order; ``None`` entries (tianshou's ``(logits, None)``
+    for "no state") are not outputs."""
+    if not isinstance(outputs, tuple | list):
+        return (outputs,)
+    return tuple(o for out in outputs for o in as_tuple(out) if o is not None)
 
 
 def wrapped(make: Any, inner: nn.Cell, *args: Any) -> nn.Cell:
@@ -447,8 +450,8 @@ def wrapped(make: Any, inner: nn.Cell, *args: Any) -> nn.Cell:
 
 
 class NoneDropped(nn.Cell):
-    """``inner``'s outputs without its ``None`` entries: neither MindIR nor ONNX export can write a ``None`` output
-    ("Out of the size of the tuple", "Unsupported network output type None")."""
+    """``inner``'s outputs flat and without ``None`` entries: neither MindIR nor ONNX export can write a ``None``
+    output ("Out of the size of the tuple", "Unsupported network output type None")."""
 
     def __init__(self, inner: nn.Cell) -> None:
         super().__init__()
@@ -458,7 +461,11 @@ class NoneDropped(nn.Cell):
         outs = self.inner(*inputs)
         kept = ()
         for out in outs:  # unrolled at compile time; a None entry is a constant
-            if out is not None:
+            if isinstance(out, tuple):  # one level of nesting: (q, (h, c))
+                for inner in out:
+                    if inner is not None:
+                        kept = kept + (inner,)
+            elif out is not None:
                 kept = kept + (out,)
         return kept
 
@@ -478,10 +485,11 @@ def no_kernel_here(exc: BaseException) -> str | None:
 
 
 def exportable(cell: nn.Cell, examples: list[Any]) -> nn.Cell:
-    """``cell``, or a ``NoneDropped`` wrapper of it when it returns ``None`` entries (run once on ``examples``)."""
+    """``cell``, or a ``NoneDropped`` wrapper of it when it returns ``None`` entries or nested tuples (run once on
+    ``examples``)."""
     with execution_mode(graph=False):
         outs = cell(*examples)
-    if isinstance(outs, tuple | list) and any(o is None for o in outs):
+    if isinstance(outs, tuple | list) and any(o is None or isinstance(o, tuple | list) for o in outs):
         return wrapped(NoneDropped, cell)
     return cell
 

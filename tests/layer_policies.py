@@ -423,3 +423,21 @@ def make_greedy_q() -> GreedyQPolicy:
 def make_adaptive_pool(pooled: int = 5) -> AdaptivePoolQNet:
     ms.set_seed(5)
     return AdaptivePoolQNet(pooled)
+
+
+class ExpandedLayerNormPolicy(nn.Cell):
+    """QMIX's agent on one step: the observation given a leading time axis (``expand_dims(0)``), a LayerNorm over
+    ``[1, batch, n]``, a Dense, the axis squeezed again. Lite 2.0.0 resizing this graph after a Predict corrupted its
+    heap ("double free" at the next batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.fc, self.head = nn.LayerNorm((4,)), nn.Dense(4, 16, activation=nn.ReLU()), nn.Dense(16, 2)
+
+    def construct(self, obs: Tensor) -> Tensor:
+        return self.head(self.fc(self.norm(obs.expand_dims(0))).squeeze(0))
+
+
+def make_expanded_layernorm() -> ExpandedLayerNormPolicy:
+    ms.set_seed(5)
+    return ExpandedLayerNormPolicy()

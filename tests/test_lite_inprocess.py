@@ -72,6 +72,20 @@ def test_in_process_lite_gives_the_runners_bits(cartpole_bundle, pendulum_bundle
     assert {k: v for k, v in result.items() if v != [True] * 8} == {}
 
 
+def test_a_graph_lite_corrupts_when_resized_after_a_predict_runs_every_batch(tmp_path):
+    """A LayerNorm over ``[1, batch, n]`` (QMIX's agent): Lite 2.0.0 resizing it after a Predict corrupted its heap;
+    the runner and the in-process library build the model again for a new batch, and agree bit for bit."""
+    import layer_policies as lp
+
+    from msrl_consistency.api import export_policy
+
+    bundle = export_policy(lp.make_expanded_layernorm(), lp.CARTPOLE_LOGITS, tmp_path / "bundle")
+    path = str(bundle.file("policy", "ms"))
+    batches = AGREE.replace("(1, 7, 64, 1, 7)", "(1, 256, 3, 64, 1)")
+    result = deploy_python(f"PATHS = [{path!r}]\nPASSED = []\n" + batches)
+    assert list(result.values()) == [[True] * 8], result
+
+
 def test_lite_computes_in_its_float_mode_and_leaves_the_callers_alone(tmp_path):
     """Lite's x86 threads flush denormals to zero, and Lite's Build switches its caller's thread to that mode too.
     In-process, the graph must compute in that mode (or its answer would differ from the runner's), and the

@@ -153,3 +153,22 @@ def test_q_values_that_differ_behind_an_agreeing_greedy_action_are_localised_on_
     assert failing and all(c.diagnosis["stage"] == "network" for c in failing), nudged.console_table()
     named = {runtime: loc.first for runtime, loc in nudged.localizations.items()}
     assert named["onnxruntime"] == named["lite"] == "fc", named
+
+
+def test_a_nested_output_tuple_is_flattened_in_order(tmp_path):
+    """XuanCe's DRQN returns ``(..., (hidden, None))``: the outputs are the flat tuple without the None."""
+    from mindspore import Tensor, nn
+
+    class Nested(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Dense(4, 2)
+
+        def construct(self, obs: Tensor) -> tuple:
+            logits = self.fc(obs)
+            return logits, (logits * 2.0, None)
+
+    contract = {**lp.CARTPOLE_LOGITS, "outputs": {"names": ["logits", "doubled"]}}
+    bundle = export_policy(Nested(), contract, tmp_path / "bundle")
+    assert files(bundle) == FULL, bundle.manifest["self_check"]["failures"]
+    assert [o.name for o in onnx.load(str(bundle.file("policy", "onnx"))).graph.output] == ["logits", "doubled"]

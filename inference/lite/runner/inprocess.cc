@@ -39,6 +39,11 @@ namespace {
 
 struct Handle {
   std::unique_ptr<mindspore::Model> model;
+  // What builds the model again (see Rebuild): Lite 2.0.0 corrupts its heap resizing some graphs after a Predict.
+  std::string path, config;
+  mindspore::ModelType type = mindspore::kMindIR_Lite;
+  std::shared_ptr<mindspore::Context> context;
+  bool predicted = false;  // the model has run a Predict at its current shapes
   std::vector<mindspore::MSTensor> inputs, outputs;
   std::vector<std::vector<int64_t>> declared, current;
   msrl::ThreadFollower follower;
@@ -65,15 +70,50 @@ std::string Version() {
   return v.empty() ? MSRL_LITE_VERSION : v;
 }
 
-// Resizes Lite's inputs when the feed shapes (n feeds, ranks[i] dims each, back to back in dims) differ from the
-// last call's; "" or the reason it failed. The steady state (same shapes) allocates nothing.
-std::string EnsureShapes(Handle *h, int n, const int64_t *dims, const int32_t *ranks) {
+bool SameShapes(const Handle *h, int n, const int64_t *dims, const int32_t *ranks) {
   bool same = static_cast<size_t>(n) == h->current.size();
   for (int i = 0, at = 0; same && i < n; at += ranks[i], ++i) {
     same = h->current[i].size() == static_cast<size_t>(ranks[i]) &&
            std::equal(dims + at, dims + at + ranks[i], h->current[i].begin());
   }
-  if (same) return "";
+  return same;
+}
+
+// The model built again from its file: a model resized once before its first Predict runs any batch, while Lite
+// 2.0.0 corrupts its heap resizing some graphs after a Predict (a broadcast Sub on [1, batch, n], a one-step GRU's
+// graph: "double free", SIGSEGV at the next batch). "" or the reason it failed.
+std::string Rebuild(Handle *h) {
+  auto model = std::make_unique<mindspore::Model>();
+  if (!h->config.empty() && model->LoadConfig(h->config).IsError()) return "Lite refused the runtime configuration";
+  const std::vector<pid_t> threads_before = msrl::ThreadIds();
+  mindspore::Status st;
+  {
+    msrl::FloatMode lite_mode(msrl::FloatMode::kFlushDenormals);
+    st = model->Build(h->path, h->type, h->context);
+  }
+  if (st.IsError()) return "rebuilding the model for a new batch failed: " + msrl::OneLine(st.ToString());
+  h->inputs.clear();
+  h->outputs.clear();
+  h->model = std::move(model);
+  h->inputs = h->model->GetInputs();
+  h->outputs = h->model->GetOutputs();
+  h->current.clear();
+  for (const auto &t : h->inputs) h->current.push_back(t.Shape());
+  if (h->follow) h->follower.InitSince(threads_before);
+  h->predicted = false;
+  return "";
+}
+
+// Resizes Lite's inputs when the feed shapes (n feeds, ranks[i] dims each, back to back in dims) differ from the
+// last call's, on a model built again if this one has run (Rebuild); "" or the reason it failed. The steady state
+// (same shapes) allocates nothing.
+std::string EnsureShapes(Handle *h, int n, const int64_t *dims, const int32_t *ranks) {
+  if (SameShapes(h, n, dims, ranks)) return "";
+  if (h->predicted) {
+    const std::string err = Rebuild(h);
+    if (!err.empty()) return err;
+    if (SameShapes(h, n, dims, ranks)) return "";
+  }
   std::vector<std::vector<int64_t>> shapes(n);
   for (int i = 0, at = 0; i < n; at += ranks[i], ++i) shapes[i].assign(dims + at, dims + at + ranks[i]);
   mindspore::Status st = h->model->Resize(h->inputs, shapes);
@@ -162,6 +202,10 @@ void *msrl_lite_open(const char *path, const char *device, uint32_t device_id, i
     if (!mode.empty()) failure.message += " (precision mode " + mode + ")";
     return fail(failure);
   }
+  h->path = model_path;
+  h->config = config_path;
+  h->type = type;
+  h->context = ctx;
   h->inputs = h->model->GetInputs();
   h->outputs = h->model->GetOutputs();
   for (const auto *group : {&h->inputs, &h->outputs}) {
@@ -282,6 +326,7 @@ int msrl_lite_predict(const msrl_lite_call *call) {
     std::memcpy(dst, call->data[i], call->nbytes[i]);
   }
   if (h->follow && h->count.HandsOff(h->inline_actors)) h->follower.Follow();  // Lite's thread works: keep it close
+  h->predicted = true;
   const mindspore::Status st = msrl::PredictHere(h->model.get(), h->inputs, &h->outputs, h->inline_actors, &h->count);
   if (st.IsError()) {
     Put(call->error, call->error_len, "predict failed: " + msrl::OneLine(st.ToString()));

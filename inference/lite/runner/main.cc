@@ -241,6 +241,10 @@ int Serve(int argc, char **argv) {
   options.follow = args.device == "cpu" && args.threads == 1 && !(follow_env && std::atoi(follow_env) == 0);
   options.inline_actors = inline_actors;
   options.max_rows = args.max_rows;
+  options.rebuild = [&args, &lite_version] {
+    std::string unused;
+    return Load(args, lite_version, &unused);
+  };
   options.hook = msrl::MakeRequestHook();
   msrl::Server server(model.get(), STDIN_FILENO, msrl::ProtocolFd(), options);
   const int rc = server.Run();

@@ -159,6 +159,22 @@ std::string Server::Validate(uint32_t n) const {
 std::string Server::Predict(uint32_t n, bool tap) {
   bool resize = false;
   for (uint32_t i = 0; i < n; ++i) resize |= feeds_[i].dims != current_[i];
+  if (resize && predicted_ && options_.rebuild) {  // see ServerOptions::rebuild
+    std::unique_ptr<mindspore::Model> fresh = options_.rebuild();
+    if (fresh == nullptr) return "rebuilding the model for a new batch failed";
+    inputs_.clear();
+    outputs_.clear();
+    rebuilt_ = std::move(fresh);
+    model_ = rebuilt_.get();
+    inputs_ = model_->GetInputs();
+    if (options_.follow) follower_.Init();  // the new model's threads too
+    predicted_ = false;
+    resize = false;
+    for (uint32_t i = 0; i < n; ++i) {
+      current_[i] = inputs_[i].Shape();
+      resize |= feeds_[i].dims != current_[i];
+    }
+  }
   if (resize) {
     std::vector<std::vector<int64_t>> dims(n);
     for (uint32_t i = 0; i < n; ++i) dims[i] = feeds_[i].dims;
@@ -178,6 +194,7 @@ std::string Server::Predict(uint32_t n, bool tap) {
   out_.Put(kMagic);
   out_.Put(kOk);
   mindspore::Status st;
+  predicted_ = true;
   if (!tap) {
     st = PredictHere(model_, inputs_, &outputs_, options_.inline_actors, &count_);
   } else {

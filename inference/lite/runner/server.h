@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,10 @@ struct ServerOptions {
   bool inline_actors = false;   // run Lite's graph on the serving thread (inline_run.h)
   uint64_t max_rows = 0;        // largest batch (first dimension) a request may carry; refused beyond it
   RequestHook hook = nullptr;
+  // Builds the model afresh. Lite 2.0.0 corrupts its heap resizing some graphs after a Predict (a broadcast Sub on
+  // [1, batch, n], a one-step GRU's graph: "double free", SIGSEGV at the next batch), while a model built and resized
+  // once before its first Predict runs any batch; so a new batch after a Predict runs on a model built again.
+  std::function<std::unique_ptr<mindspore::Model>()> rebuild;
 };
 
 class Server {
@@ -46,6 +52,8 @@ class Server {
   void ReleaseLargeBuffers(uint32_t n);
 
   mindspore::Model *model_;
+  std::unique_ptr<mindspore::Model> rebuilt_;  // the model built again (options_.rebuild), once the batch changed
+  bool predicted_ = false;                     // model_ has run a Predict at its current shapes
   Reader in_;
   int out_fd_;
   Writer out_;
