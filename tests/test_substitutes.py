@@ -16,7 +16,7 @@ from inference.compare.verifier import VerifyOptions
 from inference.lite.common import runner_available
 from msrl_consistency.api import export_policy, verify_policy
 from msrl_consistency.artifacts.bundle import ExportCheckFailed
-from msrl_consistency.artifacts.onnx_patterns import drop_expand_squeeze, fix_output_casts
+from msrl_consistency.artifacts.onnx_patterns import drop_expand_squeeze, fix_output_casts, slice_unread_splits
 
 needs_runner = pytest.mark.skipif(not runner_available()[0], reason=runner_available()[1])
 FULL = {"mindir", "onnx", "ms"}
@@ -172,3 +172,23 @@ def test_a_nested_output_tuple_is_flattened_in_order(tmp_path):
     bundle = export_policy(Nested(), contract, tmp_path / "bundle")
     assert files(bundle) == FULL, bundle.manifest["self_check"]["failures"]
     assert [o.name for o in onnx.load(str(bundle.file("policy", "onnx"))).graph.output] == ["logits", "doubled"]
+
+
+@needs_runner
+def test_a_split_with_an_unread_half_is_written_as_the_slice_that_is_read(tmp_path):
+    """Dreamer's decoder keeps the mean half of its Split: Lite 2.0.0 wrote past the unread half's buffer (SIGSEGV at
+    batches of 256 and more on the library's own decoder, ``bench/results/mindrl_actors.md``)."""
+    bundle = export_policy(lp.make_half_split(), lp.HALF_SPLIT_CONTRACT, tmp_path / "bundle")
+    assert files(bundle) == FULL, bundle.manifest["self_check"]["failures"]
+    assert "Split" not in {n.op_type for n in onnx.load(str(bundle.file("policy", "onnx"))).graph.node}
+
+
+def test_an_unread_split_output_leaves_slices_with_the_same_values():
+    nodes = [helper.make_node("Split", ["x"], ["a", "b", "c"], axis=1, split=[1, 2, 3]),
+             helper.make_node("Add", ["a", "c"], ["y"])]  # fmt: skip
+    m = graph(nodes, [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], "batch")
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    before = run(m, x)[0]
+    assert slice_unread_splits(m) == 1
+    assert [n.op_type for n in m.graph.node] == ["Slice", "Slice", "Add"]
+    np.testing.assert_array_equal(run(m, x)[0], before)

@@ -39,6 +39,7 @@ from msrl_consistency.artifacts.onnx_patterns import (
     fuse_leaky_relu,
     hoist_input_transposes,
     restore_marked,
+    slice_unread_splits,
     split_reduce_sum_square,
 )
 from msrl_consistency.artifacts.substitutes import SubstituteError, substituted
@@ -265,6 +266,7 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path, substitutes: list[str]
     drop_noop_slices(model)
     explicit_reduce_axes(model)
     drop_expand_squeeze(model, exports[0])
+    slice_unread_splits(model)
     fix_output_casts(model)
     fuse_leaky_relu(model)
     hoist_input_transposes(model)

@@ -26,6 +26,9 @@
   ``Squeeze(axes=[0])`` of a ``Reshape`` to ``[1, *x.shape]``. After a batch change, Lite 2.0.0 keeps the first
   batch on the path behind such a pair after a ``Gemm`` and ``Relu``, and then crashes ("double free") adding it to a
   tensor of the new batch. ``drop_expand_squeeze`` leaves ``x`` itself, the same values.
+* A ``Split`` with an output nothing reads (Dreamer's action decoder keeps the mean half of ``Split(-1, 2)`` when not
+  training): Lite 2.0.0 crashes (SIGSEGV) at batches of 256 and more. ``slice_unread_splits`` writes the halves that
+  are read as ``Slice`` ops, the same values.
 * ``Erf`` and ``Elu``: MindSpore's exporter has neither; export writes each as a ``Clip`` with marker bounds
   (``compat.onnx_ops_marked``), and ``restore_marked`` puts the ONNX op back.
 """
@@ -74,6 +77,33 @@ def drop_expand_squeeze(model: onnx.ModelProto, static: onnx.ModelProto) -> int:
     for node in unread:
         graph.node.remove(node)
     return dropped
+
+
+def slice_unread_splits(model: onnx.ModelProto) -> int:
+    """Replace each ``Split`` (sizes as an attribute) with an output nothing reads by one ``Slice`` per output that is
+    read, in place; returns how many Splits were replaced."""
+    graph = model.graph
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    kept, replaced = [], 0
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        partly_read = not all(o in read for o in node.output)
+        if node.op_type != "Split" or not partly_read or "split" not in attrs or len(node.input) > 1:
+            kept.append(node)
+            continue
+        start = 0
+        for out, size in zip(node.output, attrs["split"], strict=True):
+            if out in read:
+                names = [f"{out}/{part}" for part in ("starts", "ends", "axes")]
+                for name, value in zip(names, ([start], [start + size], [attrs.get("axis", 0)]), strict=True):
+                    graph.initializer.append(numpy_helper.from_array(np.asarray(value, np.int64), name))
+                kept.append(helper.make_node("Slice", [node.input[0], *names], [out], name=f"{out}/Slice"))
+            start += size
+        replaced += 1
+    if replaced:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return replaced
 
 
 def fix_output_casts(model: onnx.ModelProto) -> int:
