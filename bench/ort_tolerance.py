@@ -80,7 +80,7 @@ def main() -> None:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from inference.compare.feeds import seeded_feeds
-    from inference.compare.stats import RUNTIME_OVERRIDES
+    from inference.compare.judge.stats import RUNTIME_OVERRIDES
     from msrl_consistency import compat
     from msrl_consistency.api import export_run
     from msrl_consistency.artifacts.bundle import ExportOptions

@@ -179,7 +179,7 @@ def measure(layout: str, env_id: str, iterations: int, out: Path) -> list[dict[s
     if workers == 1:
         subprocess.run([sys.executable, *worker], cwd=REPO, check=True)
     else:
-        from msrl_consistency.training import launch
+        from msrl_consistency.training.distributed import launch
 
         port = launch.free_port("127.0.0.1")
         cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", f"--worker_num={workers}",

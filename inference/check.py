@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from inference.bundle import Bundle, BundleError, load_bundle
 from inference.compare.checks import VerifyResult
-from inference.compare.stats import PRESETS, Tolerance
+from inference.compare.judge.stats import PRESETS, Tolerance
 from inference.compare.verifier import VerifyOptions
 from inference.errors import EXIT_CODES, UsageError, run_cli
 from inference.lite.emulation import add_arm_cpu, apply_arm_cpu

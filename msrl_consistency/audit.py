@@ -21,7 +21,7 @@ from inference.bundle.files import write_json_atomic
 from inference.bundle.recording import Chunk, index_recording
 from inference.compare.audit import AuditFacts, audit, only_graph, plot_timeline
 from inference.compare.checks import VerifyResult
-from inference.compare.stats import Tolerance
+from inference.compare.judge.stats import Tolerance
 from inference.runtimes.base import RuntimeSource
 from inference.runtimes.registry import create
 

@@ -3,7 +3,7 @@
 Everything else imports MindSpore settings through these helpers, so a new MindSpore release
 means editing this file only.
 
-Numerics to know (not worked around, accounted for in the tolerances of ``inference.compare.stats``): MindSpore's
+Numerics to know (not worked around, accounted for in the tolerances of ``inference.compare.judge.stats``): MindSpore's
 CPU ``Tanh`` (and Lite's, the same kernel library) is an approximation, |error| up to 1.0e-4 near |x| = 5 against
 the exact value (measured on 2e5 points in [-12, 12], PyNative and graph mode alike); ONNX Runtime's is exact.
 """

@@ -27,7 +27,7 @@ from mindspore import nn
 
 from inference.bundle import Bundle
 from inference.bundle.tensors import TensorMeta
-from inference.compare.localize import (
+from inference.compare.judge.localize import (
     IDENTITY_IN_EVAL_NOTE,
     LayerComparison,
     LayerPlan,
@@ -36,7 +36,7 @@ from inference.compare.localize import (
     conclude,
     localize_runtime,
 )
-from inference.compare.stats import Tolerance, compare_arrays
+from inference.compare.judge.stats import Tolerance, compare_arrays
 from msrl_consistency.layer_capture import CapturedLayer, capture_layers, outside_parameters
 
 # Cell type → the ONNX op types that compute it (layers without Parameters are matched by these, in order).
@@ -246,7 +246,7 @@ def localize(
 ) -> Localization:  # fmt: skip
     """The per-layer comparison of ``runtime`` (``onnxruntime``, ``lite`` or ``ms-mindir``) with ``cell`` on the
     graph's inputs ``observations`` (a few rows suffice), for ``bundle``'s ``graph``."""
-    from inference.compare.stats import tolerance_for
+    from inference.compare.judge.stats import tolerance_for
 
     tolerance = tolerance or tolerance_for(bundle.precision, runtime)
     cell.set_train(False)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from inference.compare.checks import VerifyResult
-from inference.compare.stats import Tolerance
+from inference.compare.judge.stats import Tolerance
 from inference.compare.verifier import VerifyOptions
 from inference.report.writers import write_reports
 from msrl_consistency.api import CellLike, ContractLike, verify_policy

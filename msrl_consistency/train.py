@@ -1,8 +1,8 @@
 """``python -m msrl_consistency.train``: train PPO and write a run directory that ``export`` consumes.
 
 One process by default. ``--workers N`` launches N data-parallel ranks on this machine under msrun and waits
-for them (``training/launch.py``). When msrun starts this module (ours, or a user's own msrun across machines)
-it runs as msrun's scheduler or as one rank, whichever msrun says (``MS_ROLE``).
+for them (``training/distributed/launch.py``). When msrun starts this module (ours, or a user's own msrun across
+machines) it runs as msrun's scheduler or as one rank, whichever msrun says (``MS_ROLE``).
 
 Exit codes: 0 success, 1 the ranks diverged or lost one another, 2 bad input (nothing half-written),
 130 interrupted (last checkpoint kept). With ``--workers N``: the worst rank's code (128 + the signal for a rank
@@ -50,7 +50,7 @@ def main(
         return _run_rank(cfg, argv, on_iteration)
     cfg, run_dir, state = prepare_run(cfg, argv)
     if cfg.workers > 1:
-        from msrl_consistency.training.launch import RANK_COMMAND, run_workers
+        from msrl_consistency.training.distributed.launch import RANK_COMMAND, run_workers
 
         return run_workers(cfg, run_dir, argv, rank_command or RANK_COMMAND)
     return _train(cfg, run_dir, state, dist.SingleProcess(), on_iteration)

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
     apply_arm_cpu(args)
-    from inference.compare.stats import Tolerance
+    from inference.compare.judge.stats import Tolerance
     from inference.compare.verifier import VerifyOptions
     from inference.report.baseline import check_baseline, read_baseline, save_baseline
 

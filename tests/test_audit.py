@@ -18,7 +18,7 @@ from test_field import audit, device, report
 
 from inference.bundle import sha256_file
 from inference.bundle.recording import index_recording, read_recording
-from inference.bundle.recording_chunk import chunk_name, write_chunk
+from inference.bundle.recording.chunk import chunk_name, write_chunk
 from inference.errors import UsageError
 from inference.field import Recorder
 
@@ -375,7 +375,7 @@ def test_an_episode_with_a_nan_or_inf_reward_stays_and_is_named_not_averaged():
     if the first never happened; it names it and warns."""
     from types import SimpleNamespace
 
-    from inference.compare.audit_field import Returns
+    from inference.compare.audit.field_checks import Returns
 
     reward = np.ones(908)
     reward[100] = np.nan

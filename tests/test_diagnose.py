@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.compare.diagnose import Evidence, diagnose
+from inference.compare.judge.diagnose import Evidence, diagnose
 
 
 def evidence(precision: str = "fp32", **failed: bool) -> Evidence:
@@ -43,7 +43,7 @@ def test_a_mismatch_never_reads_max_abs_0():
     """Integer actions that differ and outputs that are NaN where the reference has numbers: said as such."""
     import numpy as np
 
-    from inference.compare.stats import Tolerance, compare_arrays
+    from inference.compare.judge.stats import Tolerance, compare_arrays
 
     tol = Tolerance(1e-4, 1e-4)
     ints = compare_arrays("action", np.array([0, 1, 2, 1]), np.array([0, 2, 2, 3]), tol)
@@ -87,7 +87,7 @@ def test_the_next_state_takes_its_batch_from_the_states_own_output():
 )
 def test_a_row_that_depends_on_its_batch_is_training_mode_only_with_batchnorm_or_dropout(ops, cell_couples, stage,
                                                                                           says):  # fmt: skip
-    from inference.compare.diagnose import not_repeatable
+    from inference.compare.judge.diagnose import not_repeatable
 
     found = not_repeatable(ops, True, "the graph", cell_couples)
     assert found.stage == stage and says in found.detail, found

@@ -15,7 +15,7 @@ from msrl_consistency.agent.preprocess import RunningMeanStd, batch_moments, mer
 from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.config import TrainConfig, build_parser, parse_config
 from msrl_consistency.training import distributed as dist
-from msrl_consistency.training import launch
+from msrl_consistency.training.distributed import launch
 from msrl_consistency.training.loop import Trainer
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inference.bundle import BundleError, load_bundle, sha256_file
-from inference.compare.stats import Tolerance
+from inference.compare.judge.stats import Tolerance
 from inference.errors import UsageError
 from msrl_consistency.api import export_run
 from msrl_consistency.artifacts import selfcheck

@@ -39,8 +39,8 @@ def test_a_sac_actor_of_256_256_layers_verifies_when_genuine(tmp_path):
 def test_a_teacher_forced_failure_says_how_far_the_actions_are():
     """Counts with magnitudes: "N of M actions differ by more than atol (max |diff| X)", never counts alone."""
     from inference.bundle.contract import PolicyContract
-    from inference.compare.episode_checks import teacher_forced_check
     from inference.compare.episodes import EpisodeTrace
+    from inference.compare.episodes.checks import teacher_forced_check
 
     contract = PolicyContract.from_dict(sp.LOG_STD_CONTRACT)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.compare import batch_invariance
 from inference.compare.batches import CHUNK_BYTES, CHUNK_ROWS, SMALL_FEEDS, infer_rows
+from inference.compare.judge import batch_invariance
 from inference.compare.verifier import TWIN_PROBE
 
 

@@ -131,7 +131,7 @@ def test_a_fault_in_a_recurrent_policy_is_named_at_its_layer(tmp_path, fault, na
 
 
 def test_a_layer_that_could_not_be_compared_before_the_first_diverging_one_is_said():
-    from inference.compare.localize import IDENTITY_IN_EVAL_NOTE, LayerComparison, conclude
+    from inference.compare.judge.localize import IDENTITY_IN_EVAL_NOTE, LayerComparison, conclude
 
     rows = [LayerComparison("drop", "Dropout", "unmatched", note=IDENTITY_IN_EVAL_NOTE),
             LayerComparison("gru", "GRUCell", "unmatched", note="no output 'x' here"),
@@ -239,7 +239,7 @@ def test_a_parameter_outside_every_layer_is_compared_or_named(tmp_path):
 
 
 def test_layouts_are_mapped_only_where_exact():
-    from inference.compare.localize import to_layout
+    from inference.compare.judge.localize import to_layout
 
     nchw = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
     assert np.array_equal(to_layout(nchw.transpose(0, 2, 3, 1), nchw), nchw)  # Lite's NHWC
@@ -250,8 +250,8 @@ def test_layouts_are_mapped_only_where_exact():
 
 
 def test_a_fused_layer_whose_layout_cannot_be_mapped_is_unmatched_with_its_shapes():
-    from inference.compare.localize import Fused, LayerPlan, PlannedLayer, compare_layers
-    from inference.compare.stats import Tolerance
+    from inference.compare.judge.localize import Fused, LayerPlan, PlannedLayer, compare_layers
+    from inference.compare.judge.stats import Tolerance
 
     plan = LayerPlan([PlannedLayer("conv", "Conv2d", "t1"), PlannedLayer("head", "Dense", "t3")])
     reference = [np.ones((2, 3, 4, 5), np.float32), np.ones((2, 2), np.float32)]
@@ -264,7 +264,7 @@ def test_a_fused_layer_whose_layout_cannot_be_mapped_is_unmatched_with_its_shape
 
 
 def test_a_claim_never_covers_a_layer_that_was_not_compared():
-    from inference.compare.localize import LayerComparison, conclude
+    from inference.compare.judge.localize import LayerComparison, conclude
 
     rows = [LayerComparison("a", "Dense", "pass", 1.0, 0.0, 0.0), LayerComparison("b", "Dense", "unmatched")]
     loc = conclude("ms-mindir", rows, None, agreed="every layer's parameters equal the Cell's")

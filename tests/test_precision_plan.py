@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from cli_inprocess import run_module
 
-from inference.compare.policy_level import flip_rate_ucb, mismatch
+from inference.compare.judge.policy_level import flip_rate_ucb, mismatch
 from msrl_consistency.precision.evaluate import Evaluation
 from msrl_consistency.precision.layers import Layer
 from msrl_consistency.precision.search import search
@@ -65,7 +65,7 @@ def test_mismatch_numbers():
 def test_the_batch_invariance_matrix_sees_a_row_that_depends_on_its_batch():
     from types import SimpleNamespace
 
-    from inference.compare.batch_invariance import batch_invariance
+    from inference.compare.judge.batch_invariance import batch_invariance
 
     class Contract:
         action = SimpleNamespace(is_discrete=True)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from inference.bundle.recording import index_recording, read_recording
-from inference.bundle.recording_chunk import write_chunk
+from inference.bundle.recording.chunk import write_chunk
 from inference.errors import UsageError
 from inference.field import Recorder
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from inference.compare.policy_level import argmax_flips, categorical_kl, gaussian_kl
-from inference.compare.stats import Tolerance, compare_arrays
+from inference.compare.judge.policy_level import argmax_flips, categorical_kl, gaussian_kl
+from inference.compare.judge.stats import Tolerance, compare_arrays
 
 
 def test_element_fails_only_when_both_abs_and_rel_exceed():
@@ -50,9 +50,9 @@ def _trace(obs, actions):
 
 
 def test_free_running_divergence_after_observation_drift_is_amplification_not_a_fault():
-    from inference.compare.episode_checks import free_running_check
     from inference.compare.episodes import action_differences
-    from inference.compare.stats import PRESETS
+    from inference.compare.episodes.checks import free_running_check
+    from inference.compare.judge.stats import PRESETS
 
     fp32 = PRESETS["fp32"]
 
@@ -98,9 +98,9 @@ def test_synthetic_extremes_do_not_loosen_the_tolerance_of_ordinary_rows():
 def test_free_running_episodes_that_part_at_a_near_tie_flip_are_reported_not_failed():
     """A genuine bundle's runtime may flip a discrete action where the reference's two best scores are within the
     tolerance granted to them; the episodes then part ways. Under every preset that is reported (warn)."""
-    from inference.compare.episode_checks import free_running_check
     from inference.compare.episodes import EpisodeTrace, action_differences
-    from inference.compare.stats import PRESETS
+    from inference.compare.episodes.checks import free_running_check
+    from inference.compare.judge.stats import PRESETS
 
     def trace(obs, actions):  # discrete actions: [T, K] indices
         obs, actions = np.asarray(obs, np.float32)[:, None, None], np.asarray(actions, np.int32)[:, None]
@@ -121,9 +121,9 @@ def test_free_running_episodes_that_part_at_a_near_tie_flip_are_reported_not_fai
 def test_free_running_episodes_of_several_heads_are_forgiven_only_where_every_differing_head_is_at_a_tie():
     """Two heads (``MultiDiscrete``): near-ties come per head. The episode is forgiven when each head that differs
     at the first divergent step flipped at a near-tie; a head at a tie does not excuse another that flipped."""
-    from inference.compare.episode_checks import free_running_check
     from inference.compare.episodes import EpisodeTrace, action_differences
-    from inference.compare.stats import PRESETS
+    from inference.compare.episodes.checks import free_running_check
+    from inference.compare.judge.stats import PRESETS
 
     def trace(obs, actions):  # actions: [T, K, heads]
         obs, actions = np.asarray(obs, np.float32)[:, None, None], np.asarray(actions, np.int32)[:, None, :]

@@ -252,7 +252,7 @@ def test_a_format_that_cannot_be_produced_is_marked_and_the_others_kept(work, tm
 
 
 def test_a_shape_mismatch_is_reported_as_such(tmp_path):
-    from inference.compare.stats import Tolerance, compare_arrays
+    from inference.compare.judge.stats import Tolerance, compare_arrays
 
     cmp = compare_arrays("std", np.ones((256, 1)), np.ones((1, 1)), Tolerance(1e-4, 1e-4))
     assert not cmp.passed and cmp.describe() == "std has shape [1, 1] vs expected [256, 1]"
@@ -430,7 +430,7 @@ def test_probabilities_declared_as_logits_are_warned_about(tmp_path):
 
 def test_a_probs_flip_is_judged_in_log_space():
     """Scores of a probs output are its logs: p_i may fall and p_j rise by their allowances."""
-    from inference.compare.stats import Tolerance, score_allowance
+    from inference.compare.judge.stats import Tolerance, score_allowance
 
     tol = Tolerance(1e-4, 1e-4)
     closes = float(score_allowance(tol, np.float64(0.5), np.float64(0.49), 1e-4, probabilities=True))

@@ -130,8 +130,8 @@ def test_a_flip_is_judged_against_the_tolerance_granted_to_the_scores():
     """Under every preset: a flip is forgiven exactly when the two scores may move that far within the tolerance
     their output is granted (atol of the row, which grows with the row's magnitude, or rtol), and rarely."""
     from inference.bundle.contract import PolicyContract
+    from inference.compare.judge.stats import PRESETS, Tolerance
     from inference.compare.runtime_check import judge_flips
-    from inference.compare.stats import PRESETS, Tolerance
 
     contract = PolicyContract.from_dict({"input": {"obs": [2]}, "outputs": {"names": ["logits"]},
                                          "action": {"kind": "categorical", "logits": "logits"}})  # fmt: skip
@@ -161,8 +161,8 @@ def test_a_flip_is_judged_against_the_tolerance_granted_to_the_scores():
 
 
 def test_returns_rule_of_the_fp16_preset():
-    from inference.compare.episode_checks import returns_check
-    from inference.compare.stats import PRESETS, ks_two_sample
+    from inference.compare.episodes.checks import returns_check
+    from inference.compare.judge.stats import PRESETS, ks_two_sample
 
     fp16 = PRESETS["fp16"]
     ref = np.full(20, 500.0)
@@ -432,9 +432,9 @@ def test_an_fp16_sampling_graph_transforms_its_noise_in_float32(cartpole_ckpt, t
 def test_a_flipped_sample_counts_once_as_the_flip(cartpole_bundle, cartpole_ckpt):
     """The log-prob of a flipped sampled action is the flip's consequence: one finding, not two."""
     from inference.compare.feeds import seeded_feeds
+    from inference.compare.judge.stats import PRESETS, tolerance_for
     from inference.compare.reference import Reference
     from inference.compare.runtime_check import _compare_outputs
-    from inference.compare.stats import PRESETS, tolerance_for
     from msrl_consistency.artifacts.cells import TrainerCells
 
     feeds = seeded_feeds(cartpole_bundle, 256, 0)

@@ -16,7 +16,7 @@ from inference.bundle import Bundle
 from inference.errors import EXIT_INCONSISTENT, EXIT_OK, EXIT_RUNTIME_UNAVAILABLE
 
 if TYPE_CHECKING:
-    from inference.compare.localize import Localization
+    from inference.compare.judge.localize import Localization
     from inference.compare.options import VerifyOptions
     from inference.compare.reference import Reference
 
@@ -116,7 +116,7 @@ class VerifyResult:
 
     def _precision_lines(self) -> list[str]:
         """What each compared runtime computes in and was judged with; the batch-invariance matrix."""
-        from inference.compare.batch_invariance import describe
+        from inference.compare.judge.batch_invariance import describe
 
         lines = []
         for name, info in self.runtimes.items():

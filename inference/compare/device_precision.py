@@ -20,8 +20,8 @@ from typing import Any
 
 from inference.bundle import Bundle
 from inference.bundle.precision import DevicePrecision, lite_precision
-from inference.compare.policy_bounds import POLICY_BOUNDS, TRAINED_BOUNDS, PolicyBounds
-from inference.compare.stats import PRESETS, Preset, Tolerance, tolerance_for
+from inference.compare.judge.policy_bounds import POLICY_BOUNDS, TRAINED_BOUNDS, PolicyBounds
+from inference.compare.judge.stats import PRESETS, Preset, Tolerance, tolerance_for
 
 LITE_RUNTIMES = ("lite", "lite-mindir", "lite-python")
 

@@ -30,7 +30,7 @@ from inference.bundle import Bundle, sha256_file
 from inference.bundle.files import loads_strict
 from inference.compare.episodes import EpisodeTrace
 from inference.compare.feeds import Feeds
-from inference.compare.localize import LayerPlan, RecordedLayers
+from inference.compare.judge.localize import LayerPlan, RecordedLayers
 from inference.compare.reference import Reference
 from inference.errors import UsageError, first_line
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from inference.bundle import Bundle
-from inference.compare.stats import TOLERANCE_PRESETS, Tolerance
+from inference.compare.judge.stats import TOLERANCE_PRESETS, Tolerance
 from inference.errors import UsageError
 from inference.runtimes.registry import RUNTIMES
 

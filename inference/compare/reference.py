@@ -18,7 +18,7 @@ from inference.compare.acting import ModePolicy, available_modes, check_batch, m
 from inference.compare.batches import infer_feeds, infer_rows, input_row_bytes
 from inference.compare.feeds import Feeds, comparison_feeds, seeded_feeds
 from inference.compare.inputs import Inputs
-from inference.compare.stats import Tolerance, compare_arrays, tolerance_for
+from inference.compare.judge.stats import Tolerance, compare_arrays, tolerance_for
 from inference.runtimes.base import Runtime
 from inference.runtimes.registry import REFERENCE
 

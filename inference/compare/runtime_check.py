@@ -19,17 +19,17 @@ from inference.bundle import Bundle, BundleError
 from inference.bundle.contract import ContractError, PolicyContract
 from inference.compare import episodes as E
 from inference.compare.acting import is_discrete, mode_policy
-from inference.compare.batch_invariance import batch_invariance
 from inference.compare.batches import infer_feeds
 from inference.compare.checks import Check
-from inference.compare.diagnose import not_repeatable, training_mode_ops
-from inference.compare.episode_checks import free_running_check, near_ties, teacher_forced_check
-from inference.compare.evidence import action_atol, gather_diagnosis, same_shape, select_rows, take_rows
+from inference.compare.episodes.checks import free_running_check, near_ties, teacher_forced_check
 from inference.compare.feeds import Feeds
-from inference.compare.policy_bounds import PolicyBounds, policy_check
-from inference.compare.policy_level import policy_metrics
+from inference.compare.judge.batch_invariance import batch_invariance
+from inference.compare.judge.diagnose import not_repeatable, training_mode_ops
+from inference.compare.judge.evidence import action_atol, gather_diagnosis, same_shape, select_rows, take_rows
+from inference.compare.judge.policy_bounds import PolicyBounds, policy_check
+from inference.compare.judge.policy_level import policy_metrics
+from inference.compare.judge.stats import ArrayComparison, Preset, Tolerance, compare_arrays, score_allowance
 from inference.compare.reference import Inputs, Reference, batch_coupling, changed_on_rerun
-from inference.compare.stats import ArrayComparison, Preset, Tolerance, compare_arrays, score_allowance
 from inference.errors import MsrlError
 from inference.runtimes.base import Runtime, RuntimeDied
 

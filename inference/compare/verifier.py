@@ -28,14 +28,14 @@ from inference.compare.device_precision import (
     judgement,
     runtime_precision,
 )
-from inference.compare.diagnose import name_lowered_precision
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
-from inference.compare.localize import Localization, Localizer
+from inference.compare.judge.diagnose import name_lowered_precision
+from inference.compare.judge.localize import Localization, Localizer
+from inference.compare.judge.stats import Tolerance, ulp_distance
 from inference.compare.options import LOCALIZE_STAGES, VerifyOptions
 from inference.compare.reference import REFERENCE, Reference, build_reference
 from inference.compare.runtime_check import IN_GRAPH_RANDOMNESS, RuntimeReport, check_runtime
-from inference.compare.stats import Tolerance, ulp_distance
 from inference.compare.versions import version_checks
 from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
 from inference.runtimes.base import CellProvider, Runtime, RuntimeSource

@@ -42,7 +42,7 @@ import numpy as np
 
 from inference.bundle import Bundle, sha256_file
 from inference.bundle.recording import Recording, continuation, read_recording, recording_chunks
-from inference.bundle.recording_chunk import FORMAT, VERSION, write_chunk
+from inference.bundle.recording.chunk import FORMAT, VERSION, write_chunk
 from inference.errors import UsageError, first_line
 from inference.field.sink import Sink, lock_directory, opened, unlock
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import sha256_file
-from inference.bundle.recording_chunk import LOCK_FILE, chunk_name, write_chunk
+from inference.bundle.recording.chunk import LOCK_FILE, chunk_name, write_chunk
 from inference.errors import UsageError, first_line
 
 try:

@@ -31,8 +31,8 @@ import numpy as np
 
 from inference.bundle import sha256_file
 from inference.bundle.files import json_default, replace_dir, write_atomic
-from inference.compare.batch_invariance import describe as describe_invariance
 from inference.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
+from inference.compare.judge.batch_invariance import describe as describe_invariance
 from inference.errors import UsageError
 from inference.report.html import write_page
 from inference.report.provenance import provenance

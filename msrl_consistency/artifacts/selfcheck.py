@@ -17,7 +17,7 @@ import numpy as np
 import msrl_consistency.runtimes  # noqa: F401 - registers the MindSpore runtimes with inference.runtimes
 from inference.bundle import Bundle
 from inference.compare.feeds import seeded_feeds
-from inference.compare.stats import Tolerance, compare_arrays, tolerance_for
+from inference.compare.judge.stats import Tolerance, compare_arrays, tolerance_for
 from inference.errors import first_line
 from inference.runtimes.base import RuntimeSource
 from inference.runtimes.registry import REFERENCE, create

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.compare.policy_bounds import PolicyBounds
+from inference.compare.judge.policy_bounds import PolicyBounds
 
 
 @dataclass

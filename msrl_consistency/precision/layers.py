@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle
-from inference.compare.localize import LayerPlan
+from inference.compare.judge.localize import LayerPlan
 from inference.errors import UsageError
 from msrl_consistency.artifacts.graphs import example
 from msrl_consistency.layer_capture import capture_layers

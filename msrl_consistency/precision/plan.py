@@ -19,8 +19,8 @@ from inference.bundle import Bundle, BundleError, load_bundle
 from inference.bundle.plan_claims import QUANTIZED_OPS, check_plan, onnx_nodes
 from inference.compare import episodes as E
 from inference.compare.inputs import Inputs
-from inference.compare.policy_bounds import POLICY_BOUNDS
-from inference.compare.stats import PRESETS, tolerance_for
+from inference.compare.judge.policy_bounds import POLICY_BOUNDS
+from inference.compare.judge.stats import PRESETS, tolerance_for
 from inference.compare.verifier import judge_runtime
 from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
 from inference.lite.common import LiteRunnerError

@@ -28,7 +28,7 @@ import numpy as np
 
 from inference.bundle import Bundle
 from inference.bundle.plan_claims import check_plan
-from inference.compare.policy_bounds import POLICY_BOUNDS
+from inference.compare.judge.policy_bounds import POLICY_BOUNDS
 from inference.errors import RuntimeUnavailable, UsageError
 from msrl_consistency.agent.lowered import act_qparams, lowered_numerics
 from msrl_consistency.agent.policy import ActorCritic

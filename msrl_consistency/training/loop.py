@@ -1,7 +1,7 @@
 """The PPO training loop, top to bottom like CleanRL's ``ppo_continuous_action.py``: set-up, then per iteration
 collect (rollout and GAE) → update → merge ranks → log → evaluate → checkpoint.
 
-A ``Trainer`` is one process, or one rank of a data-parallel run (``training/distributed.py``). Each rank
+A ``Trainer`` is one process, or one rank of a data-parallel run (``training/distributed/``). Each rank
 collects its own rollouts with its own envs and noise; the compiled train step averages the gradients of all
 ranks (AllReduce), so every rank applies the same update to the same weights. Once per iteration the ranks
 exchange what must agree (observation statistics) or what rank 0 logs (episodes, metrics). With one process

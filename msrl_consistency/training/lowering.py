@@ -18,7 +18,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from inference.bundle.policy_math import gaussian_log_prob, log_softmax
-from inference.compare.policy_level import mismatch
+from inference.compare.judge.policy_level import mismatch
 from inference.errors import UsageError
 from msrl_consistency.agent import lowered
 from msrl_consistency.agent.policy import CALIBRATION_ROWS, ActorCritic

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from inference.bundle import toml_fields as T
-from inference.bundle.contract_layout import (
+from inference.bundle.contract.layout import (
     ACTION_KINDS,
     NOISE_KINDS,
     SQUASHES,

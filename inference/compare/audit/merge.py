@@ -20,8 +20,8 @@ import numpy as np
 
 from inference.bundle.contract import PolicyContract
 from inference.compare.checks import Check
+from inference.compare.judge.stats import ArrayComparison, Preset
 from inference.compare.runtime_check import outputs_verdict
-from inference.compare.stats import ArrayComparison, Preset
 
 SUM = {"flips", "count", "explained", "mismatches", "nan_mismatches"}
 MEAN = {"mean", "mean_abs", "mean_rel", "within_1e3", "within_1e2", "action_agreement", "atol_median",

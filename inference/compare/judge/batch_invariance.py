@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.compare.stats import ulp_distance
+from inference.compare.judge.stats import ulp_distance
 
 SIZES = (8, 64, 256)
 ROWS = 8

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.compare.stats import Tolerance, compare_arrays
+from inference.compare.judge.stats import Tolerance, compare_arrays
 
 AFTER_FIRST = 3  # layers reported after the first diverging one
 

@@ -17,7 +17,7 @@ import numpy as np
 from inference.bundle.contract import PolicyContract
 from inference.bundle.recording import Chunk
 from inference.compare.checks import Check
-from inference.compare.stats import Preset, Tolerance, score_allowance
+from inference.compare.judge.stats import Preset, Tolerance, score_allowance
 
 EXAMPLES = 5  # differing steps listed
 

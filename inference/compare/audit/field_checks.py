@@ -27,7 +27,7 @@ from inference.bundle import Bundle
 from inference.bundle.contract import PolicyContract
 from inference.bundle.recording import Chunk
 from inference.compare.checks import Check
-from inference.compare.stats import Tolerance, compare_arrays
+from inference.compare.judge.stats import Tolerance, compare_arrays
 
 OOD_SIGMA = 4.0  # an observation dimension this many training standard deviations from the mean is out of range
 OOD_WARN_SHARE = 0.01  # more steps than this out of range (or any clipped by the normaliser) is reported

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle, sha256_file
-from inference.bundle.recording_chunk import CHUNK, STEP_FIELDS, chunk_headers, chunk_name
+from inference.bundle.recording.chunk import CHUNK, STEP_FIELDS, chunk_headers, chunk_name
 from inference.errors import UsageError, first_line
 
 

@@ -34,17 +34,17 @@ import numpy as np
 from inference.bundle import Bundle
 from inference.bundle.contract import state_dtype
 from inference.bundle.recording import Chunk, RecordingIndex, read_chunk
-from inference.compare.audit_actions import Actions
-from inference.compare.audit_field import NonFinite, Ranges, Returns, Window, Windows, decision_errors
-from inference.compare.audit_merge import ObservationMerge
+from inference.compare.audit.actions import Actions
+from inference.compare.audit.field_checks import NonFinite, Ranges, Returns, Window, Windows, decision_errors
+from inference.compare.audit.merge import ObservationMerge
 from inference.compare.checks import Check, VerifyResult
 from inference.compare.feeds import Feeds, finite_rows
 from inference.compare.inputs import Inputs
-from inference.compare.localize import Localization, Localizer
+from inference.compare.judge.localize import Localization, Localizer
+from inference.compare.judge.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
 from inference.compare.options import LOCALIZE_STAGES, VerifyOptions
 from inference.compare.reference import REFERENCE, Reference
 from inference.compare.runtime_check import check_runtime
-from inference.compare.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
 from inference.compare.verifier import _provenance
 from inference.errors import INTERRUPTS, UsageError
 from inference.runtimes.base import InferenceFailed, Runtime, RuntimeSource

@@ -11,7 +11,7 @@ from inference.bundle import Bundle
 from inference.bundle.contract import PolicyContract
 from inference.compare import episodes as E
 from inference.compare.checks import Check
-from inference.compare.stats import Preset, Tolerance, flip_bound, ks_two_sample
+from inference.compare.judge.stats import Preset, Tolerance, flip_bound, ks_two_sample
 
 
 def near_ties(

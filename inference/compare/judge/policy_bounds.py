@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from inference.compare.checks import Check
-from inference.compare.evidence import same_shape, select_rows
-from inference.compare.policy_level import flip_rate_ucb, policy_metrics
+from inference.compare.judge.evidence import same_shape, select_rows
+from inference.compare.judge.policy_level import flip_rate_ucb, policy_metrics
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 if TYPE_CHECKING:
     from inference.bundle import Bundle
     from inference.compare.checks import Check
-    from inference.compare.localize import Localization
+    from inference.compare.judge.localize import Localization
 
 
 @dataclass

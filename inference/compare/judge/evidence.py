@@ -10,9 +10,9 @@ import numpy as np
 
 from inference.bundle import Bundle
 from inference.bundle.contract import PolicyContract
-from inference.compare.diagnose import Diagnosis, Evidence, close, diagnose
+from inference.compare.judge.diagnose import Diagnosis, Evidence, close, diagnose
+from inference.compare.judge.stats import ArrayComparison, Tolerance
 from inference.compare.reference import Reference
-from inference.compare.stats import ArrayComparison, Tolerance
 
 
 def same_shape(ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], key: str | None) -> bool:

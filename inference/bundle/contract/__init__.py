@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from inference.bundle import contract_checks
-from inference.bundle import contract_layout as layout
-from inference.bundle.contract_layout import (  # noqa: F401 - re-exported: the contract's parts
+from inference.bundle.contract import checks as contract_checks
+from inference.bundle.contract import layout
+from inference.bundle.contract.layout import (  # noqa: F401 - re-exported: the contract's parts
     ACTION_KINDS,
     NOISE,
     NOISE_KINDS,
