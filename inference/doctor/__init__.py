@@ -37,7 +37,7 @@ from inference.doctor.lite_rows import (
     INFO,
     OK,
     WARN,
-    Check,
+    Finding,
     aarch64_checks,
     aarch64_environment,
     aarch64_row,
@@ -69,11 +69,11 @@ def _minor(version: str | None) -> tuple[str, ...]:
     return tuple((version or "").split(".")[:2])
 
 
-def _route_checks(bundle: Bundle, graph: str, info: RunnerInfo | None) -> list[Check]:
+def _route_checks(bundle: Bundle, graph: str, info: RunnerInfo | None) -> list[Finding]:
     """The .mindir and .ms routes of one graph; a route that fails is only a warning if the other one works."""
     lite = info.lite_version if info else None
     here = f"Lite {lite or '?'}"
-    routes: list[Check] = []
+    routes: list[Finding] = []
     if bundle.has_file(graph, "mindir"):
         version = read_header(bundle.file(graph, "mindir")).mind_ir_version
         loads = info.mindir_loads(version) if info else None
@@ -84,7 +84,7 @@ def _route_checks(bundle: Bundle, graph: str, info: RunnerInfo | None) -> list[C
             False: f"Lite {lite} loads MindIR <= v{limit} (mind_ir::Version_MAX)",
             None: "cannot tell which MindIR versions this Lite loads (runner not probed)",
         }[loads]
-        routes.append(Check(f"{graph}.mindir", status, f"{here} (MindIR <= v{limit})", f"MindIR v{version}", detail))
+        routes.append(Finding(f"{graph}.mindir", status, f"{here} (MindIR <= v{limit})", f"MindIR v{version}", detail))
     if bundle.has_file(graph, "ms"):
         written = ms_lite_version(bundle.file(graph, "ms")) or bundle.manifest.get("exporter", {}).get("lite_sdk")
         if lite is None or written is None:
@@ -95,45 +95,45 @@ def _route_checks(bundle: Bundle, graph: str, info: RunnerInfo | None) -> list[C
             status, detail = WARN, "same Lite minor release, different patch"
         else:
             status, detail = INCOMPATIBLE, "a .ms must be converted by the runtime's Lite release: re-convert it"
-        routes.append(Check(f"{graph}.ms", status, here, f"converted by Lite {written or '?'}", detail))
+        routes.append(Finding(f"{graph}.ms", status, here, f"converted by Lite {written or '?'}", detail))
     for fmt in ("mindir", "ms"):
         failed = (bundle.graph(graph)["files"].get(fmt) or {}).get("failed")
         if failed:  # a route the export itself ruled out
-            routes.append(Check(f"{graph}.{fmt}", INCOMPATIBLE, here, "failed at export", failed))
+            routes.append(Finding(f"{graph}.{fmt}", INCOMPATIBLE, here, "failed at export", failed))
     if any(c.status == OK for c in routes):
         routes = [
-            Check(c.name, WARN, c.here, c.bundle, c.detail + "; the other route is used")
+            Finding(c.name, WARN, c.here, c.bundle, c.detail + "; the other route is used")
             if c.status == INCOMPATIBLE
             else c
             for c in routes
         ]
     elif not routes:
-        routes.append(Check(graph, INCOMPATIBLE, here, "no .mindir or .ms", "nothing Lite can load"))
+        routes.append(Finding(graph, INCOMPATIBLE, here, "no .mindir or .ms", "nothing Lite can load"))
     try:  # the one file rule inference.load, play, bench and check's lite runtime follow
         fmt, why = choose_format(bundle, graph, "auto", info)
-        routes.append(Check(f"{graph} loads", INFO, here, f"{graph}.{fmt}", why))
+        routes.append(Finding(f"{graph} loads", INFO, here, f"{graph}.{fmt}", why))
     except BundleError:
         pass  # nothing Lite may load: said above
     return routes
 
 
-def _version_check(name: str, here: str | None, pinned: str | None, why: str, missing: str = WARN) -> Check:
+def _version_check(name: str, here: str | None, pinned: str | None, why: str, missing: str = WARN) -> Finding:
     if pinned is None:
-        return Check(name, INFO, here or "-", "-", "not recorded by the bundle")
+        return Finding(name, INFO, here or "-", "-", "not recorded by the bundle")
     if here is None:
-        return Check(name, missing, "not installed", pinned, why)
+        return Finding(name, missing, "not installed", pinned, why)
     if here == pinned:
-        return Check(name, OK, here, pinned, "same version")
-    return Check(name, WARN, here, pinned, why)
+        return Finding(name, OK, here, pinned, "same version")
+    return Finding(name, WARN, here, pinned, why)
 
 
-def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, device: str) -> list[Check]:
+def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, device: str) -> list[Finding]:
     m = bundle.manifest
     exporter = m.get("exporter", {}) or {}
     train = (m.get("source", {}) or {}).get("train_versions", {}) or {}
-    checks: list[Check] = []
+    checks: list[Finding] = []
     if info is None:
-        checks.append(Check("lite-runner", INCOMPATIBLE, "not built", "-",
+        checks.append(Finding("lite-runner", INCOMPATIBLE, "not built", "-",
                             "build it: bash inference/lite/build_lite.sh"))
     for graph in m.get("graphs") or {}:
         checks.extend(_route_checks(bundle, graph, info))
@@ -155,11 +155,11 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
     )
     py = exporter.get("python") or train.get("python")
     checks.append(
-        Check("python", INFO, env["python"], py or "-", "the deploy side does not depend on the training Python")
+        Finding("python", INFO, env["python"], py or "-", "the deploy side does not depend on the training Python")
     )
     ms = exporter.get("mindspore") or train.get("mindspore")
     checks.append(
-        Check(
+        Finding(
             "mindspore",
             INFO,
             env["mindspore"] or "not installed",
@@ -171,7 +171,7 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
     if host.get("simd"):
         same = host["simd"] == env["simd"]
         checks.append(
-            Check(
+            Finding(
                 "cpu-simd",
                 OK if same else WARN,
                 env["simd"],
@@ -181,7 +181,7 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
         )
     else:
         checks.append(
-            Check("cpu-simd", INFO, env["simd"], "-", "not recorded by the bundle; SIMD level changes float rounding")
+            Finding("cpu-simd", INFO, env["simd"], "-", "not recorded by the bundle; SIMD level changes float rounding")
         )
     checks.append(device_check(env, info, device))
     checks.append(precision_check(bundle, info, device))
@@ -191,7 +191,7 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
     return checks
 
 
-def precision_check(bundle: Bundle, info: RunnerInfo | None, device: str) -> Check:
+def precision_check(bundle: Bundle, info: RunnerInfo | None, device: str) -> Finding:
     """The Lite precision mode that will apply to the bundle on ``device`` here, and what Lite then computes in; an
     Ascend run whose mode would be left to Lite's default (fp16) cannot run (refused)."""
     import platform
@@ -205,19 +205,19 @@ def precision_check(bundle: Bundle, info: RunnerInfo | None, device: str) -> Che
     try:
         chosen = lite_precision(bundle.manifest, device, arch, f"bundle {bundle.root}")
     except PrecisionModeMissing as exc:
-        return Check("precision", INCOMPATIBLE, "Lite's default: enforce_fp16", pinned, str(exc))
+        return Finding("precision", INCOMPATIBLE, "Lite's default: enforce_fp16", pinned, str(exc))
     mode = chosen.precision_mode or "none (CPU kernels)"
     emulated = (bundle.manifest.get("self_check") or {}).get("fp16_emulation") or {}
     if emulated.get("passed") is False:  # export's emulation of the target's fp16: the policy breaks there
-        return Check("precision", WARN, f"mode {mode}, computes in {chosen.preset}", pinned,
+        return Finding("precision", WARN, f"mode {mode}, computes in {chosen.preset}", pinned,
                      f"{chosen.why}; {emulated.get('reason')}; keep that layer in fp32: a precision plan "
                      "(--lower fp16) on the training side")  # fmt: skip
-    return Check("precision", OK, f"mode {mode}, computes in {chosen.preset}", pinned, chosen.why)
+    return Finding("precision", OK, f"mode {mode}, computes in {chosen.preset}", pinned, chosen.why)
 
 
-def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> Check:
+def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> Finding:
     if device == "cpu":
-        return Check("device", OK, f"cpu ({env['simd']})", "cpu", "CPU inference")
+        return Finding("device", OK, f"cpu ({env['simd']})", "cpu", "CPU inference")
     missing = []
     if env["cann"] is None:
         missing.append("no CANN toolkit (set ASCEND_HOME_PATH or source set_env.sh)")
@@ -230,13 +230,13 @@ def device_check(env: dict[str, Any], info: RunnerInfo | None, device: str) -> C
         missing.append("the runner's Lite SDK has no Ascend plugin")
     here = f"CANN {env['cann']['version']}" if env["cann"] else "no CANN"
     here += f", {len(env['ascend_devices'])} device(s)"
-    return Check("device", INCOMPATIBLE if missing else OK, here, "ascend", "; ".join(missing) or "Ascend available")
+    return Finding("device", INCOMPATIBLE if missing else OK, here, "ascend", "; ".join(missing) or "Ascend available")
 
 
 # ---- output ------------------------------------------------------------------------------------------------
 
 
-def render(env: dict[str, Any], checks: list[Check], bundle: Bundle | None) -> str:
+def render(env: dict[str, Any], checks: list[Finding], bundle: Bundle | None) -> str:
     lite = env["lite"] or {}
     rows = [
         ("python", env["python"]),

@@ -1,7 +1,7 @@
 """The doctor's Lite rows: how Lite runs a bundle here. One seeded call in this process (does the graph run on the
 calling thread?), every graph run both ways (inline and handed off to Lite's actor thread: bitwise equal?), and the
 emulated ARM runtime (``lite-aarch64``: available here, on which CPU model; with ``--aarch64`` the same two-way
-comparison through its runner, the ARM kernels under qemu-user). ``Check`` is the row every doctor check is.
+comparison through its runner, the ARM kernels under qemu-user). ``Finding`` is the row every doctor check is.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ OK, WARN, INCOMPATIBLE, INFO = "ok", "warn", "incompatible", "info"
 
 
 @dataclass(frozen=True)
-class Check:
+class Finding:
     name: str
     status: str  # ok | warn | incompatible | info
     here: str
@@ -32,7 +32,7 @@ class Check:
     evidence: list[str] | None = None  # what a warning rests on, line by line (JSON only)
 
 
-def in_process_check(bundle: Bundle, info: RunnerInfo | None = None) -> Check:
+def in_process_check(bundle: Bundle, info: RunnerInfo | None = None) -> Finding:
     """One seeded call of the deterministic graph through Lite in this process, on the file ``inference.load`` loads
     (``Bundle.lite_format``): does the graph run on the calling thread (``libmsrl-lite-inline.so``), or on Lite's
     actor thread, two thread wake-ups per call?"""
@@ -40,28 +40,28 @@ def in_process_check(bundle: Bundle, info: RunnerInfo | None = None) -> Check:
     why = in_process_reason()
     graph = bundle.mode_graph("deterministic")
     if why is not None:
-        return Check(name, INFO, "not here", "-", why)
+        return Finding(name, INFO, "not here", "-", why)
     if graph is None:
-        return Check(name, INFO, "-", "no graph", "the bundle has no deterministic graph to run")
+        return Finding(name, INFO, "-", "no graph", "the bundle has no deterministic graph to run")
     try:
         path = bundle.file(graph, choose_format(bundle, graph, "auto", info)[0])
     except BundleError as exc:  # nothing Lite may load (the route checks say so too)
-        return Check(name, INFO, "-", graph, str(exc))
+        return Finding(name, INFO, "-", graph, str(exc))
     try:
         with LiteModel(path) as model:
             model.infer(*seeded_feeds(bundle, 1, seed=0).graph_inputs(bundle, graph))
             inline, requested = model.runs_inline, model.inline_stats()["requested"]
     except (LiteRunnerError, ValueError) as exc:  # FeedError is a ValueError
-        return Check(name, WARN, "fails", path.name, f"{type(exc).__name__}: {exc}")
+        return Finding(name, WARN, "fails", path.name, f"{type(exc).__name__}: {exc}")
     if inline:
-        return Check(name, OK, "on the calling thread", path.name, "one call ran on the caller's thread")
+        return Finding(name, OK, "on the calling thread", path.name, "one call ran on the caller's thread")
     why = ("this Lite's MindRT does not bind to libmsrl-lite-inline.so" if requested else
            "inline runs are off: MSRL_LITE_INLINE=0, or this Lite build is not one they were tested on "
            "(MSRL_LITE_INLINE=1 asks for them; lite-inline-vs-handoff shows whether they agree here)")  # fmt: skip
-    return Check(name, WARN, "on Lite's actor thread", path.name, f"every call pays two thread wake-ups: {why}")
+    return Finding(name, WARN, "on Lite's actor thread", path.name, f"every call pays two thread wake-ups: {why}")
 
 
-def inline_bits_check(bundle: Bundle, info: RunnerInfo) -> Check:
+def inline_bits_check(bundle: Bundle, info: RunnerInfo) -> Finding:
     """Every graph opened both ways (inline and handed off to Lite's actor thread, whatever the default here), fed
     the same seeded rows: the answers must be bitwise equal, and asking for inline runs must take."""
     name = "lite-inline-vs-handoff"
@@ -72,19 +72,19 @@ def inline_bits_check(bundle: Bundle, info: RunnerInfo) -> Check:
         except BundleError:  # nothing Lite may load: the route checks say why
             continue
     if not files:
-        return Check(name, INFO, "-", "no graph", "no graph has a file Lite may load")
+        return Finding(name, INFO, "-", "no graph", "no graph has a file Lite may load")
     where = "in this process" if in_process_reason() is None else "in the runner process"
     loaded = ", ".join(p.name for p in files.values())
     try:
         result = compare_inline(bundle, files, lambda path, inline: open_lite(path, inline=inline))
     except (LiteRunnerError, ValueError) as exc:  # FeedError is a ValueError
-        return Check(name, WARN, "fails", loaded, f"{type(exc).__name__}: {exc}")
+        return Finding(name, WARN, "fails", loaded, f"{type(exc).__name__}: {exc}")
     if result.differences:
-        return Check(name, WARN, f"differ ({where})", loaded, result.summary(), result.differences)
+        return Finding(name, WARN, f"differ ({where})", loaded, result.summary(), result.differences)
     if result.not_inline:
-        return Check(name, WARN, f"inline does not take ({where})", loaded,
+        return Finding(name, WARN, f"inline does not take ({where})", loaded,
                      result.summary() + "; this Lite's MindRT does not bind to libmsrl-lite-inline.so")  # fmt: skip
-    return Check(name, OK, f"bitwise equal ({where})", loaded, result.summary())
+    return Finding(name, OK, f"bitwise equal ({where})", loaded, result.summary())
 
 
 def inline_default(record: dict[str, Any] | None) -> str:
@@ -131,12 +131,12 @@ def aarch64_row(env: dict[str, Any]) -> str:
             f"{inline_default(env.get('inline'))}")  # fmt: skip
 
 
-def aarch64_checks(bundle: Bundle) -> list[Check]:
+def aarch64_checks(bundle: Bundle) -> list[Finding]:
     """The bundle through ``lite-aarch64`` both ways (the ARM kernels inline and handed off): bitwise equal?"""
     name = "lite-aarch64-inline-vs-handoff"
     env = aarch64_environment()
     if not env["available"]:
-        return [Check(name, INFO, "-", "-", str(env["reason"]))]
+        return [Finding(name, INFO, "-", "-", str(env["reason"]))]
     files = {}
     for graph in bundle.graphs:
         try:
@@ -144,7 +144,7 @@ def aarch64_checks(bundle: Bundle) -> list[Check]:
         except BundleError:
             continue
     if not files:
-        return [Check(name, INFO, "-", "no graph", "no graph has a .ms Lite may load")]
+        return [Finding(name, INFO, "-", "no graph", "no graph has a .ms Lite may load")]
     loaded = ", ".join(p.name for p in files.values())
 
     def open_arm(path: Path, inline: bool) -> LiteRunner:
@@ -155,9 +155,9 @@ def aarch64_checks(bundle: Bundle) -> list[Check]:
     try:
         result = compare_inline(bundle, files, open_arm)
     except (LiteRunnerError, ValueError) as exc:
-        return [Check(name, WARN, "fails", loaded, f"{type(exc).__name__}: {exc}")]
+        return [Finding(name, WARN, "fails", loaded, f"{type(exc).__name__}: {exc}")]
     if result.differences:
-        return [Check(name, WARN, f"differ ({where})", loaded, result.summary(), result.differences)]
+        return [Finding(name, WARN, f"differ ({where})", loaded, result.summary(), result.differences)]
     if result.not_inline:
-        return [Check(name, WARN, f"inline does not take ({where})", loaded, result.summary())]
-    return [Check(name, OK, f"bitwise equal ({where})", loaded, result.summary())]
+        return [Finding(name, WARN, f"inline does not take ({where})", loaded, result.summary())]
+    return [Finding(name, OK, f"bitwise equal ({where})", loaded, result.summary())]

@@ -82,7 +82,7 @@ class SessionRuntime:
         self.session = None
 
 
-class LiteRuntime:
+class PlanLiteRunner:
     """A Lite runner on one ``.ms`` with ``Runtime.infer``'s interface, its outputs in the contract's order."""
 
     def __init__(self, path: Path, outputs: Sequence[str]) -> None:
@@ -176,11 +176,11 @@ class Int8Lowering:
             self._converted[key] = write_lite(self.fixed[graph], self.workdir / f"{tag}.ms", config=config)
         return self._converted[key]
 
-    def reference(self) -> dict[str, LiteRuntime]:
-        return {g: LiteRuntime(self.bundle.file(g, "ms"), _outputs(self.bundle, g)) for g in self.bundle.graphs}
+    def reference(self) -> dict[str, PlanLiteRunner]:
+        return {g: PlanLiteRunner(self.bundle.file(g, "ms"), _outputs(self.bundle, g)) for g in self.bundle.graphs}
 
-    def lowered(self, kept: frozenset[str]) -> dict[str, LiteRuntime]:
-        return {g: LiteRuntime(self.convert(g, kept), _outputs(self.bundle, g)) for g in self.bundle.graphs}
+    def lowered(self, kept: frozenset[str]) -> dict[str, PlanLiteRunner]:
+        return {g: PlanLiteRunner(self.convert(g, kept), _outputs(self.bundle, g)) for g in self.bundle.graphs}
 
     def copy_out(self, graph: str, kept: frozenset[str], target: Path) -> tuple[Path, str]:
         """The converted file and its configuration's text, for the plan's bundle."""
