@@ -85,7 +85,7 @@ class _Node:
 
 def test_gc_frozen_hides_older_objects_from_collections_and_hands_them_back():
     """MindSpore's collection before each compile skips what was alive before the block; nothing leaks after it."""
-    assert gc.get_freeze_count() == 0, (compat._gc_frozen_depth, threading.enumerate())  # what holds a freeze
+    assert gc.get_freeze_count() == 0, (compat.graph._gc_frozen_depth, threading.enumerate())  # what holds a freeze
     gc.disable()  # no automatic pass may free the cycle before the block starts
     try:
         node = _Node()

@@ -391,7 +391,7 @@ def test_graph_kernel_fusion_trains_like_the_unfused_graphs(tmp_path, monkeypatc
     train(plain, tmp_path / "plain")
     train(fused, tmp_path / "fused")
     train(fused, tmp_path / "fused-again")
-    assert list((Path(compat._graph_kernel_dir) / "akg_kernel_meta").glob("Fused_*.so")), "nothing was fused"
+    assert list((Path(compat.graph._graph_kernel_dir) / "akg_kernel_meta").glob("Fused_*.so")), "nothing was fused"
     assert ms.get_context("enable_graph_kernel") is False
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fused", "fused-again", "plain"]
     a, b = weights(tmp_path / "plain"), weights(tmp_path / "fused")
@@ -420,7 +420,7 @@ def test_graph_kernel_fusion_creates_a_kernel_directory_the_user_named(tmp_path,
     from msrl_consistency import compat
 
     named = tmp_path / "kernels" / "here"
-    monkeypatch.setattr(compat, "_graph_kernel_dir", None)
+    monkeypatch.setattr(compat.graph, "_graph_kernel_dir", None)
     monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(named))
     cwd = os.getcwd()
     with compat.graph_kernel_fusion():
