@@ -105,7 +105,8 @@ def test_gc_frozen_hides_older_objects_from_collections_and_hands_them_back():
         frozen = gc.get_freeze_count()
         with compat.gc_frozen():
             pass
-        assert gc.get_freeze_count() == frozen
+        # not unfrozen (that would empty the permanent generation); another thread may free a few frozen objects
+        assert frozen - 100 <= gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
         gc.enable()

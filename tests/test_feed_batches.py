@@ -7,7 +7,7 @@ import pytest
 
 from inference.compare.batches import CHUNK_BYTES, CHUNK_ROWS, SMALL_FEEDS, infer_rows
 from inference.compare.judge import batch_invariance
-from inference.compare.verifier import TWIN_PROBE
+from inference.compare.reference_cells import TWIN_PROBE
 
 
 class Recorder:

@@ -135,3 +135,17 @@ class VerifyResult:
                 lines.append(f"{c.runtime}: {graph}: mean exp|Δ log π| {m['mean_exp_abs']:.6f}, ESS {m['ess']:.4f}, "
                              f"k3 KL {m['k3_kl']:.2e} ({m['count']} sampled actions)")  # fmt: skip
         return ["", *lines] if lines else []
+
+
+def version_checks(bundle: Bundle, runtimes: dict[str, dict[str, Any]]) -> list[Check]:
+    """A runtime on another MindSpore major.minor than the exporter's gets a warning naming both."""
+    exporter = bundle.manifest.get("exporter") or {}
+    checks = []
+    for name, info in runtimes.items():
+        ms_version = info.get("versions", {}).get("mindspore")
+        exported = exporter.get("mindspore")
+        if ms_version and exported and ms_version.split(".")[:2] != exported.split(".")[:2]:
+            checks.append(
+                Check(name, "version_contract", "warn", f"exported with MindSpore {exported}, running {ms_version}")
+            )
+    return checks

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,25 +20,30 @@ from inference.bundle.plan_claims import check_plan
 from inference.bundle.spaces import check_env_spaces
 from inference.compare import episodes as E
 from inference.compare.acting import available_modes
-from inference.compare.batches import infer_feeds
-from inference.compare.checks import Check, VerifyResult
+from inference.compare.checks import Check, VerifyResult, version_checks
 from inference.compare.device_precision import (
     LITE_RUNTIMES,
     Judgement,
     emulation_wanted,
     judgement,
-    runtime_precision,
+)
+from inference.compare.divergence import (
+    CHECKPOINT,
+    checkpoint_difference,
+    localize_failure,
+    name_the_layer,
+    preprocessing_first,
+    wants_localization,
 )
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
 from inference.compare.judge.diagnose import name_lowered_precision
 from inference.compare.judge.localize import Localization, Localizer
-from inference.compare.judge.stats import Tolerance, ulp_distance
-from inference.compare.options import LOCALIZE_STAGES, VerifyOptions
-from inference.compare.reference import REFERENCE, Reference, build_reference
+from inference.compare.options import VerifyOptions
+from inference.compare.reference import REFERENCE, Reference
+from inference.compare.reference_cells import TWIN, TrainedReference, build_with_twin
 from inference.compare.runtime_check import IN_GRAPH_RANDOMNESS, RuntimeReport, check_runtime
-from inference.compare.versions import version_checks
-from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError, first_line
+from inference.errors import INTERRUPTS, RuntimeUnavailable, UsageError
 from inference.runtimes.base import CellProvider, Runtime, RuntimeSource
 from inference.runtimes.registry import RUNTIMES, create
 
@@ -60,145 +66,183 @@ def verify(
     (the training side's, or a golden file's recorded layers) names the first diverging layer of a runtime as
     ``options.localize`` says.
     """
-    options.validate(bundle)
-    check_plan(bundle)  # what a precision plan says of the files is true of them, before they are judged (exit 2)
-    default = [n for n in RUNTIMES if not RUNTIMES[n].opt_in]  # opt-in runtimes (emulations) run when named
-    if options.device == "ascend" and set(options.runtimes or default) & set(LITE_RUNTIMES):
-        _precision_mode_named(bundle)  # Lite on Ascend runs with the bundle's precision mode, or not at all (exit 2)
-    source = RuntimeSource(bundle, cells, options.device, options.device_id)
-    emulate = ("emulated-fp16",) if emulation_wanted(bundle, options.emulate, options.device) else ()
-    required = (*options.required, *(emulate if options.emulate else ()))
-    for name in required:  # fail fast, before minutes of comparisons
-        reason = RUNTIMES[name].why_not(source)
-        if reason:
-            raise RuntimeUnavailable(f"required runtime {name} is unavailable: {reason}")
-    if inputs.env is None and inputs.recorded is None and reference is None:
-        raise UsageError("no observation source: pass --env-id, --env MODULE:FACTORY or --observations-file")
-    if inputs.env is not None:
-        check_env_matches_contract(bundle, inputs.env)
-    checks: list[Check] = []
-    runtimes: dict[str, dict] = {}
-    env_deterministic = False  # free-running episodes may then skip the env steps that follow the reference
-    if inputs.env is not None:
-        checks.append(_env_check(inputs.env, options.seed))
-        env_deterministic = checks[-1].status == "pass"
-    checkpoint_matches = _provenance(bundle, checkpoint, checks)
-    localizations: dict[str, Localization] = {}
-    twin: dict[str, Runtime] | None = None  # the compiled Cell that played the reference episodes, still open
-    origin = REFERENCE if reference is None else reference.origin
-    names = [n for n in (options.runtimes or default) if n != REFERENCE or origin != REFERENCE]
-    names += [n for n in (*required, *emulate) if n not in names]
+    run = _Verification(bundle, options, inputs, progress, localizer)
+    source, names, required = run.validate(cells, reference)
+    checkpoint_matches = run.check_inputs(checkpoint)
     blocked = {n: _blocked(RUNTIMES[n], source) for n in names}  # before the reference: it may be for nothing
-    if reference is None:
+    reference, twin = run.reference(reference, source, names, required, blocked, bool(extra_runtimes))
+    if reference.repeat_differs:
+        return run.unreproducible(reference, names, twin)
+    run.check_reference(reference, checkpoint_matches)
+    selected = run.select(names, blocked, twin, source)
+    selected.update(extra_runtimes or {})
+    trained = TrainedReference(bundle, source, inputs, options, progress)
+    for name, graph_runtimes in selected.items():
+        run.judge(name, graph_runtimes, reference, trained, required, checkpoint_matches)
+    return run.verdict(reference)
+
+
+@dataclass
+class _Verification:
+    """One verify's stages and what they gather: checks, each runtime's facts, episode differences, localisations."""
+
+    bundle: Bundle
+    options: VerifyOptions
+    inputs: Inputs
+    progress: Callable[[str], None]
+    localizer: Localizer | None
+    checks: list[Check] = field(default_factory=list)
+    runtimes: dict[str, dict] = field(default_factory=dict)
+    episode_diffs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    localizations: dict[str, Localization] = field(default_factory=dict)
+    env_deterministic: bool = False  # free-running episodes may then skip the env steps that follow the reference
+    asked: set[str] = field(default_factory=set)  # runtimes the user named: what happens to each is a check
+    keep_twin: bool = False  # the reference's compiled twin then serves as ms-graph (compiled once)
+
+    def validate(self, cells: CellProvider | None, reference: Reference | None) -> tuple[RuntimeSource, list, tuple]:
+        """Usage errors (exit 2) and required runtimes that cannot run (exit 3), before minutes of comparisons;
+        the runtimes to run, the required ones last."""
+        bundle, options = self.bundle, self.options
+        options.validate(bundle)
+        check_plan(bundle)  # what a precision plan says of the files is true of them, before they are judged
+        default = [n for n in RUNTIMES if not RUNTIMES[n].opt_in]  # opt-in runtimes (emulations) run when named
+        if options.device == "ascend" and set(options.runtimes or default) & set(LITE_RUNTIMES):
+            _precision_mode_named(bundle)  # Lite on Ascend runs with the bundle's precision mode, or not at all
+        source = RuntimeSource(bundle, cells, options.device, options.device_id)
+        emulate = ("emulated-fp16",) if emulation_wanted(bundle, options.emulate, options.device) else ()
+        required = (*options.required, *(emulate if options.emulate else ()))
+        for name in required:
+            reason = RUNTIMES[name].why_not(source)
+            if reason:
+                raise RuntimeUnavailable(f"required runtime {name} is unavailable: {reason}")
+        if self.inputs.env is None and self.inputs.recorded is None and reference is None:
+            raise UsageError("no observation source: pass --env-id, --env MODULE:FACTORY or --observations-file")
+        if self.inputs.env is not None:
+            check_env_matches_contract(bundle, self.inputs.env)
+        origin = REFERENCE if reference is None else reference.origin
+        names = [n for n in (options.runtimes or default) if n != REFERENCE or origin != REFERENCE]
+        names += [n for n in (*required, *emulate) if n not in names]
+        self.asked = set(options.runtimes or ()) | set(required)
+        self.keep_twin = TWIN in (*(options.runtimes or default), *required)  # it then serves as ms-graph
+        return source, names, required
+
+    def check_inputs(self, checkpoint: Path | None) -> bool | None:
+        """Whether the env replays its seeds, and whether the bundle came from ``checkpoint`` (None: unknown)."""
+        if self.inputs.env is not None:
+            self.checks.append(_env_check(self.inputs.env, self.options.seed))
+            self.env_deterministic = self.checks[-1].status == "pass"
+        return _provenance(self.bundle, checkpoint, self.checks)
+
+    def reference(
+        self, given: Reference | None, source: RuntimeSource, names: list, required: tuple, blocked: dict,
+        extra: bool,
+    ) -> tuple[Reference, dict[str, Runtime] | None]:  # fmt: skip
+        """The given reference, else the training path's on the inputs (and its compiled twin, kept open when it
+        serves as ms-graph); not built when no runtime could be compared with it (exit 3 now, not minutes later)."""
+        if given is not None:
+            return given, None
         reason = RUNTIMES[REFERENCE].why_not(source)
         if reason:
             raise RuntimeUnavailable(f"reference {REFERENCE}: {reason}")
-        if not extra_runtimes and all(blocked.values()):  # nothing to compare it with: exit 3 now, not minutes later
-            reference = Reference(seeded_feeds(bundle, 64, options.seed), {}, {}, {}, options.seed, options.episodes,
-                                  skipped_episodes="not played: no runtime to compare them with")  # fmt: skip
-            runtimes[REFERENCE] = {"status": "reference", "reason": "not built: no runtime to compare it with"}
-        else:
-            progress(f"reference {REFERENCE}: {options.episodes} episodes per mode, {options.observations} "
-                     "observations")  # fmt: skip
-            keep = TWIN in (*(options.runtimes or default), *required)  # it then serves as ms-graph: compiled once
-            reference, twin = _build_reference(bundle, source, inputs, options, keep)
-            runtimes[REFERENCE] = {"status": "reference"}
-    episode_diffs: dict[str, dict[str, np.ndarray]] = {}
-    if reference.repeat_differs:
+        options = self.options
+        if not extra and all(blocked.values()):
+            self.runtimes[REFERENCE] = {"status": "reference", "reason": "not built: no runtime to compare it with"}
+            return Reference(seeded_feeds(self.bundle, 64, options.seed), {}, {}, {}, options.seed, options.episodes,
+                             skipped_episodes="not played: no runtime to compare them with"), None  # fmt: skip
+        self.progress(f"reference {REFERENCE}: {options.episodes} episodes per mode, {options.observations} "
+                      "observations")  # fmt: skip
+        self.runtimes[REFERENCE] = {"status": "reference"}
+        return build_with_twin(self.bundle, source, self.inputs, options, self.keep_twin)
+
+    def unreproducible(self, reference: Reference, names: list, twin: dict[str, Runtime] | None) -> VerifyResult:
+        """A Cell that answers the same input differently (an in-graph RNG): nothing can be compared with it."""
         detail = "; ".join(f"{g}: {', '.join(outs)}" for g, outs in reference.repeat_differs.items())
-        checks.append(Check(REFERENCE, "repeatability", "fail", f"the policy Cell gives different outputs for the "
-                            f"same input on two calls ({detail})", diagnosis=IN_GRAPH_RANDOMNESS))  # fmt: skip
-        checks += [Check(n, "comparison", "skip", "skipped: the reference is not reproducible") for n in names]
+        self.checks.append(Check(REFERENCE, "repeatability", "fail", f"the policy Cell gives different outputs for "
+                                 f"the same input on two calls ({detail})", diagnosis=IN_GRAPH_RANDOMNESS))  # fmt: skip
+        self.checks += [Check(n, "comparison", "skip", "skipped: the reference is not reproducible") for n in names]
         for rt in (twin or {}).values():
             rt.close()
-        return VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe())
-    checks += logits_that_are_probabilities(bundle, reference)
-    if checkpoint_matches is False and localizer is not None:
-        found = _checkpoint_difference(localizer, bundle, reference, checks)
-        if found is not None:
-            localizations[CHECKPOINT] = found
-            progress(found.line())
-    if reference.skipped_episodes:
-        checks.append(Check("inputs", "episodes", "skip", reference.skipped_episodes))
-    for mode in (set(MODES) - set(available_modes(bundle))) if not reference.skipped_episodes else ():
-        kind = bundle.contract(bundle.graphs[0]).action.kind
-        why = (f"every graph takes sampling noise and a {kind} action has no noise-free decision"
-               if mode == "deterministic" else f"a {kind} policy takes no noise")  # fmt: skip
-        checks.append(Check("inputs", f"episodes.{mode}", "skip", f"no {mode} mode: {why}"))
-    selected: dict[str, Mapping[str, Runtime] | str] = {}
-    for name in names:
-        match blocked[name]:
-            case ("failed-export", failure):  # the manifest says this format failed at export: this runtime fails
-                runtimes[name] = {"status": "failed-export", "reason": failure}
-                checks.append(Check(name, "export", "fail", failure, diagnosis={"stage": "runtime", "detail": failure}))
-            case ("unavailable", reason):
-                selected[name] = reason
-            case None:
-                selected[name] = twin if name == TWIN and twin else {g: create(name, source, g) for g in bundle.graphs}
-    selected.update(extra_runtimes or {})
-    asked = set(options.runtimes or ()) | set(required)  # named by the user: what happens to each is a check
-    trained = TrainedReference(bundle, source, inputs, options, progress)
-    for name, graph_runtimes in selected.items():
+        return VerifyResult(self.bundle, self.options, self.checks, self.runtimes, reference, self.episode_diffs,
+                            self.inputs.describe())  # fmt: skip
+
+    def check_reference(self, reference: Reference, checkpoint_matches: bool | None) -> None:
+        """What the reference itself says: probabilities named as logits, the layer another checkpoint changed,
+        the episodes and modes not played."""
+        bundle = self.bundle
+        self.checks += logits_that_are_probabilities(bundle, reference)
+        if checkpoint_matches is False and self.localizer is not None:
+            found = checkpoint_difference(self.localizer, bundle, reference, self.checks)
+            if found is not None:
+                self.localizations[CHECKPOINT] = found
+                self.progress(found.line())
+        if reference.skipped_episodes:
+            self.checks.append(Check("inputs", "episodes", "skip", reference.skipped_episodes))
+        for mode in (set(MODES) - set(available_modes(bundle))) if not reference.skipped_episodes else ():
+            kind = bundle.contract(bundle.graphs[0]).action.kind
+            why = (f"every graph takes sampling noise and a {kind} action has no noise-free decision"
+                   if mode == "deterministic" else f"a {kind} policy takes no noise")  # fmt: skip
+            self.checks.append(Check("inputs", f"episodes.{mode}", "skip", f"no {mode} mode: {why}"))
+
+    def select(
+        self, names: list, blocked: dict, twin: dict[str, Runtime] | None, source: RuntimeSource
+    ) -> dict[str, Mapping[str, Runtime] | str]:
+        """Each runtime to judge (its graphs' Runtimes), or why it is unavailable; a format that failed at export
+        fails here."""
+        selected: dict[str, Mapping[str, Runtime] | str] = {}
+        for name in names:
+            match blocked[name]:
+                case ("failed-export", failure):  # the manifest says this format failed at export
+                    self.runtimes[name] = {"status": "failed-export", "reason": failure}
+                    self.checks.append(Check(name, "export", "fail", failure,
+                                             diagnosis={"stage": "runtime", "detail": failure}))  # fmt: skip
+                case ("unavailable", reason):
+                    selected[name] = reason
+                case None:
+                    selected[name] = (twin if name == TWIN and twin else
+                                      {g: create(name, source, g) for g in self.bundle.graphs})  # fmt: skip
+        return selected
+
+    def judge(
+        self, name: str, graph_runtimes: Mapping[str, Runtime] | str, reference: Reference,
+        trained: TrainedReference, required: tuple, checkpoint_matches: bool | None,
+    ) -> None:  # fmt: skip
+        """One runtime's checks (against the trained reference where it computes the trained numerics), and where
+        it diverges when it fails."""
         INTERRUPTS.check()
         started = time.perf_counter()
         if isinstance(graph_runtimes, str):
-            runtimes[name] = {"status": "unavailable", "reason": graph_runtimes}
-            if name in asked:  # otherwise a fact about this machine: the report's runtimes section says it once
-                checks.append(Check(name, "available", "skip", f"unavailable: {graph_runtimes}"))
-            progress(f"{name}: unavailable")
-            continue
+            self.runtimes[name] = {"status": "unavailable", "reason": graph_runtimes}
+            if name in self.asked:  # otherwise a fact about this machine: the report's runtimes section says it
+                self.checks.append(Check(name, "available", "skip", f"unavailable: {graph_runtimes}"))
+            self.progress(f"{name}: unavailable")
+            return
         against = trained.reference_for(name) or reference
-        report, judged = judge_runtime(name, graph_runtimes, bundle, against, inputs, options, name in required,
-                                       checkpoint_matches, env_deterministic, asked=name in asked)  # fmt: skip
+        report, judged = judge_runtime(name, graph_runtimes, self.bundle, against, self.inputs, self.options,
+                                       name in required, checkpoint_matches, self.env_deterministic,
+                                       asked=name in self.asked)  # fmt: skip
         if against is not reference:
             report.info["reference"] = trained.describe()
-        runtimes[name], episode_diffs[name] = report.info, report.episode_diffs
-        checks += report.checks
-        progress(f"{name}: {report.info['status']} ({time.perf_counter() - started:.1f} s)")
-        if localizer is not None and _wants_localization(options.localize, report, bundle, name):
-            localizations[name] = _localize(localizer, bundle, reference, report, name, judged.tolerance)
-            progress(localizations[name].line())
-            _preprocessing_first(localizations[name], report.checks)
-    if CHECKPOINT in localizations:
-        _name_the_layer(localizations[CHECKPOINT], checks)
-    name_lowered_precision(bundle, runtimes, checks, localizations)
-    checks.extend(version_checks(bundle, runtimes))
-    result = VerifyResult(bundle, options, checks, runtimes, reference, episode_diffs, inputs.describe(),
-                          localizations)  # fmt: skip
-    if not result.compared:
-        checks.append(nothing_compared(runtimes))
-    return result
+        self.runtimes[name], self.episode_diffs[name] = report.info, report.episode_diffs
+        self.checks += report.checks
+        self.progress(f"{name}: {report.info['status']} ({time.perf_counter() - started:.1f} s)")
+        if self.localizer is not None and wants_localization(self.options.localize, report, self.bundle, name):
+            found = localize_failure(self.localizer, self.bundle, reference, report, name, judged.tolerance)
+            self.localizations[name] = found
+            self.progress(found.line())
+            preprocessing_first(found, report.checks)
 
-
-class TrainedReference:
-    """A bundle of a run trained in the device's numerics (its plan's ``trained``): the runtime that computes the
-    plan's lowered precision is judged against the run's own Cell computing in those numerics (the training path,
-    ``cells.lowered``), built once when first needed; every other runtime against the float reference."""
-
-    def __init__(self, bundle: Bundle, source: RuntimeSource, inputs: Inputs, options: VerifyOptions,
-                 progress: Callable[[str], None]) -> None:  # fmt: skip
-        plan = bundle.plan or {}
-        self.lower = plan.get("lower") if plan.get("trained") else None
-        self.bundle, self.source, self.inputs, self.options, self.progress = bundle, source, inputs, options, progress
-        self.built: Reference | None = None
-
-    def reference_for(self, name: str) -> Reference | None:
-        if self.lower is None or runtime_precision(self.bundle, name, self.options.device).preset != self.lower:
-            return None
-        if self.built is None:
-            cells = getattr(self.source.cells, "lowered", None)
-            if cells is None:
-                raise UsageError(f"{self.bundle.root} was trained in {self.lower}: its lowered runtime is judged "
-                                 "against the run's own Cell in those numerics; pass --ckpt RUN")  # fmt: skip
-            self.progress(f"reference {REFERENCE} in {self.lower} (the training path), for {name}")
-            lowered = RuntimeSource(self.bundle, cells, self.options.device, self.options.device_id)
-            # Its compiled twin may differ from PyNative in the last bits of a float layer kept in fp32 (a batch's tail
-            # rows): the training rollouts ran that compiled graph, and PyNative would play every episode op by op.
-            self.built = reference_for(self.bundle, lowered, self.inputs, self.options, twin_ulps=TRAINED_TWIN_ULPS)
-        return self.built
-
-    def describe(self) -> str:
-        return f"{REFERENCE} in {self.lower}: the run's Cell computing in the numerics it was trained in"
+    def verdict(self, reference: Reference) -> VerifyResult:
+        """The checks that span runtimes (the layer a checkpoint changed, a lowered precision, versions), and a run
+        that compared nothing failing."""
+        if CHECKPOINT in self.localizations:
+            name_the_layer(self.localizations[CHECKPOINT], self.checks)
+        name_lowered_precision(self.bundle, self.runtimes, self.checks, self.localizations)
+        self.checks.extend(version_checks(self.bundle, self.runtimes))
+        result = VerifyResult(self.bundle, self.options, self.checks, self.runtimes, reference, self.episode_diffs,
+                              self.inputs.describe(), self.localizations)  # fmt: skip
+        if not result.compared:
+            self.checks.append(nothing_compared(self.runtimes))
+        return result
 
 
 def judge_runtime(
@@ -217,104 +261,9 @@ def judge_runtime(
     return report, judged
 
 
-def reference_for(bundle: Bundle, source: RuntimeSource, inputs: Inputs, options: VerifyOptions,
-                  twin_ulps: int = 0) -> Reference:  # fmt: skip
-    """The reference verify builds for ``bundle`` with ``options`` (the training path's Cells on ``inputs``);
-    ``twin_ulps``: how far its compiled twin may be from PyNative to play the episodes (``_compiled_twin``)."""
-    return _build_reference(bundle, source, inputs, options, keep_twin=False, twin_ulps=twin_ulps)[0]
-
-
 def env_replays_seeds(env: E.EnvSource, seed: int) -> bool:
     """Whether ``env`` replays a seeded trajectory exactly (free-running episodes may then follow the reference)."""
     return _env_check(env, seed).status == "pass"
-
-
-def _wants_localization(mode: str, report: RuntimeReport, bundle: Bundle, name: str) -> bool:
-    if mode == "never" or report.info.get("status") != "ran":
-        return False
-    stages = {c.diagnosis["stage"] for c in report.checks if c.status == "fail" and c.diagnosis}
-    lowered = name == "emulated-fp16" or (name == "lite" and bundle.plan is not None)  # where a precision breaks
-    failed = any(c.status == "fail" for c in report.checks)
-    fp16_lite = bundle.precision == "fp16" and name in ("lite", "lite-aarch64")  # where the fp16 error grows
-    return mode == "always" or bool(stages & LOCALIZE_STAGES) or fp16_lite or (lowered and failed)
-
-
-def _localize(
-    localizer: Localizer, bundle: Bundle, reference: Reference, report: RuntimeReport, name: str, tol: Tolerance
-) -> Localization:
-    """The runtime's per-layer comparison, on the graph whose outputs failed (else the deciding graph) and the rows
-    where its decision output differs most. A localisation that cannot run says why; it never ends the verdict."""
-    failed = [c.name.split(".", 1)[1] for c in report.checks
-              if c.name.startswith("observations.") and c.status == "fail"]  # fmt: skip
-    graph = failed[0] if failed else bundle.mode_graph("deterministic") or bundle.graphs[0]
-    rows = report.worst_rows.get(graph, np.zeros(0, int))
-    if not len(rows):
-        return Localization(name, None, None, [], "not localized: no ordinary observation row to run on")
-    inputs = reference.feeds.graph_inputs(bundle, graph, rows)
-    try:
-        return localizer(name, graph, rows, inputs, tol)
-    except Exception as exc:  # noqa: BLE001 - a layer search that fails is reported, the verdict stands
-        return Localization(name, None, None, [], f"not localized: {first_line(exc)}", method="none")
-
-
-def _preprocessing_first(found: Localization, checks: list[Check]) -> None:
-    """The first diverging layer is the observation normaliser: the failures the outputs alone called "network" are
-    preprocessing (a clip bound, mean or variance the graph holds otherwise than the Cell)."""
-    if found.first_role != "preprocessing":
-        return
-    detail = (f"the first diverging layer is {found.first} ({found.first_kind}), the observation normaliser: the graph "
-              "normalises or clips observations otherwise than the Cell (a changed clip bound, mean or variance)")
-    for c in checks:
-        if c.status == "fail" and c.diagnosis and c.diagnosis.get("stage") == "network":
-            c.diagnosis = {"stage": "preprocessing", "detail": detail}
-
-
-CHECKPOINT = "checkpoint"  # the localisation of a checkpoint other than the bundle's source: its differing layer
-
-
-def _checkpoint_difference(
-    localizer: Localizer, bundle: Bundle, reference: Reference, checks: list[Check]
-) -> Localization | None:
-    """The checkpoint given is not the one the bundle was exported from: its Parameters against those the bundle
-    carries, layer by layer, so the provenance check names what changed (not only that the hash differs)."""
-    compare = getattr(localizer, "checkpoint_difference", None)
-    if compare is None:
-        return None
-    deciding = bundle.mode_graph("deterministic") or bundle.graphs[0]
-    rows = np.flatnonzero(reference.feeds.finite & reference.feeds.ordinary)[:8]
-    if not len(rows):
-        rows = np.arange(min(8, len(reference.feeds)))
-    found = None
-    for graph in (deciding, *(g for g in bundle.graphs if g != deciding)):  # the first graph whose weights differ
-        try:
-            here = compare(graph, reference.feeds.graph_inputs(bundle, graph, rows))
-        except Exception as exc:  # noqa: BLE001 - a comparison that cannot run is said, the verdict stands
-            here = Localization(CHECKPOINT, None, None, [], f"not localized: {first_line(exc)}", method="none")
-        found = found or here
-        if here is not None and here.first is not None:
-            found = here
-            break
-    if found is None:
-        return None
-    provenance = next(c for c in checks if c.name == "provenance")
-    if found.first is not None:
-        head = next(r for r in found.layers if r.scope == found.first)
-        provenance.summary += (f"; first differing layer: {found.first} ({found.first_kind}), {head.note}, max abs "
-                               f"{head.max_abs:.2e}")  # fmt: skip
-    else:
-        provenance.summary += f"; its parameters against the bundle's: {found.message}"
-    provenance.metrics["first_differing_layer"] = found.first
-    return found
-
-
-def _name_the_layer(found: Localization, checks: list[Check]) -> None:
-    """A failure diagnosed as provenance names the checkpoint's first differing layer."""
-    if found.first is None:
-        return
-    for c in checks:
-        if c.diagnosis and c.diagnosis.get("stage") == "provenance" and found.first not in c.diagnosis["detail"]:
-            c.diagnosis = {**c.diagnosis, "detail": f"{c.diagnosis['detail']}; first differing layer: {found.first} "
-                           f"({found.first_kind})"}  # fmt: skip
 
 
 def _precision_mode_named(bundle: Bundle) -> None:
@@ -362,74 +311,6 @@ def nothing_compared(runtimes: Mapping[str, Mapping]) -> Check:
                for name, info in runtimes.items() if info.get("status") != "reference"]  # fmt: skip
     detail = "; ".join(reasons) if reasons else "no runtime was selected"
     return Check("verify", "compared", "error", f"nothing was compared against the reference ({detail})")
-
-
-def _build_reference(
-    bundle: Bundle, source: RuntimeSource, inputs: Inputs, options: VerifyOptions, keep_twin: bool, twin_ulps: int = 0
-) -> tuple[Reference, dict[str, Runtime] | None]:
-    """The reference, and its compiled twin left open when ``keep_twin`` (it is then the ``ms-graph`` runtime)."""
-    ref = {g: create(REFERENCE, source, g).open() for g in bundle.graphs}
-    evidence: dict[str, Runtime] = {}
-    det = bundle.mode_graph("deterministic")
-    without = getattr(source.cells, "without_normalization", None)
-    compiled, why = _compiled_twin(bundle, source, ref, options.seed, twin_ulps)
-    kept = False
-    try:
-        if det is not None and without is not None:
-            cell = without(det)
-            if cell is not None:
-                evidence[det] = create(REFERENCE, RuntimeSource(bundle, lambda _g: cell), det).open()
-        reference = build_reference(
-            bundle, ref, inputs, options.observations, options.episodes, options.seed, evidence, compiled
-        )
-        reference.episodes_by = why
-        kept = keep_twin and compiled is not None
-        return reference, compiled if kept else None
-    finally:
-        for rt in (*ref.values(), *evidence.values(), *((compiled or {}).values() if not kept else ())):
-            rt.close()
-
-
-TWIN = "ms-graph"  # the runtime the compiled twin is
-TWIN_PROBE = 256
-TRAINED_TWIN_ULPS = 4  # a trained lowered Cell's twin: its kept float layers may round their tail rows differently
-
-
-def _compiled_twin(
-    bundle: Bundle, source: RuntimeSource, ref: Mapping[str, Runtime], seed: int, ulps: int = 0
-) -> tuple[dict[str, Runtime] | None, str]:
-    """The reference Cell compiled (``ms-graph``), if it gives the same bits as PyNative on a seeded probe (or, with
-    ``ulps``, the same actions and float outputs within that many ULP).
-
-    PyNative runs op by op (~20 ms a step for a 256-256-128 policy, measured); the compiled Cell runs the same
-    kernels in one call (~3 ms). Episodes are sequential, so the reference plays them with the compiled twin
-    when the two agree exactly, and stays op by op when they do not.
-    """
-    if RUNTIMES[TWIN].why_not(source):
-        return None, f"{REFERENCE} (ms-graph unavailable)"
-    feeds = seeded_feeds(bundle, TWIN_PROBE, seed)
-    twin = {g: create(TWIN, source, g).open() for g in bundle.graphs}
-    for graph, rt in twin.items():  # in the feeds' chunks: the twin then compiles the batch sizes it plays and feeds
-        want, got = infer_feeds(ref[graph], bundle, graph, feeds), infer_feeds(rt, bundle, graph, feeds)
-        if not _twins(bundle, graph, want, got, ulps):
-            for opened in twin.values():
-                opened.close()
-            return None, f"{REFERENCE} (the compiled Cell differs from PyNative on graph {graph!r})"
-    same = "bitwise equal to" if not ulps else f"the same actions as, and within {ulps} ULP of,"
-    return twin, f"ms-graph, {same} {REFERENCE} on {TWIN_PROBE} observations"
-
-
-def _twins(bundle: Bundle, graph: str, want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray],
-           ulps: int) -> bool:  # fmt: skip
-    if all(np.array_equal(want[k], got[k], equal_nan=True) for k in want):
-        return True
-    if not ulps:
-        return False
-    contract = bundle.contract(graph)
-    if not np.array_equal(np.asarray(contract.env_action(want)), np.asarray(contract.env_action(got))):
-        return False
-    return all(np.array_equal(want[k], got[k]) if want[k].dtype.kind != "f" else
-               ulp_distance(want[k], got[k]) <= ulps for k in want)  # fmt: skip
 
 
 def _env_check(env: E.EnvSource, seed: int) -> Check:

@@ -156,7 +156,8 @@ RUNTIME = {"int8": "lite", "fp16": "emulated-fp16"}  # the runtime verify judges
 def make_plan(args: argparse.Namespace, work: Path, say: Callable[[str], None]) -> tuple[Bundle, SearchResult, dict]:
     """Search the cheapest kept set that verify passes, and write its bundle (see ``evaluate`` for the judge)."""
     from inference.compare.options import VerifyOptions
-    from inference.compare.verifier import env_replays_seeds, reference_for
+    from inference.compare.reference_cells import reference_for
+    from inference.compare.verifier import env_replays_seeds
     from inference.runtimes.base import RuntimeSource
 
     bundle = source_bundle(args.bundle, args.lower)

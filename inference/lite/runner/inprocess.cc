@@ -43,7 +43,8 @@ struct Handle {
   std::string path, config;
   mindspore::ModelType type = mindspore::kMindIR_Lite;
   std::shared_ptr<mindspore::Context> context;
-  bool predicted = false;  // the model has run a Predict at its current shapes
+  bool predicted = false;    // the model has run a Predict at its current shapes
+  bool rebuildable = true;   // false once Lite refused to build it again (an fp16 .ms)
   std::vector<mindspore::MSTensor> inputs, outputs;
   std::vector<std::vector<int64_t>> declared, current;
   msrl::ThreadFollower follower;
@@ -79,19 +80,24 @@ bool SameShapes(const Handle *h, int n, const int64_t *dims, const int32_t *rank
   return same;
 }
 
-// The model built again from its file: a model resized once before its first Predict runs any batch, while Lite
-// 2.0.0 corrupts its heap resizing some graphs after a Predict (a broadcast Sub on [1, batch, n], a one-step GRU's
-// graph: "double free", SIGSEGV at the next batch). "" or the reason it failed.
-std::string Rebuild(Handle *h) {
+// The model built again from its file (false: Lite could not, and the model is kept): a model resized once before its
+// first Predict runs any batch, while Lite 2.0.0 corrupts its heap resizing some graphs after a Predict (a broadcast
+// Sub on [1, batch, n], a one-step GRU's graph: "double free", SIGSEGV at the next batch). An fp16 .ms builds once
+// per process ("can not find tensor data in origin tensor data").
+bool Rebuild(Handle *h) {
   auto model = std::make_unique<mindspore::Model>();
-  if (!h->config.empty() && model->LoadConfig(h->config).IsError()) return "Lite refused the runtime configuration";
+  if (!h->config.empty() && model->LoadConfig(h->config).IsError()) return false;
   const std::vector<pid_t> threads_before = msrl::ThreadIds();
   mindspore::Status st;
   {
+    msrl::LogCapture capture;  // Lite's error lines of a refused build: not the caller's stderr
     msrl::FloatMode lite_mode(msrl::FloatMode::kFlushDenormals);
     st = model->Build(h->path, h->type, h->context);
   }
-  if (st.IsError()) return "rebuilding the model for a new batch failed: " + msrl::OneLine(st.ToString());
+  if (st.IsError()) {  // an fp16 .ms builds once per process: it is resized as it is from now on
+    h->rebuildable = false;
+    return false;
+  }
   h->inputs.clear();
   h->outputs.clear();
   h->model = std::move(model);
@@ -101,7 +107,7 @@ std::string Rebuild(Handle *h) {
   for (const auto &t : h->inputs) h->current.push_back(t.Shape());
   if (h->follow) h->follower.InitSince(threads_before);
   h->predicted = false;
-  return "";
+  return true;
 }
 
 // Resizes Lite's inputs when the feed shapes (n feeds, ranks[i] dims each, back to back in dims) differ from the
@@ -109,11 +115,7 @@ std::string Rebuild(Handle *h) {
 // (same shapes) allocates nothing.
 std::string EnsureShapes(Handle *h, int n, const int64_t *dims, const int32_t *ranks) {
   if (SameShapes(h, n, dims, ranks)) return "";
-  if (h->predicted) {
-    const std::string err = Rebuild(h);
-    if (!err.empty()) return err;
-    if (SameShapes(h, n, dims, ranks)) return "";
-  }
+  if (h->predicted && h->rebuildable && Rebuild(h) && SameShapes(h, n, dims, ranks)) return "";
   std::vector<std::vector<int64_t>> shapes(n);
   for (int i = 0, at = 0; i < n; at += ranks[i], ++i) shapes[i].assign(dims + at, dims + at + ranks[i]);
   mindspore::Status st = h->model->Resize(h->inputs, shapes);

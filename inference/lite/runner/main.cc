@@ -241,12 +241,16 @@ int Serve(int argc, char **argv) {
   options.follow = args.device == "cpu" && args.threads == 1 && !(follow_env && std::atoi(follow_env) == 0);
   options.inline_actors = inline_actors;
   options.max_rows = args.max_rows;
-  options.rebuild = [&args, &lite_version] {
-    std::string unused;
-    return Load(args, lite_version, &unused);
+  options.rebuild = [&args]() -> std::unique_ptr<mindspore::Model> {  // loaded once already: no handshake
+    auto again = std::make_unique<mindspore::Model>();
+    if (!args.config.empty() && again->LoadConfig(args.config).IsError()) return nullptr;
+    msrl::LogCapture capture;
+    const mindspore::ModelType type = EndsWith(args.model, ".ms") ? mindspore::kMindIR_Lite : mindspore::kMindIR;
+    if (again->Build(args.model, type, MakeContext(args)).IsError()) return nullptr;
+    return again;
   };
   options.hook = msrl::MakeRequestHook();
-  msrl::Server server(model.get(), STDIN_FILENO, msrl::ProtocolFd(), options);
+  msrl::Server server(std::move(model), STDIN_FILENO, msrl::ProtocolFd(), options);
   const int rc = server.Run();
   // Skip static destructors of the Lite libraries: nothing to flush and their teardown is not needed.
   std::fflush(stderr);

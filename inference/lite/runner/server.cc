@@ -16,8 +16,8 @@ namespace {
 constexpr size_t kKeepBytes = size_t{4} << 20;
 }  // namespace
 
-Server::Server(mindspore::Model *model, int in_fd, int out_fd, const ServerOptions &options)
-    : model_(model), in_(in_fd), out_fd_(out_fd), options_(options), inputs_(model->GetInputs()) {
+Server::Server(std::unique_ptr<mindspore::Model> model, int in_fd, int out_fd, const ServerOptions &options)
+    : model_(std::move(model)), in_(in_fd), out_fd_(out_fd), options_(options), inputs_(model_->GetInputs()) {
   if (options_.follow) follower_.Init();
   for (const auto &t : inputs_) {
     declared_.push_back(t.Shape());
@@ -159,20 +159,21 @@ std::string Server::Validate(uint32_t n) const {
 std::string Server::Predict(uint32_t n, bool tap) {
   bool resize = false;
   for (uint32_t i = 0; i < n; ++i) resize |= feeds_[i].dims != current_[i];
-  if (resize && predicted_ && options_.rebuild) {  // see ServerOptions::rebuild
+  if (resize && predicted_ && rebuildable_ && options_.rebuild) {  // see ServerOptions::rebuild
     std::unique_ptr<mindspore::Model> fresh = options_.rebuild();
-    if (fresh == nullptr) return "rebuilding the model for a new batch failed";
-    inputs_.clear();
-    outputs_.clear();
-    rebuilt_ = std::move(fresh);
-    model_ = rebuilt_.get();
-    inputs_ = model_->GetInputs();
-    if (options_.follow) follower_.Init();  // the new model's threads too
-    predicted_ = false;
-    resize = false;
-    for (uint32_t i = 0; i < n; ++i) {
-      current_[i] = inputs_[i].Shape();
-      resize |= feeds_[i].dims != current_[i];
+    rebuildable_ = fresh != nullptr;
+    if (fresh != nullptr) {
+      inputs_.clear();
+      outputs_.clear();
+      model_ = std::move(fresh);
+      inputs_ = model_->GetInputs();
+      if (options_.follow) follower_.Init();  // the new model's threads too
+      predicted_ = false;
+      resize = false;
+      for (uint32_t i = 0; i < n; ++i) {
+        current_[i] = inputs_[i].Shape();
+        resize |= feeds_[i].dims != current_[i];
+      }
     }
   }
   if (resize) {
@@ -196,7 +197,7 @@ std::string Server::Predict(uint32_t n, bool tap) {
   mindspore::Status st;
   predicted_ = true;
   if (!tap) {
-    st = PredictHere(model_, inputs_, &outputs_, options_.inline_actors, &count_);
+    st = PredictHere(model_.get(), inputs_, &outputs_, options_.inline_actors, &count_);
   } else {
     // Response body: u32 n_kernels, then per kernel its name, type and outputs (each as a model output is sent).
     uint32_t kernels = 0;
@@ -216,7 +217,7 @@ std::string Server::Predict(uint32_t n, bool tap) {
       }
       return true;
     };
-    st = PredictHere(model_, inputs_, &outputs_, options_.inline_actors, &count_, after);
+    st = PredictHere(model_.get(), inputs_, &outputs_, options_.inline_actors, &count_, after);
     out_.Put(kernels);
     out_.Append(body);
     return st.IsError() ? "predict failed: " + OneLine(st.ToString()) : "";

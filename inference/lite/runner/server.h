@@ -22,15 +22,17 @@ struct ServerOptions {
   bool inline_actors = false;   // run Lite's graph on the serving thread (inline_run.h)
   uint64_t max_rows = 0;        // largest batch (first dimension) a request may carry; refused beyond it
   RequestHook hook = nullptr;
-  // Builds the model afresh. Lite 2.0.0 corrupts its heap resizing some graphs after a Predict (a broadcast Sub on
-  // [1, batch, n], a one-step GRU's graph: "double free", SIGSEGV at the next batch), while a model built and resized
-  // once before its first Predict runs any batch; so a new batch after a Predict runs on a model built again.
+  // Builds the model afresh (nullptr: it could not). Lite 2.0.0 corrupts its heap resizing some graphs after a
+  // Predict (a broadcast Sub on [1, batch, n], a one-step GRU's graph: "double free", SIGSEGV at the next batch),
+  // while a model built and resized once before its first Predict runs any batch; so a new batch after a Predict
+  // runs on a model built again. Lite builds an fp16 .ms once per process ("can not find tensor data in origin
+  // tensor data"): such a model is resized as it is.
   std::function<std::unique_ptr<mindspore::Model>()> rebuild;
 };
 
 class Server {
  public:
-  Server(mindspore::Model *model, int in_fd, int out_fd, const ServerOptions &options);
+  Server(std::unique_ptr<mindspore::Model> model, int in_fd, int out_fd, const ServerOptions &options);
   // Serves until quit/EOF (returns 0) or until the stream cannot be trusted (returns kExitProtocol).
   int Run();
 
@@ -51,9 +53,9 @@ class Server {
   static void PutTensor(Writer *w, mindspore::MSTensor *t);
   void ReleaseLargeBuffers(uint32_t n);
 
-  mindspore::Model *model_;
-  std::unique_ptr<mindspore::Model> rebuilt_;  // the model built again (options_.rebuild), once the batch changed
-  bool predicted_ = false;                     // model_ has run a Predict at its current shapes
+  std::unique_ptr<mindspore::Model> model_;
+  bool predicted_ = false;    // model_ has run a Predict at its current shapes
+  bool rebuildable_ = true;   // false once Lite refused to build it again (an fp16 .ms)
   Reader in_;
   int out_fd_;
   Writer out_;
