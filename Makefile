@@ -115,11 +115,13 @@ TEST_WORKERS ?= logical
 PYTEST_XDIST = -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 test: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(PYTEST_XDIST)
 
 # The inner loop: every test not marked slow (end-to-end training, msrun, venv builds, full verifies).
 quick: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow"
 
 # The consistency gate CI runs: for each env, a small policy, a full export, and verify must exit 0.
@@ -151,6 +153,7 @@ gate-aarch64: lite-aarch64
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # pip, as configured: PyTorch's CPU wheel comes from the index or find-links pip.conf names (uv would take PyPI's
 # CUDA build of the same version).

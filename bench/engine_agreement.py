@@ -216,14 +216,20 @@ def main(argv: list[str] | None = None) -> int:
                      f"{'never' if not big else f'{len(big)} episodes, from step {min(big)}'} |")  # fmt: skip
         print(lines[-1], flush=True)
     if args.statistics:
-        lines += ["", "| env, random actions | episodes | EnvPool return | gymnasium return | EnvPool length "
-                  "| gymnasium length | terminated (EnvPool / gymnasium) |", "|---|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            "",
+            "| env, random actions | episodes | EnvPool return | gymnasium return | EnvPool length "
+            "| gymnasium length | terminated (EnvPool / gymnasium) |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
         for env_id in [e for e in args.statistics.split(",") if e]:
             st = random_statistics(env_id, args.statistics_episodes)
             p, g = st["envpool"], st["gymnasium"]
-            lines.append(f"| {env_id} | {args.statistics_episodes} | {p['return']:.1f} ± {p['return_se']:.1f} | "
-                         f"{g['return']:.1f} ± {g['return_se']:.1f} | {p['length']:.0f} ± {p['length_se']:.0f} | "
-                         f"{g['length']:.0f} ± {g['length_se']:.0f} | {p['terminated']:.0%} / {g['terminated']:.0%} |")
+            lines.append(
+                f"| {env_id} | {args.statistics_episodes} | {p['return']:.1f} ± {p['return_se']:.1f} | "
+                f"{g['return']:.1f} ± {g['return_se']:.1f} | {p['length']:.0f} ± {p['length_se']:.0f} | "
+                f"{g['length']:.0f} ± {g['length_se']:.0f} | {p['terminated']:.0%} / {g['terminated']:.0%} |"
+            )
             print(lines[-1], flush=True)
     if args.runs:
         lines += ["", "| policy | trained on | starts | EnvPool return | gymnasium return | max per-episode Δ |",

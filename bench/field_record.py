@@ -68,8 +68,10 @@ def main() -> None:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bundle, ckpt = (args.bundle, args.ckpt) if args.bundle else prepare(args.out)
-    print("| batch | act p50, plain (µs) | act p50, recorded (µs) | added per call (µs) | added per step (µs) | "
-          "p99 plain / recorded (µs) | close (flush) s |")
+    print(
+        "| batch | act p50, plain (µs) | act p50, recorded (µs) | added per call (µs) | added per step (µs) | "
+        "p99 plain / recorded (µs) | close (flush) s |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for batch in (1, 64):
         r = device_costs(bundle, args.out / f"rec-{batch}", args.calls, batch)

@@ -77,9 +77,12 @@ def main() -> None:
         row = judge(env_id, int(steps), int(seed), args.out)
         rows.append(row)
         f16, f32 = row["fp16"], row["fp32"]
-        print(f"| {row['policy']} | {f32['exit']} | {f16['exit']} | {', '.join(f16.get('ran', []))} | "
-              f"{', '.join(f16.get('failed', [])) or '–'} | {f16.get('flips', '–')} ({f16.get('explained', '–')}) | "
-              f"{f16.get('worst_vs_atol', 0):.2f} |", flush=True)
+        print(
+            f"| {row['policy']} | {f32['exit']} | {f16['exit']} | {', '.join(f16.get('ran', []))} | "
+            f"{', '.join(f16.get('failed', [])) or '–'} | {f16.get('flips', '–')} ({f16.get('explained', '–')}) | "
+            f"{f16.get('worst_vs_atol', 0):.2f} |",
+            flush=True,
+        )
     (args.out / "fp16_preset.json").write_text(json.dumps(rows, indent=2) + "\n")
 
 

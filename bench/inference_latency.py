@@ -184,8 +184,10 @@ def main() -> None:
               f"{r['batch_obs_s']:,.0f} | {r['batch_obs_s'] / base['batch_obs_s']:.2f}x |")  # fmt: skip
     deploy = deploy_side(bundle, obs, args.calls, args.out)
     inline = {process: child["runs_inline"] for process, child in deploy.items()}
-    print("\nThe deploy side (processes without MindSpore), called as a control loop calls it; baseline the ONNX "
-          f"Runtime session of the same process; graph on the calling thread: {inline}\n")
+    print(
+        "\nThe deploy side (processes without MindSpore), called as a control loop calls it; baseline the ONNX "
+        f"Runtime session of the same process; graph on the calling thread: {inline}\n"
+    )
     print("\n".join(deploy_table(deploy)))
     if "lite" in rows:
         raw = measure_raw_lite(bundle, obs, args.calls)

@@ -67,8 +67,10 @@ def accuracy_rows(label: str, bundle, cells) -> list[str]:
             a, b = x86[name][ordinary], arm[name][ordinary]
             same = np.array([x.tobytes() == y.tobytes() for x, y in zip(a, b, strict=True)])
             err = [float(np.abs(v.astype(np.float64) - r[ordinary]).max()) for v in (a, b)]
-            rows.append(f"| {label} | {graph}.{name} | {err[0]:.2e} | {err[1]:.2e} | {int(same.sum())} / {len(same)} | "
-                        f"{'yes' if same.all() else 'no'} | {float(np.abs(a.astype(np.float64) - b).max()):.2e} |")
+            rows.append(
+                f"| {label} | {graph}.{name} | {err[0]:.2e} | {err[1]:.2e} | {int(same.sum())} / {len(same)} | "
+                f"{'yes' if same.all() else 'no'} | {float(np.abs(a.astype(np.float64) - b).max()):.2e} |"
+            )
     return rows
 
 
@@ -127,16 +129,20 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---|---:|")
     for label, bundle, cells, _genuine, _nudged in cases:
         print("\n".join(accuracy_rows(label, bundle, cells)), flush=True)
-    print("\n| policy | bundle | lite: s, exit, layer | lite-aarch64: s, exit, layer | aarch64 / x86 time "
-          "| lite-aarch64, plain starts: s, exit, layer | forked / plain starts time |")
+    print(
+        "\n| policy | bundle | lite: s, exit, layer | lite-aarch64: s, exit, layer | aarch64 / x86 time "
+        "| lite-aarch64, plain starts: s, exit, layer | forked / plain starts time |"
+    )
     print("|---|---|---|---|---:|---|---:|")
     for label, _bundle, _cells, genuine, nudged in cases:
         for kind, run in (("genuine", genuine), ("layer changed", nudged)):
             x86, arm = (timed_verify(run, name) for name in RUNTIMES)
             plain = timed_verify(run, "lite-aarch64", fork_server=False)
-            print(f"| {label} | {kind} | {x86[0]:.1f}, {x86[1]}, {x86[2]} | {arm[0]:.1f}, {arm[1]}, {arm[2]} | "
-                  f"{arm[0] / x86[0]:.1f}x | {plain[0]:.1f}, {plain[1]}, {plain[2]} | {arm[0] / plain[0]:.2f}x |",
-                  flush=True)
+            print(
+                f"| {label} | {kind} | {x86[0]:.1f}, {x86[1]}, {x86[2]} | {arm[0]:.1f}, {arm[1]}, {arm[2]} | "
+                f"{arm[0] / x86[0]:.1f}x | {plain[0]:.1f}, {plain[1]}, {plain[2]} | {arm[0] / plain[0]:.2f}x |",
+                flush=True,
+            )
 
 
 def scaled(ckpt: Path, out: Path):

@@ -84,8 +84,18 @@ def ptq_row(env: str, base: Path, fp32: Path, work: Path, lower: str) -> dict:
     flips, ratio = lite_numbers(report, runtime)
     final = json.loads((out / "manifest.json").read_text())["plan"]["final"]
     ret = max((r["difference"] for r in (final.get("returns") or {}).values()), default=None)
-    return {"env": env, "row": f"{lower} PTQ all", "steps": "–", "wall": seconds, "return": ret, "relative": True,
-            "kb": (out / "policy.ms").stat().st_size / 1024, "flips": flips, "ratio": ratio, "verify": str(code)}
+    return {
+        "env": env,
+        "row": f"{lower} PTQ all",
+        "steps": "–",
+        "wall": seconds,
+        "return": ret,
+        "relative": True,
+        "kb": (out / "policy.ms").stat().st_size / 1024,
+        "flips": flips,
+        "ratio": ratio,
+        "verify": str(code),
+    }
 
 
 def trained_rows(env: str, base: Path, work: Path, lower: str, steps: int, seeds: list[int], lr: str | None) -> dict:
@@ -146,8 +156,9 @@ def main() -> None:
     parser.add_argument("--steps", required=True, help="ENV=N,... fine-tuning steps per env")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "bench" / "lowered_training")
-    parser.add_argument("--rows", default="fp32,ptq-int8,int8,ptq-fp16,fp16",
-                        help="which rows to run (the fp32 base row always)")
+    parser.add_argument(
+        "--rows", default="fp32,ptq-int8,int8,ptq-fp16,fp16", help="which rows to run (the fp32 base row always)"
+    )
     parser.add_argument("--learning-rate", help="the fine-tunes' learning rate (default: each env's preset)")
     args = parser.parse_args()
     runs = dict(item.split("=", 1) for item in args.runs.split(","))

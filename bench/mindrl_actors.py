@@ -79,8 +79,11 @@ PENDULUM = {"env_id": "Pendulum-v1", "input": {"obs": [3]}}
 GREEDY = {"outputs": {"names": ["q"]}, "action": {"kind": "argmax", "values": "q"}}
 LOGITS = {"outputs": {"names": ["logits"]}, "action": {"kind": "categorical", "logits": "logits"}}
 PROBS = {"outputs": {"names": ["probs"]}, "action": {"kind": "categorical", "probs": "probs"}}
-SAC = {**PENDULUM, "outputs": {"names": ["mean", "std", "log_std", "action"]},
-       "action": {"kind": "gaussian", "mean": "mean", "std": "std", "squash": "tanh", "low": [-2.0], "high": [2.0]}}
+SAC = {
+    **PENDULUM,
+    "outputs": {"names": ["mean", "std", "log_std", "action"]},
+    "action": {"kind": "gaussian", "mean": "mean", "std": "std", "squash": "tanh", "low": [-2.0], "high": [2.0]},
+}
 TANH_ACTION = {**PENDULUM, "outputs": {"names": ["action"]},
                "action": {"kind": "deterministic", "action": "action", "squash": "clip", "rescale": True,
                           "low": [-2.0], "high": [2.0]}}  # fmt: skip
@@ -162,7 +165,12 @@ class Row:
 
 
 def run_one(
-    actor: Actor, root: Path, work: Path, observations: int, episodes: int, package: str = "mindspore_rl",
+    actor: Actor,
+    root: Path,
+    work: Path,
+    observations: int,
+    episodes: int,
+    package: str = "mindspore_rl",
     prelude: str = "",
 ) -> Row:
     """Export and verify one actor of the library ``package`` checked out at ``root`` (in this process); ``prelude``:
@@ -201,8 +209,13 @@ def run_one(
         return row
     files = bundle.graph("policy")["files"]
     kept = [fmt for fmt, e in files.items() if "file" in e and "failed" not in e]
-    row.export = "full bundle" if kept == ["mindir", "onnx", "ms"] else f"{', '.join(kept)} (" + "; ".join(
-        f"{fmt}: {e.get('failed', e.get('skipped'))}" for fmt, e in files.items() if fmt not in kept) + ")"
+    row.export = (
+        "full bundle"
+        if kept == ["mindir", "onnx", "ms"]
+        else f"{', '.join(kept)} ("
+        + "; ".join(f"{fmt}: {e.get('failed', e.get('skipped'))}" for fmt, e in files.items() if fmt not in kept)
+        + ")"
+    )
     recorded = None
     if actor.observations is not None:
         shape = (observations, *np.atleast_1d(actor.observations))
@@ -265,11 +278,19 @@ def main() -> int:
                "--observations", str(args.observations), "--episodes", str(args.episodes)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
         found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-        row = Row(**json.loads(found[0])) if found else Row(actor.name, export=f"crashed (exit {proc.returncode}): "
-                                                           f"{(proc.stderr.strip().splitlines() or [''])[-1][:300]}")
+        row = (
+            Row(**json.loads(found[0]))
+            if found
+            else Row(
+                actor.name,
+                export=f"crashed (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1][:300]}",
+            )
+        )
         rows.append(row)
-        print(f"{actor.name}: export {row.export[:80]}; {row.genuine} / {row.nudged}; {row.layers} "
-              f"({row.seconds:.0f} s)", flush=True)
+        print(
+            f"{actor.name}: export {row.export[:80]}; {row.genuine} / {row.nudged}; {row.layers} ({row.seconds:.0f} s)",
+            flush=True,
+        )
         for failure in row.failures:
             print(f"    {failure[:400]}", flush=True)
     print()

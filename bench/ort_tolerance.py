@@ -126,9 +126,12 @@ def main() -> None:
                 edge_needed = max(0.0, float((diff[edge] - scale * magnitude[edge]).max())) if edge.any() else 0.0
                 edge_ratio = float((diff[edge] / magnitude[edge]).max()) if edge.any() else 0.0
                 lite_d = "–" if lite is None else f"{np.abs(lite[name] - r)[ordinary].max():.1e}"
-                print(f"| {label} | {graph}.{name} | {diff[ordinary].max():.1e} | {top:.3g} | "
-                      f"{diff[ordinary].max() / top:.1e} | {edge_ratio:.1e} | {needed:.1e}, {edge_needed:.1e} | "
-                      f"{lite_d} |", flush=True)
+                print(
+                    f"| {label} | {graph}.{name} | {diff[ordinary].max():.1e} | {top:.3g} | "
+                    f"{diff[ordinary].max() / top:.1e} | {edge_ratio:.1e} | {needed:.1e}, {edge_needed:.1e} | "
+                    f"{lite_d} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,25 @@ def verify(bundle: Path, report: Path, ref: list[str], cwd: Path | None, *extra:
 
 def plan(bundle: Path, out: Path, lower: str, ref: list[str], cwd: Path | None, *extra: str) -> dict:
     """The plan's manifest record, or ``{"error": ...}`` when the tool wrote none (exit and last line)."""
-    proc = sh("-m", "msrl_consistency.precision", "--bundle", str(bundle), *ref, "--lower", lower, "--out", str(out),
-              "--force", "--quiet", "--observations", "4000", "--episodes", "10", *extra, cwd=cwd)  # the verify's judge
+    proc = sh(
+        "-m",
+        "msrl_consistency.precision",
+        "--bundle",
+        str(bundle),
+        *ref,
+        "--lower",
+        lower,
+        "--out",
+        str(out),
+        "--force",
+        "--quiet",
+        "--observations",
+        "4000",
+        "--episodes",
+        "10",
+        *extra,
+        cwd=cwd,
+    )  # the verify's judge
     if not (out / "manifest.json").is_file():
         return {"error": f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"}
     return json.loads((out / "manifest.json").read_text())["plan"]
@@ -99,8 +116,10 @@ def weight_quant_ms(bundle: Path, out: Path) -> Path:
     """The deterministic graph with every weight in int8 (Lite's weight quantization, the configuration the plan
     tool writes for ``--quantization weight``)."""
     config = out.with_suffix(".cfg")
-    config.write_text("[common_quant_param]\nquant_type=WEIGHT_QUANT\nbit_num=8\nmin_quant_weight_size=0\n"
-                      "min_quant_weight_channel=0\n")
+    config.write_text(
+        "[common_quant_param]\nquant_type=WEIGHT_QUANT\nbit_num=8\nmin_quant_weight_size=0\n"
+        "min_quant_weight_channel=0\n"
+    )
     converter = REPO / ".lite" / "bin" / "msrl-lite-convert"
     subprocess.run([str(converter), "--onnx", str(bundle / "policy.onnx"), "--out", str(out), "--config", str(config)],
                    capture_output=True, check=True)  # fmt: skip
@@ -123,8 +142,20 @@ def policy_rows(name: str, bundle: Path, ref: list[str], work: Path, cwd: Path |
     rows = []
     base = timing(bundle / "policy.ms", feed)
     code, rep = verify(bundle, work / "fp32.report", ref, cwd, *env)
-    rows.append({"policy": name, "row": "fp32", "ms": bundle / "policy.ms", "timing": base, "verdict": code,
-                 "kept": "all", "flips": "–", "ratio": "–", "ret": "–", "fp32_policy": _fp32_mismatch(rep)})
+    rows.append(
+        {
+            "policy": name,
+            "row": "fp32",
+            "ms": bundle / "policy.ms",
+            "timing": base,
+            "verdict": code,
+            "kept": "all",
+            "flips": "–",
+            "ratio": "–",
+            "ret": "–",
+            "fp32_policy": _fp32_mismatch(rep),
+        }
+    )
     code16, rep16 = verify(bundle, work / "fp16-all.report", ref, cwd, "--emulate", "fp16", *env)
     p16 = plan(bundle, work / "fp16-plan", "fp16", ref, cwd, *env)
     fp16_ms = work / "fp16-weights.ms"
@@ -257,8 +288,10 @@ def main() -> None:
     text += "\n".join(f"- {k}: mean exp|Δ log π| {v.get('mean_exp_abs', 1):.7f}, k3 KL {v.get('k3_kl', 0):.1e}, "
                       f"ESS {v.get('ess', 1):.6f}, p99 |Δ mean| / std {v.get('mean_shift_in_std', 0):.1e}"
                       for k, v in fp32.items())  # fmt: skip
-    header = (f"{time.strftime('%Y-%m-%d')}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
-              f"`python bench/precision_plans.py {' '.join(sys.argv[1:])}`, {time.perf_counter() - started:.0f} s\n\n")
+    header = (
+        f"{time.strftime('%Y-%m-%d')}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
+        f"`python bench/precision_plans.py {' '.join(sys.argv[1:])}`, {time.perf_counter() - started:.0f} s\n\n"
+    )
     (args.out / "precision_plans.md").write_text(header + text + "\n")
     (args.out / "precision_plans.json").write_text(json.dumps(rows, default=str, indent=1))
     print(header + text)

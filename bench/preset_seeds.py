@@ -79,9 +79,17 @@ def stop_reason(env_id: str, run_dir: Path, stop_at_target: bool, give_up_at: in
     return "gave up" if give_up_at and at >= give_up_at else None
 
 
-def run(env_id: str, name: str, overrides: list[str], seed: int, steps: int | None, out: Path,
-        eval_every_steps: int = EVAL_EVERY_STEPS, stop_at_target: bool = False,
-        give_up_at: int | None = None) -> dict[str, Any]:
+def run(
+    env_id: str,
+    name: str,
+    overrides: list[str],
+    seed: int,
+    steps: int | None,
+    out: Path,
+    eval_every_steps: int = EVAL_EVERY_STEPS,
+    stop_at_target: bool = False,
+    give_up_at: int | None = None,
+) -> dict[str, Any]:
     """One training run of the real CLI. With ``stop_at_target`` / ``give_up_at`` it is stopped (SIGTERM: the
     iteration finishes and is checkpointed, so ``--resume`` can go on) once its target is reached or once it has
     passed ``give_up_at`` steps without it. The learning-rate schedule still spans the full run's steps, so the
@@ -132,8 +140,10 @@ def reached_at(result: dict[str, Any], threshold: float | None) -> int | None:
     if threshold is None:
         return target_step(result)
     if result["env_id"] in TRAINING_MEAN_TARGET or "evals" not in result:
-        raise SystemExit(f"--threshold needs stored evaluations: {result['env_id']} {result['name']} seed "
-                         f"{result['seed']} has none (its target is the training mean, or it ran before they were)")
+        raise SystemExit(
+            f"--threshold needs stored evaluations: {result['env_id']} {result['name']} seed "
+            f"{result['seed']} has none (its target is the training mean, or it ran before they were)"
+        )
     return steps_to_eval_threshold(result["evals"], threshold)
 
 
@@ -178,16 +188,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="preset", help="candidate name in the table")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a preset field")
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side")
-    parser.add_argument("--eval-every-steps", type=int, default=EVAL_EVERY_STEPS,
-                        help="periodic evaluation cadence (Hopper's 1M steps: 51200, or evaluations dominate)")
+    parser.add_argument(
+        "--eval-every-steps",
+        type=int,
+        default=EVAL_EVERY_STEPS,
+        help="periodic evaluation cadence (Hopper's 1M steps: 51200, or evaluations dominate)",
+    )
     parser.add_argument("--out", default="reports/bench/preset_seeds")
-    parser.add_argument("--threshold", type=float, default=None,
-                        help="tabulate against this evaluation bar instead of the env's target")
+    parser.add_argument(
+        "--threshold", type=float, default=None, help="tabulate against this evaluation bar instead of the env's target"
+    )
     parser.add_argument("--tabulate", action="store_true", help="only tabulate the runs stored in --out")
-    parser.add_argument("--stop-at-target", action="store_true",
-                        help="stop a run once an evaluation reaches the target (no final evaluation then)")
-    parser.add_argument("--give-up-at", type=int, default=0, metavar="STEPS",
-                        help="stop a run that has not reached its target after STEPS env steps (a screen)")
+    parser.add_argument(
+        "--stop-at-target",
+        action="store_true",
+        help="stop a run once an evaluation reaches the target (no final evaluation then)",
+    )
+    parser.add_argument(
+        "--give-up-at",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="stop a run that has not reached its target after STEPS env steps (a screen)",
+    )
     args = parser.parse_args(argv)
     out = REPO / args.out
     store = out / "results.json"
@@ -203,8 +226,21 @@ def main(argv: list[str] | None = None) -> int:
     # A rerun replaces this candidate's results for these seeds; its other seeds are kept.
     results = [r for r in results if not (r["env_id"] == args.env and r["name"] == args.name and r["seed"] in seeds)]
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(run, args.env, args.name, args.set, s, args.steps or None, out, args.eval_every_steps,
-                               args.stop_at_target, args.give_up_at or None) for s in seeds]
+        futures = [
+            pool.submit(
+                run,
+                args.env,
+                args.name,
+                args.set,
+                s,
+                args.steps or None,
+                out,
+                args.eval_every_steps,
+                args.stop_at_target,
+                args.give_up_at or None,
+            )
+            for s in seeds
+        ]
         for f in futures:
             r = f.result()
             final = "–" if r["final_eval"] is None else f"{r['final_eval']:.1f}"

@@ -44,8 +44,10 @@ def main() -> int:
         base, _ = load_times(empty, args.repeat)
     baseline = statistics.median(base)
     print(f"baseline (empty page, same stylesheet and script): load {baseline:.0f} ms (median of {args.repeat})\n")
-    print("| report | report.json | report.html | html / json | load ms (median) | vs baseline | requests "
-          "| console errors |")
+    print(
+        "| report | report.json | report.html | html / json | load ms (median) | vs baseline | requests "
+        "| console errors |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for report in args.reports:
         page, data = report / "report.html", report / "report.json"
@@ -60,8 +62,10 @@ def main() -> int:
             (args.screenshots / f"{report.name}-full.png").write_bytes(browser.open_page(page, full_page=True)
                                                                          .full_screenshot)  # fmt: skip
         kb_html, kb_json = page.stat().st_size / 1024, data.stat().st_size / 1024
-        print(f"| {report.name} | {kb_json:.0f} KiB | {kb_html:.0f} KiB | {kb_html / kb_json:.2f} | {median:.0f} | "
-              f"{median / baseline:.2f}x | {len(view.requests) - 1} | {len(view.console_errors)} |")
+        print(
+            f"| {report.name} | {kb_json:.0f} KiB | {kb_html:.0f} KiB | {kb_html / kb_json:.2f} | {median:.0f} | "
+            f"{median / baseline:.2f}x | {len(view.requests) - 1} | {len(view.console_errors)} |"
+        )
     return 0
 
 

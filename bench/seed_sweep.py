@@ -56,8 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     from msrl_consistency.training import learner
 
     compat.set_device("cpu")
-    base = parse_config(["--env-id", args.env_id, "--total-steps", str(args.total_steps), "--progress", "false",
-                         "--eval-episodes", "0", "--compile-cache", "false", "--profile", "true"])  # the env's preset
+    base = parse_config(
+        [
+            "--env-id",
+            args.env_id,
+            "--total-steps",
+            str(args.total_steps),
+            "--progress",
+            "false",
+            "--eval-episodes",
+            "0",
+            "--compile-cache",
+            "false",
+            "--profile",
+            "true",
+        ]
+    )  # the env's preset
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, args.seeds + 1):
@@ -71,12 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     command = f"python bench/seed_sweep.py --env-id {args.env_id} --seeds {args.seeds} --total-steps {args.total_steps}"
     print(f"{time.strftime('%Y-%m-%d')}, {cpu_summary()}, `{command}`")
     print("(one process, the env's preset, compile cache off)\n")
-    print("| seed | compile, compiled (s) | compile, reused (s) | run wall, compiled (s) | run wall, reused (s) "
-          "| wall reused / compiled | reused run's graphs | weights bitwise equal |")
+    print(
+        "| seed | compile, compiled (s) | compile, reused (s) | run wall, compiled (s) | run wall, reused (s) "
+        "| wall reused / compiled | reused run's graphs | weights bitwise equal |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---|---|")
     for seed, f_wall, f_comp, _, r_wall, r_comp, r_state, same in rows:
-        print(f"| {seed} | {f_comp:.2f} | {r_comp:.2f} | {f_wall:.2f} | {r_wall:.2f} | {r_wall / f_wall:.2f}x "
-              f"| {r_state} | {'yes' if same else 'NO'} |")
+        print(
+            f"| {seed} | {f_comp:.2f} | {r_comp:.2f} | {f_wall:.2f} | {r_wall:.2f} | {r_wall / f_wall:.2f}x "
+            f"| {r_state} | {'yes' if same else 'NO'} |"
+        )
     return 0 if all(row[-1] for row in rows) else 1
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from inference.machine.facts import cpu_summary  # noqa: E402
 
-PLUGIN = '''
+PLUGIN = """
 import json, os, resource, time
 import pytest
 
@@ -77,9 +77,9 @@ def pytest_unconfigure(config):
         ROWS.append({"test": "", "self": me, "kids": kids, "pid": os.getpid()})
         with open(os.path.join(os.environ["SUITE_COST_DIR"], f"tests-{worker}.jsonl"), "w") as fh:
             fh.writelines(json.dumps(r) + "\\n" for r in ROWS)
-'''
+"""
 
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import atexit, os, resource, sys
 
 
@@ -98,7 +98,7 @@ def _record():
 
 if os.environ.get("SUITE_COST_DIR"):
     atexit.register(_record)
-'''
+"""
 
 
 def command_kind(argv: str, mindspore: bool) -> str:
@@ -174,16 +174,20 @@ def report(args: argparse.Namespace, summary: str, wall: float, cpu: float, test
     subprocesses = sum(w["kids"] for w in workers.values())
     compile_cpu = sum(t["compile_cpu"] for t in rows)
     paths = " ".join(args.paths)
-    print(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {cpu_summary()}, "
-          f"`python bench/suite_cost.py{' ' + paths if paths else ''} --workers {args.workers}`\n")
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {cpu_summary()}, "
+        f"`python bench/suite_cost.py{' ' + paths if paths else ''} --workers {args.workers}`\n"
+    )
     print(f"pytest: {summary}; {wall:.0f} s wall, {cpu:.0f} CPU-s ({cpu / wall:.2f} cores busy on average)\n")
     total = max(cpu, 1e-9)
     print("| where the CPU went | CPU-s | share |")
     print("|---|---:|---:|")
-    lines = [("in the test workers", in_workers), ("  of which MindSpore graph compiles "
-             f"({sum(t['compiles'] for t in rows)})", compile_cpu),
-             ("Python subprocesses the tests started (with their children)", direct),
-             ("other programs the tests started (Lite runners, qemu, g++, pip, Chromium)", subprocesses - direct)]
+    lines = [
+        ("in the test workers", in_workers),
+        (f"  of which MindSpore graph compiles ({sum(t['compiles'] for t in rows)})", compile_cpu),
+        ("Python subprocesses the tests started (with their children)", direct),
+        ("other programs the tests started (Lite runners, qemu, g++, pip, Chromium)", subprocesses - direct),
+    ]
     for label, seconds in lines:
         print(f"| {label} | {seconds:.0f} | {seconds / total:.0%} |")
     print("\n| Python subprocess | processes | CPU-s | share |")
@@ -194,14 +198,18 @@ def report(args: argparse.Namespace, summary: str, wall: float, cpu: float, test
     print("|---|---:|---:|---:|---:|---:|---:|")
     ranked = sorted(per_file.items(), key=lambda kv: -(kv[1]["self"] + kv[1]["kids"]))
     for name, c in ranked[: args.top]:
-        print(f"| {name} | {c['tests']} | {c['wall']:.0f} | {c['self']:.0f} | {c['compiles']} ({c['compile_cpu']:.0f}) "
-              f"| {c['kids']:.0f} | {(c['self'] + c['kids']) / total:.1%} |")
+        print(
+            f"| {name} | {c['tests']} | {c['wall']:.0f} | {c['self']:.0f} | {c['compiles']} ({c['compile_cpu']:.0f}) "
+            f"| {c['kids']:.0f} | {(c['self'] + c['kids']) / total:.1%} |"
+        )
     rest = ranked[args.top :]
     if rest:
         cpu_rest = sum(c["self"] + c["kids"] for _, c in rest)
-        print(f"| {len(rest)} other files | {sum(c['tests'] for _, c in rest)} | {sum(c['wall'] for _, c in rest):.0f} "
-              f"| {sum(c['self'] for _, c in rest):.0f} | | {sum(c['kids'] for _, c in rest):.0f} "
-              f"| {cpu_rest / total:.1%} |")
+        print(
+            f"| {len(rest)} other files | {sum(c['tests'] for _, c in rest)} | {sum(c['wall'] for _, c in rest):.0f} "
+            f"| {sum(c['self'] for _, c in rest):.0f} | | {sum(c['kids'] for _, c in rest):.0f} "
+            f"| {cpu_rest / total:.1%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -475,8 +475,14 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     envs = list(dict.fromkeys(r["env_id"] for r in results))
-    colours = {"ours": "tab:red", "ours-cold": "tab:pink", "ours-gym": "tab:orange", "torch": "tab:blue",
-               "torch-best": "tab:cyan", "sb3": "tab:green"}
+    colours = {
+        "ours": "tab:red",
+        "ours-cold": "tab:pink",
+        "ours-gym": "tab:orange",
+        "torch": "tab:blue",
+        "torch-best": "tab:cyan",
+        "sb3": "tab:green",
+    }
     fig, axes = plt.subplots(1, len(envs), figsize=(6.5 * len(envs), 4.2), squeeze=False)
     for ax, env in zip(axes[0], envs, strict=True):
         seen: set[str] = set()
@@ -508,15 +514,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every-steps", type=int, default=2048, help=periodic)
     parser.add_argument("--out", default="reports/bench/train_throughput", help="output dir (json, md, png, runs)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="only tabulate and plot earlier runs' json files")
-    parser.add_argument("--stop-at-target", action="store_true",
-                        help="end each run at its first periodic evaluation reaching the env's target (Pendulum, "
-                        "BipedalWalker, Hopper; the learning rate still anneals over --steps): wall to target only")
-    parser.add_argument("--give-up-at", type=int, default=0, metavar="STEPS",
-                        help="end each run after STEPS env steps (a screen; the learning rate anneals over --steps)")
-    parser.add_argument("--race", action="store_true",
-                        help="with --stop-at-target: per seed and round, run the frameworks in the given order (not "
-                        "rotated) and stop each later run once its training wall passes the best wall to target so "
-                        "far (it cannot come first then; SB3's rl-zoo3 BipedalWalker needs millions of steps)")
+    parser.add_argument(
+        "--stop-at-target",
+        action="store_true",
+        help="end each run at its first periodic evaluation reaching the env's target (Pendulum, "
+        "BipedalWalker, Hopper; the learning rate still anneals over --steps): wall to target only",
+    )
+    parser.add_argument(
+        "--give-up-at",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="end each run after STEPS env steps (a screen; the learning rate anneals over --steps)",
+    )
+    parser.add_argument(
+        "--race",
+        action="store_true",
+        help="with --stop-at-target: per seed and round, run the frameworks in the given order (not "
+        "rotated) and stop each later run once its training wall passes the best wall to target so "
+        "far (it cannot come first then; SB3's rl-zoo3 BipedalWalker needs millions of steps)",
+    )
     parser.add_argument("--give-up-after-s", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

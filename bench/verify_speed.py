@@ -201,10 +201,14 @@ def main() -> None:
     if args.biped_bundle and args.biped_ckpt:
         biped = ["--bundle", str(args.biped_bundle.resolve()), "--ckpt", str(args.biped_ckpt.resolve())]
         cases.append(("BipedalWalker-v3 256-256-128, our bundle", biped, None))
-    print(f"{datetime.date.today()}, {host_cpu()[0]} ({psutil.cpu_count()} CPUs, load average "
-          f"{psutil.getloadavg()[0]:.1f} at the start), `python {' '.join(sys.argv)}`\n")
-    print("| policy | reference + ms-graph (s) | full verify (s) | full / reference-only | CPU (s) | peak RSS (GB) | "
-          "with the Lite runner (GB) | exit | time target | <= 1.5 GB |")
+    print(
+        f"{datetime.date.today()}, {host_cpu()[0]} ({psutil.cpu_count()} CPUs, load average "
+        f"{psutil.getloadavg()[0]:.1f} at the start), `python {' '.join(sys.argv)}`\n"
+    )
+    print(
+        "| policy | reference + ms-graph (s) | full verify (s) | full / reference-only | CPU (s) | peak RSS (GB) | "
+        "with the Lite runner (GB) | exit | time target | <= 1.5 GB |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for k, (label, case, cwd) in enumerate(cases):
         if args.only not in label:
@@ -214,8 +218,11 @@ def main() -> None:
         target = FRAMES_TARGET_S if label == FRAMES else TARGET_S
         verdict = f"{'yes' if run.wall <= target else 'no'} (<= {target:.0f} s)"
         memory = "yes" if run.peak_tree <= TARGET_GB * GB else "no"
-        print(f"| {label} | {base:.1f} | {run.wall:.1f} | {run.wall / base:.2f}x | {run.cpu:.1f} | "
-              f"{run.peak / GB:.2f} | {run.peak_tree / GB:.2f} | {run.code} | {verdict} | {memory} |", flush=True)
+        print(
+            f"| {label} | {base:.1f} | {run.wall:.1f} | {run.wall / base:.2f}x | {run.cpu:.1f} | "
+            f"{run.peak / GB:.2f} | {run.peak_tree / GB:.2f} | {run.code} | {verdict} | {memory} |",
+            flush=True,
+        )
     if args.only:
         return
     faulty = ["--bundle", str(faulty_bundle(ckpt, args.out).resolve()), "--ckpt", str(ckpt.resolve()), *full]
@@ -224,8 +231,11 @@ def main() -> None:
     base, _ = timed([*faulty, "--no-localize", "--out", str((args.out / "faulty-base").resolve())])
     total, code = timed([*faulty, "--out", str((args.out / "faulty-localized").resolve())])
     verdict = "yes" if total - base <= 10 else "no"
-    print(f"| CartPole-v1, actor.layers.2 x1.5 (every runtime fails) | {base:.1f} | {total:.1f} | {total - base:.1f} | "
-          f"{code} | {verdict} |", flush=True)
+    print(
+        f"| CartPole-v1, actor.layers.2 x1.5 (every runtime fails) | {base:.1f} | {total:.1f} | {total - base:.1f} | "
+        f"{code} | {verdict} |",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -211,6 +211,18 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _mode(bundle: Any, args: argparse.Namespace) -> str:
+    """The mode asked for, or the one the graph named by ``--graph`` acts in."""
+    mode = "stochastic" if args.stochastic else "deterministic"
+    if args.graph is not None:
+        bundle.graph(args.graph)  # an unknown graph name is a one-line BundleError
+        modes = [m for m in ("deterministic", "stochastic") if bundle.mode_graph(m) == args.graph]
+        if not modes:
+            raise BundleError(f"bundle {bundle.root}: graph {args.graph!r} acts in no mode")
+        mode = mode if mode in modes else modes[0]
+    return mode
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from inference.machine.facts import environment
 
@@ -223,13 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not Path(args.bundle).exists():
         raise BundleError(f"bundle {args.bundle} does not exist")
     bundle = load_bundle(args.bundle)
-    mode = "stochastic" if args.stochastic else "deterministic"
-    if args.graph is not None:  # a graph named by the user: the mode it acts in
-        bundle.graph(args.graph)  # an unknown graph name is a one-line BundleError
-        modes = [m for m in ("deterministic", "stochastic") if bundle.mode_graph(m) == args.graph]
-        if not modes:
-            raise BundleError(f"bundle {bundle.root}: graph {args.graph!r} acts in no mode")
-        mode = mode if mode in modes else modes[0]
+    mode = _mode(bundle, args)
     env = episode_env(bundle, args.env) if args.episodes else None  # refused before any runtime starts
     options = {"device": args.device, "device_id": args.device_id, "threads": args.threads}
     baseline = None
@@ -264,8 +270,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "threads": args.threads,
         "warmup": args.warmup,
         "loops": args.loops,
-        "environment": {k: v for k, v in environment(None if info is None else info.summary()).items()
-                        if k in ("python", "numpy", "machine", "cpu_model", "simd")},  # fmt: skip
+        "environment": {
+            k: v
+            for k, v in environment(None if info is None else info.summary()).items()
+            if k in ("python", "numpy", "machine", "cpu_model", "simd")
+        },  # fmt: skip
     }
     with policy:
         timed = bench_batches(bundle, [policy] if baseline is None else [policy, baseline], batches, args.warmup,
@@ -298,8 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=DEPLOY_EXIT_CODES)  # fmt: skip
     p.add_argument("bundle", help="exported bundle directory")
     p.add_argument("--graph", help="graph to time (default: the graph that acts in the mode: --stochastic or not)")
-    p.add_argument("--runtime", default="best", choices=RUNTIMES,
-                   help="best: Lite in this process, else ONNX Runtime, else the Lite runner process")
+    p.add_argument(
+        "--runtime",
+        default="best",
+        choices=RUNTIMES,
+        help="best: Lite in this process, else ONNX Runtime, else the Lite runner process",
+    )
     p.add_argument("--format", default="auto", choices=LITE_FORMATS, help="graph file to load in Lite")
     p.add_argument("--batch", default=DEFAULT_BATCHES, help=f"batch sizes (default {DEFAULT_BATCHES})")
     p.add_argument("--warmup", type=int, default=50, help="untimed requests per batch size")
@@ -307,16 +320,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="runtime CPU threads")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--device-id", type=int, default=0)
-    p.add_argument("--isolate", action="store_true",
-                   help="run Lite in the runner process (a watchdog for untrusted models): --runtime lite-isolated")
-    p.add_argument("--baseline", choices=["onnxruntime"],
-                   help="also time the policy on ONNX Runtime, batch by batch alternately with the runtime")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run Lite in the runner process (a watchdog for untrusted models): --runtime lite-isolated",
+    )
+    p.add_argument(
+        "--baseline",
+        choices=["onnxruntime"],
+        help="also time the policy on ONNX Runtime, batch by batch alternately with the runtime",
+    )
     p.add_argument("--soak", type=int, default=0, metavar="N", help="N single-observation soak requests")
     p.add_argument("--soak-inputs", type=int, default=64, help="distinct inputs the soak cycles over")
     p.add_argument("--episodes", type=int, default=10, help="seeded episodes for the task figure (0: skip)")
     p.add_argument("--stochastic", action="store_true", help="act with seeded noise (the sampling graph)")
-    p.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor for the episodes (gymnasium API), "
-                   "instead of the bundle's env id")
+    p.add_argument(
+        "--env",
+        metavar="MODULE:FACTORY",
+        help="your own env constructor for the episodes (gymnasium API), instead of the bundle's env id",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="bench.json", help="where to write the JSON result (default bench.json)")
     return p

@@ -122,17 +122,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor (gymnasium API)")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"], help="device for the Lite runner")
     p.add_argument("--device-id", type=int, default=0)
-    p.add_argument("--tolerance", choices=sorted(PRESETS),
-                   help="tolerance preset of every runtime (default: the precision each computes in on this device)")
+    p.add_argument(
+        "--tolerance",
+        choices=sorted(PRESETS),
+        help="tolerance preset of every runtime (default: the precision each computes in on this device)",
+    )
     p.add_argument("--emulate", choices=["fp16"], help="also run the bundle's graph as a device computing in fp16 "
                    "would (emulated-fp16, on this CPU: needs onnx and onnxruntime)")  # fmt: skip
     p.add_argument("--tol", action="append", type=parse_tolerance, default=[], metavar="OUTPUT=ATOL,RTOL",
                    help="per-output tolerance override, repeatable")  # fmt: skip
-    p.add_argument("--localize", action=argparse.BooleanOptionalAction, default=None,
-                   help="name the first diverging layer of every runtime (the golden file must record layers: verify "
-                   "--golden-layers); --no-localize: of none; default: of a runtime failing at the network stage")
-    p.add_argument("--isolate", action="store_true",
-                   help="run Lite in the runner process (a watchdog for untrusted models) instead of this one")
+    p.add_argument(
+        "--localize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="name the first diverging layer of every runtime (the golden file must record layers: verify "
+        "--golden-layers); --no-localize: of none; default: of a runtime failing at the network stage",
+    )
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run Lite in the runner process (a watchdog for untrusted models) instead of this one",
+    )
     add_arm_cpu(p)
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     return p

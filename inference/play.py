@@ -114,17 +114,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stochastic", action="store_true", help="sample actions with seeded noise")
-    p.add_argument("--runtime", default="best", choices=RUNTIMES,
-                   help="best: Lite in this process, else ONNX Runtime, else the Lite runner process")
+    p.add_argument(
+        "--runtime",
+        default="best",
+        choices=RUNTIMES,
+        help="best: Lite in this process, else ONNX Runtime, else the Lite runner process",
+    )
     p.add_argument("--format", default="auto", choices=LITE_FORMATS, help="graph file to load in Lite")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--device-id", type=int, default=0)
-    p.add_argument("--record", metavar="DIR", help="record every step (inference.field) for an audit on the "
-                   "training box (verify --bundle B --audit DIR)")
-    p.add_argument("--env", metavar="MODULE:FACTORY", help="your own env constructor (gymnasium API), instead of the "
-                   "bundle's env id")
-    p.add_argument("--isolate", action="store_true",
-                   help="run Lite in the runner process (a watchdog for untrusted models): --runtime lite-isolated")
+    p.add_argument(
+        "--record",
+        metavar="DIR",
+        help="record every step (inference.field) for an audit on the training box (verify --bundle B --audit DIR)",
+    )
+    p.add_argument(
+        "--env",
+        metavar="MODULE:FACTORY",
+        help="your own env constructor (gymnasium API), instead of the bundle's env id",
+    )
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run Lite in the runner process (a watchdog for untrusted models): --runtime lite-isolated",
+    )
     return p
 
 
@@ -132,8 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runtime = "lite-isolated" if args.isolate else args.runtime
     try:
-        play(args.bundle, args.episodes, args.seed, args.stochastic, args.format, runtime, args.record, args.env,
-             device=args.device, device_id=args.device_id)
+        play(
+            args.bundle,
+            args.episodes,
+            args.seed,
+            args.stochastic,
+            args.format,
+            runtime,
+            args.record,
+            args.env,
+            device=args.device,
+            device_id=args.device_id,
+        )
     except LiteRunnerError as exc:  # Lite refused the model or failed while acting: not the caller's input
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_RUNTIME_UNAVAILABLE

@@ -105,9 +105,7 @@ class Policy:
             action, outputs = np.array(action), {k: np.array(v) for k, v in outputs.items()}
         return (action[0] if single else action), outputs
 
-    def _act(
-        self, obs: Any, noise: Any, state: np.ndarray | None
-    ) -> tuple[np.ndarray, Mapping[str, np.ndarray], bool]:
+    def _act(self, obs: Any, noise: Any, state: np.ndarray | None) -> tuple[np.ndarray, Mapping[str, np.ndarray], bool]:
         """One call, under the lock: the batch's actions and outputs (the runtime's own buffers, where it reuses
         them) and whether ``obs`` was a single observation."""
         if self._closed:

@@ -125,8 +125,13 @@ def export_run(
         return write_bundle(out, graphs, fields, options, _checker(options), force)
     from msrl_consistency.precision.trained import export_trained  # trained in the device's numerics: its plan
 
-    return export_trained(ckpt, load_policy(ckpt, spec), out, force,
-                          lambda where: write_bundle(where, graphs, fields, options, _checker(options), True))
+    return export_trained(
+        ckpt,
+        load_policy(ckpt, spec),
+        out,
+        force,
+        lambda where: write_bundle(where, graphs, fields, options, _checker(options), True),
+    )
 
 
 @compat.gc_frozen()

@@ -189,6 +189,11 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Reject inconsistent settings before anything is written."""
+        self._check_numbers()
+        self._check_choices()
+
+    def _check_numbers(self) -> None:
+        """Every number finite and in its range, the batch divisible as the update splits it."""
         positive = ("total_steps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "checkpoint_every",
                     "workers", "check_every")  # fmt: skip
         for name in positive:
@@ -232,6 +237,9 @@ class TrainConfig:
                 raise UsageError(f"--stop-at-return must be a finite number, got {self.stop_at_return!r}")
             if not self.eval_every:
                 raise UsageError("--stop-at-return needs --eval-every (the periodic evaluations it watches)")
+
+    def _check_choices(self) -> None:
+        """Every named choice one of its values, and the combinations one process or msrun can run."""
         if self.activation not in ("tanh", "relu"):
             raise UsageError(f"--activation must be tanh or relu, got {self.activation!r}")
         if self.action_postprocess not in ("clip", "tanh"):
@@ -337,7 +345,8 @@ def build_parser(prog: str = "python -m msrl_consistency.train") -> argparse.Arg
     for f in dataclasses.fields(TrainConfig):
         hint = hints[f.name]
         kind: Any = {bool: _parse_bool, int: int, float: float, str: str, list[str]: _parse_str_list}.get(
-            hint, _parse_int_list)
+            hint, _parse_int_list
+        )
         # argparse %-formats help texts: a docstring's "20-40%" made --help raise
         text = f"{docs.get(f.name, '')} (default: {getattr(defaults, f.name)})".replace("%", "%%")
         if hint is bool:  # a switch as users type it (--profile, --no-profile); --profile true|false still works

@@ -42,8 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "against its spaces")  # fmt: skip
     p.add_argument("--out", type=Path, help="bundle directory (default bundles/<run dir name>)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="graph precision")
-    p.add_argument("--target", default="cpu", choices=["cpu", "ascend310", "ascend310p", "ascend910b"],
-                   help="the device the bundle is for; its Lite converter configuration is written into the bundle")
+    p.add_argument(
+        "--target",
+        default="cpu",
+        choices=["cpu", "ascend310", "ascend310p", "ascend910b"],
+        help="the device the bundle is for; its Lite converter configuration is written into the bundle",
+    )
     p.add_argument("--precision-mode", metavar="MODE",
                    help="Lite's Ascend precision mode, required for an Ascend target (Lite's default, enforce_fp16, "
                    "computes a float32 graph in fp16): enforce_origin, enforce_fp32, preferred_fp32, "

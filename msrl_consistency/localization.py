@@ -356,8 +356,16 @@ def compare_parameters(
                 worst = cmp
         assert worst is not None
         note = "parameters" if worst.passed else f"parameters: {worst.name} {worst.mismatches}/{worst.count} differ"
-        row = LayerComparison(scope, kind, "pass" if worst.passed else "fail", worst.cosine, worst.max_abs,
-                              worst.max_rel, note=note if not worst.shape_mismatch else worst.describe(), role=role)
+        row = LayerComparison(
+            scope,
+            kind,
+            "pass" if worst.passed else "fail",
+            worst.cosine,
+            worst.max_abs,
+            worst.max_rel,
+            note=note if not worst.shape_mismatch else worst.describe(),
+            role=role,
+        )
         rows.append(row)
         if not worst.passed and first is None:
             first = row

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from msrl_consistency.localization import CellLocalizer
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m msrl_consistency.verify",
@@ -57,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_argument_group("what to verify")
     model.add_argument("--mindir", type=Path, help="a .mindir: inside a bundle, or exported by you (with --contract)")
     model.add_argument("--bundle", type=Path, help="bundle directory")
-    model.add_argument("--ckpt", type=Path,
-                       help="the training path's checkpoint, or the run dir holding it (default: the manifest's)")
+    model.add_argument(
+        "--ckpt", type=Path, help="the training path's checkpoint, or the run dir holding it (default: the manifest's)"
+    )
     model.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell: FACTORY() returns it (MODULE "
                        "importable from the current directory)")  # fmt: skip
     model.add_argument("--contract", type=Path, help="policy contract TOML (needed for a MindIR outside a bundle)")

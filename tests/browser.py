@@ -72,8 +72,13 @@ class DevTools:
             os.close(fd)
         args = [binary, *FLAGS, f"--user-data-dir={self.profile}", f"--window-size={width},{height}", "about:blank"]
         script = f'exec "$@" 3<&{high[0]} 4>&{high[1]} {high[0]}<&- {high[1]}>&-'
-        self.proc = subprocess.Popen(["bash", "-c", script, "bash", *args], pass_fds=high, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["bash", "-c", script, "bash", *args],
+            pass_fds=high,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for fd in high:
             os.close(fd)
         self.buffer = b""
@@ -181,5 +186,13 @@ def open_page(
             errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
         elif method == "Log.entryAdded" and p["entry"].get("level") == "error":
             errors.append(p["entry"].get("text", ""))
-    return PageView(url, text or "", first or "", requests, errors, float(load or 0.0), base64.b64decode(shot),
-                    base64.b64decode(whole) if full_page else b"")
+    return PageView(
+        url,
+        text or "",
+        first or "",
+        requests,
+        errors,
+        float(load or 0.0),
+        base64.b64decode(shot),
+        base64.b64decode(whole) if full_page else b"",
+    )

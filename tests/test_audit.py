@@ -116,10 +116,12 @@ def test_a_gap_or_a_chunk_twice_is_one_line(cartpole_bundle, recording, tmp_path
     (gap / chunk_name(3)).unlink()
     twice = copy(recording, tmp_path / "twice")
     shutil.copy(twice / chunk_name(1), twice / chunk_name(6))
-    cases = [([gap], r"gap: chunk-000003.npz is missing"),
-             ([twice], r"chunk-000006.npz holds chunk 1 of its recording"),
-             ([recording, recording], "are the same chunk"),
-             ([gap / chunk_name(2), gap / chunk_name(2)], "are the same chunk")]
+    cases = [
+        ([gap], r"gap: chunk-000003.npz is missing"),
+        ([twice], r"chunk-000006.npz holds chunk 1 of its recording"),
+        ([recording, recording], "are the same chunk"),
+        ([gap / chunk_name(2), gap / chunk_name(2)], "are the same chunk"),
+    ]
     for paths, message in cases:
         with pytest.raises(UsageError, match=message) as caught:
             index_recording(paths, cartpole_bundle)
@@ -216,6 +218,7 @@ def test_the_merged_checks_are_the_whole_comparison(cartpole_bundle, cartpole_ck
     rows = np.sort(rng.choice(STEPS, 30, replace=False))
     split = copy(recording, tmp_path / "split")
     for k in range(6):
+
         def nudge(arrays: dict, meta: dict, k: int = k) -> None:
             mine = rows[(rows >= k * CHUNK) & (rows < (k + 1) * CHUNK)] - k * CHUNK
             arrays["output/logits"][mine, 0] += np.float32(0.01) * (1 + np.arange(len(mine), dtype=np.float32))

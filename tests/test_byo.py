@@ -142,8 +142,10 @@ def test_nudged_weight_is_a_network_fault(pendulum):
     ("edit", "message"),
     [
         (lambda t: t.replace("low = [-2.0]", "low = [-1.0]").replace("high = [2.0]", "high = [1.0]"), "action bounds"),
-        (lambda t: t.replace('names = ["mean", "std"]', 'names = ["mean"]').replace('std = "std"', "std = [0.5]"),
-         "returns 2 output"),
+        (
+            lambda t: t.replace('names = ["mean", "std"]', 'names = ["mean"]').replace('std = "std"', "std = [0.5]"),
+            "returns 2 output",
+        ),
         (lambda t: t.replace("obs = [3]", "obs = [4]"), "fails on inputs shaped by the contract"),
     ],
     ids=["lying-bounds", "output-count", "obs-shape"],
@@ -195,7 +197,7 @@ def make():
     return SamplingPolicy()
 '''
 
-SAMPLING_CONTRACT = '''env_id = "Pendulum-v1"
+SAMPLING_CONTRACT = """env_id = "Pendulum-v1"
 [input]
 obs = [3]
 [outputs]
@@ -206,7 +208,7 @@ action = "action"
 squash = "clip"
 low = [-2.0]
 high = [2.0]
-'''
+"""
 
 
 @pytest.mark.slow
@@ -357,7 +359,7 @@ def test_a_std_broadcast_with_ones_like_runs_in_lite(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.console_table(only_failed=True)
 
 
-ONES_LIKE_STD = '''
+ONES_LIKE_STD = """
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -372,4 +374,4 @@ class Policy(nn.Cell):
         mean = self.fc(obs)
         std = ops.exp(self.log_std) * ops.ones_like(mean)
         return mean + std * noise, std
-'''
+"""

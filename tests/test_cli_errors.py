@@ -116,9 +116,16 @@ def test_export_takes_a_run_directory_for_its_checkpoint(cartpole_ckpt, tmp_path
     assert not (tmp_path / "c").exists()
 
 
-HELP_LISTS = {"msrl_consistency.train": "--graph-kernel", "msrl_consistency.export": "--ckpt",
-              "msrl_consistency.verify": "--mindir", "inference.bench": "--batch", "inference.check": "--golden",
-              "inference.doctor": "--runner", "inference.play": "--episodes", "inference.build_runner": "--sdk"}
+HELP_LISTS = {
+    "msrl_consistency.train": "--graph-kernel",
+    "msrl_consistency.export": "--ckpt",
+    "msrl_consistency.verify": "--mindir",
+    "inference.bench": "--batch",
+    "inference.check": "--golden",
+    "inference.doctor": "--runner",
+    "inference.play": "--episodes",
+    "inference.build_runner": "--sdk",
+}
 
 
 @pytest.mark.parametrize("module", sorted(HELP_LISTS))

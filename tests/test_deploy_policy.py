@@ -226,11 +226,14 @@ def test_best_falls_back_when_the_lite_library_does_not_load(cartpole_bundle, tm
     broken.write_bytes(b"not a shared library")
     (tmp_path / "libmsrl-lite-inline.so").write_bytes(b"not a shared library")
     env = {**__import__("os").environ, "MSRL_LITE_LIBRARY": str(broken)}
-    out = deploy_json(f"""
+    out = deploy_json(
+        f"""
         import inference
         policy = inference.load({str(cartpole_bundle.root)!r})
         print(json.dumps({{"runtime": policy.runtime, "why": policy.runtime_reason}}))
-    """, env=env)
+    """,
+        env=env,
+    )
     assert out["runtime"] == "onnxruntime" and "does not load here" in out["why"], out
 
 

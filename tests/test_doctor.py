@@ -26,8 +26,7 @@ pytestmark = pytest.mark.skipif(not runner_available()[0], reason=runner_availab
 def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # MindSpore is made unimportable: the doctor reads its version from package metadata only.
     code = (
-        "import sys; sys.modules['mindspore'] = None\n"
-        "from inference.doctor import main\nsys.exit(main(sys.argv[1:]))"
+        "import sys; sys.modules['mindspore'] = None\nfrom inference.doctor import main\nsys.exit(main(sys.argv[1:]))"
     )
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env=env)
 

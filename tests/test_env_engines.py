@@ -64,8 +64,9 @@ def envpool_rollout(env_id: str, n: int, actions: list[np.ndarray], seed: int = 
     return {**{k: np.stack(v) for k, v in out.items()}, "starts": starts}
 
 
-def gymnasium_rollout(env_id: str, starts: list[deque], actions: list[np.ndarray],
-                      resync: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def gymnasium_rollout(
+    env_id: str, starts: list[deque], actions: list[np.ndarray], resync: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Gymnasium's vector env on the same start states and actions; ``resync`` (EnvPool's observation stream)
     puts every env into EnvPool's state before each step, so that differences are one step's, not compounded."""
     envs = gym.vector.SyncVectorEnv([lambda q=q: Mirror(env_id, q) for q in starts], autoreset_mode=SAME_STEP)
@@ -135,14 +136,16 @@ def speed_clip_engaged(ours: dict[str, Any], actions: list[np.ndarray]) -> np.nd
     return np.abs(new_speed) > 8.0 - 1e-3
 
 
-@pytest.mark.parametrize(("env_id", "steps"),
-                         [("CartPole-v1", 120), ("Pendulum-v1", 260), ("BipedalWalker-v3", 150), ("Hopper-v5", 90)])
+@pytest.mark.parametrize(
+    ("env_id", "steps"), [("CartPole-v1", 120), ("Pendulum-v1", 260), ("BipedalWalker-v3", 150), ("Hopper-v5", 90)]
+)
 def test_snapshot_replays_to_the_same_state(env_id, steps):
     """A snapshot taken mid-run (after resets) restores into a fresh pool that continues bitwise the same."""
     envs = EnvPoolVectorEnv(env_id, 3)
     envs.reset(seed=11)
     rng = np.random.default_rng(1)
     space = envs.single_action_space
+
     def act() -> np.ndarray:
         return rng.integers(0, 2, 3) if envs.discrete else rng.uniform(space.low, space.high, (3, *space.shape))
 
@@ -209,8 +212,17 @@ def test_trainer_rollout_on_envpool_matches_a_gymnasium_replay(tmp_path):
     from msrl_consistency.training.gae import compute_gae
     from msrl_consistency.training.loop import Trainer
 
-    cfg = TrainConfig(env_id="MountainCarContinuous-v0", num_envs=2, num_steps=1000, total_steps=2000,
-                      num_minibatches=2, update_epochs=1, progress=False, eval_episodes=0, reward_scale=0.5)
+    cfg = TrainConfig(
+        env_id="MountainCarContinuous-v0",
+        num_envs=2,
+        num_steps=1000,
+        total_steps=2000,
+        num_minibatches=2,
+        update_epochs=1,
+        progress=False,
+        eval_episodes=0,
+        reward_scale=0.5,
+    )
     rd.prepare_new_run_dir(tmp_path / "run")
     trainer = Trainer(cfg, tmp_path / "run")
     assert trainer.backend.name == "envpool"

@@ -99,8 +99,9 @@ def test_a_device_running_another_policy_fails_at_the_network_stage(cartpole_bun
     assert audit(root, cartpole_ckpt, tmp_path / "rec", tmp_path / "r") == 1
     failed = {c["name"]: c for c in report(tmp_path / "r")["checks"] if c["status"] == "fail"}
     # the drift check says when (every window is beyond tolerance); the actions follow the outputs, if any flipped
-    assert {"observations.policy", "field.drift"} <= set(failed) <= {"observations.policy", "field.drift",
-                                                                      "field.actions"}
+    assert (
+        {"observations.policy", "field.drift"} <= set(failed) <= {"observations.policy", "field.drift", "field.actions"}
+    )
     assert failed["observations.policy"]["diagnosis"]["stage"] == "network"
     windows = failed["field.drift"]["metrics"]["windows"]
     assert f"beyond tolerance in {len(windows)} of them" in failed["field.drift"]["summary"]
@@ -263,10 +264,14 @@ def test_bad_recordings_are_one_line_errors(cartpole_bundle, cartpole_ckpt, tmp_
     with np.load(chunk) as data:
         arrays = {k: data[k] for k in data.files}
     np.savez(floats / chunk.name, **{**arrays, "episode": arrays["episode"].astype(np.float64)})
-    cases = [(truncated.parent, "not a complete recording chunk"), (stranger, "not a recording chunk"),
-             (text, "not a complete recording chunk"), (tmp_path / "missing", "recording not found"),
-             (renamed, "chunk-000002.npz holds chunk 0 of its recording"),
-             (floats, "field 'episode' is float64, expected int64")]
+    cases = [
+        (truncated.parent, "not a complete recording chunk"),
+        (stranger, "not a recording chunk"),
+        (text, "not a complete recording chunk"),
+        (tmp_path / "missing", "recording not found"),
+        (renamed, "chunk-000002.npz holds chunk 0 of its recording"),
+        (floats, "field 'episode' is float64, expected int64"),
+    ]
     for bad, message in cases:
         proc = run_module("msrl_consistency.verify", "--bundle", str(cartpole_bundle.root), "--ckpt",
                           str(cartpole_ckpt), "--audit", str(bad), "--out", str(tmp_path / "r"), cwd=REPO,

@@ -23,6 +23,7 @@ SITTING = re.compile(r"\b(?:session|sitting)s?[ \t_-]*\d", re.IGNORECASE)
 NUMBERED_NAME = re.compile(r"_s\d\d(?![0-9A-Za-z])")
 NUMBERED_REFERENCE = re.compile(r"\w_s\d\d(?:_\w+)?\.(?:md|txt|png|json|csv|toml|py)\b")
 
+
 def findings(path: str, text: str) -> list[str]:
     """``path:line: text`` for every development-history reference in one file (its path counts as line 0)."""
     found = [f"{path}:0: file name numbered by sitting"] if NUMBERED_NAME.search(path) else []

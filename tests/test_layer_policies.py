@@ -38,8 +38,13 @@ def run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
 
 
 def model(nodes: list, inits: list, outputs: list[str], shape: list) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+        inits,
+    )
     made = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     made.ir_version = 6
     return made
@@ -65,8 +70,9 @@ def test_reduce_sum_square_becomes_a_sum_of_products_with_the_same_values():
 
 @pytest.mark.parametrize("op", ["Erf", "Elu"])
 def test_a_marker_clip_becomes_its_op(op):
-    low, high = (numpy_helper.from_array(np.array(b, np.float32), n)
-                 for b, n in zip(compat.ONNX_MARKERS[op], "lh", strict=True))
+    low, high = (
+        numpy_helper.from_array(np.array(b, np.float32), n) for b, n in zip(compat.ONNX_MARKERS[op], "lh", strict=True)
+    )
     other = numpy_helper.from_array(np.array(2.0, np.float32), "two")
     m = model([helper.make_node("Clip", ["x", "l", "h"], ["e"]), helper.make_node("Mul", ["e", "two"], ["y"])],
               [low, high, other], ["y"], [5, 8, 6])  # fmt: skip

@@ -185,7 +185,8 @@ def test_an_int8_fine_tuned_run_exports_its_trained_scales_and_verifies_against_
     assert plan["lower"] == "int8" and plan["trained"]["computes_in"] == "int8"
     assert not [k for k in plan["kept"] if k.startswith("actor.")]  # nothing of the actor kept in fp32
     assert {layer["scope"] for layer in plan["layers"] if layer["precision"] == "int8"} == {
-        f"actor.layers.{i}" for i in range(5)}
+        f"actor.layers.{i}" for i in range(5)
+    }
     for check in plan["trained"]["ranges_check"].values():  # Lite calibrated the ranges it was trained with
         assert check["tensors"] == 6 and check["max_scale_rel_diff"] < 1e-5
     from inference.lite.client import LiteRunner
@@ -296,8 +297,10 @@ def test_an_int8_run_resumed_after_a_crash_is_bitwise_the_uninterrupted_one(tmp_
 
 def test_a_kept_layer_is_calibrated_and_computed_with_its_own_weights():
     rng = np.random.default_rng(2)
-    weights = [(rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal(5).astype(np.float32)),
-               (rng.standard_normal((2, 5)).astype(np.float32), rng.standard_normal(2).astype(np.float32))]
+    weights = [
+        (rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal(5).astype(np.float32)),
+        (rng.standard_normal((2, 5)).astype(np.float32), rng.standard_normal(2).astype(np.float32)),
+    ]
     x = rng.standard_normal((50, 3)).astype(np.float32)
     snapped, kept = (lowered.activation_ranges(weights, x, tanh=True, kept=k) for k in ((), (1,)))
     assert np.array_equal(snapped[:3], kept[:3]) and not np.array_equal(snapped[3], kept[3])  # layer 1's output

@@ -12,7 +12,7 @@ import pytest
 from inference.bundle import load_bundle
 from inference.bundle.ms_file import MsFileError, ms_tensors
 from inference.bundle.plan_claims import PlanClaimError, check_plan
-from inference.compare.device_precision import judgement
+from inference.compare.judge.device_precision import judgement
 from inference.compare.judge.policy_bounds import POLICY_BOUNDS
 
 

@@ -200,8 +200,11 @@ def test_every_shape_exports_in_fp16_and_verifies_under_the_fp16_preset(tmp_path
     from msrl_consistency.artifacts.bundle import ExportOptions
 
     if case == "gru":
-        make, contract, env = example_module(EXAMPLES / "recurrent", "recurrent_fp16").make_policy, \
-            PolicyContract.from_toml(EXAMPLES / "recurrent" / "contract.toml"), None
+        make, contract, env = (
+            example_module(EXAMPLES / "recurrent", "recurrent_fp16").make_policy,
+            PolicyContract.from_toml(EXAMPLES / "recurrent" / "contract.toml"),
+            None,
+        )
     elif case == "old-style actor":
         make, contract, env = fp.make_old_style, fp.OLD_STYLE_CONTRACT, None
     else:

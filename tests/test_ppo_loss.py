@@ -22,8 +22,9 @@ BATCH = 64
 CLIP = 0.2
 SPECS = {
     "discrete": PolicySpec(obs_dim=4, action_kind="discrete", action_dim=3),
-    "box": PolicySpec(obs_dim=3, action_kind="box", action_dim=2, action_low=[-2.0, -1.0], action_high=[2.0, 1.0],
-                      init_log_std=-0.5),  # fmt: skip
+    "box": PolicySpec(
+        obs_dim=3, action_kind="box", action_dim=2, action_low=[-2.0, -1.0], action_high=[2.0, 1.0], init_log_std=-0.5
+    ),  # fmt: skip
 }
 
 

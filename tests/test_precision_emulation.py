@@ -37,13 +37,15 @@ def _fp16_exact(a: np.ndarray) -> bool:
 def test_every_operator_output_is_an_fp16_value_and_a_kept_node_is_not_rounded():
     rng = np.random.default_rng(0)
     w1, w2 = rng.standard_normal((4, 16)).astype(np.float32), rng.standard_normal((16, 2)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
-             helper.make_node("Tanh", ["h"], ["t"], name="act"),
-             helper.make_node("MatMul", ["t", "w2"], ["y"], name="mm2")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        helper.make_node("Tanh", ["h"], ["t"], name="act"),
+        helper.make_node("MatMul", ["t", "w2"], ["y"], name="mm2"),
+    ]
     model = _graph(nodes, {"w1": w1, "w2": w2})
     x = (rng.standard_normal((64, 4)) * 3).astype(np.float32)
     y = session(emulate_fp16(model)).run(["y"], {"x": x})[0]
-    h16 = (x.astype(np.float16).astype(np.float32) @ w1.astype(np.float16).astype(np.float32))
+    h16 = x.astype(np.float16).astype(np.float32) @ w1.astype(np.float16).astype(np.float32)
     t16 = np.tanh(h16.astype(np.float16).astype(np.float32)).astype(np.float16).astype(np.float32)
     want = (t16 @ w2.astype(np.float16).astype(np.float32)).astype(np.float16).astype(np.float32)
     assert _fp16_exact(y) and np.abs(y - want).max() <= 2 * np.spacing(np.float16(np.abs(want).max()))
@@ -110,8 +112,9 @@ def team(tmp_path_factory) -> Path:
 
     # MindIR and ONNX: the fp16 emulation runs the ONNX graph (Lite 2.0.0's fused LayerNorm kernel itself differs
     # from the Cell by ~1.7 on inputs this large in fp32, a matter of Lite's kernel, not of this test)
-    export_policy(make_layernorm(), LAYERNORM_CONTRACT, path / "bundle", options=ExportOptions(formats=("mindir",
-                                                                                                         "onnx")))
+    export_policy(
+        make_layernorm(), LAYERNORM_CONTRACT, path / "bundle", options=ExportOptions(formats=("mindir", "onnx"))
+    )
     return path
 
 
@@ -161,8 +164,9 @@ def test_a_sensor_policys_unit_norm_fp16_overflows_is_named_and_kept_by_a_plan_v
     from msrl_consistency.api import export_policy
     from msrl_consistency.artifacts.bundle import ExportOptions
 
-    export_policy(make_sensor(), SENSOR_CONTRACT, tmp_path / "bundle", options=ExportOptions(formats=("mindir",
-                                                                                                       "onnx")))
+    export_policy(
+        make_sensor(), SENSOR_CONTRACT, tmp_path / "bundle", options=ExportOptions(formats=("mindir", "onnx"))
+    )
     judge = ["--cell", "precision_policies:make_sensor", "--observations", "1000", "--episodes", "3"]
     proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", "bundle", "--emulate", "fp16", "--out", "all", *judge)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -288,8 +288,22 @@ def test_a_read_only_directory_is_one_line(cartpole_bundle, tmp_path):
             Recorder(target / "rec", cartpole_bundle, "policy")
         with pytest.raises(UsageError, match=rf"cannot record into {target}: (Read-only file system|Permission)"):
             Recorder(target, cartpole_bundle, "policy")
-        proc = subprocess.run([sys.executable, "-m", "inference.play", str(cartpole_bundle.root), "--episodes", "1",
-                               "--record", str(target)], capture_output=True, text=True, cwd=REPO, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "inference.play",
+                str(cartpole_bundle.root),
+                "--episodes",
+                "1",
+                "--record",
+                str(target),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
         errors = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
         assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert errors[0].startswith(f"error: cannot record into {target}"), errors
@@ -368,7 +382,8 @@ FORKED = """
 
 def test_a_forked_child_neither_writes_nor_unlocks_the_recording(cartpole_bundle, tmp_path):
     script = "import sys\nsys.modules['mindspore'] = None\n" + textwrap.dedent(
-        FORKED.format(tests=str(REPO / "tests"), bundle=str(cartpole_bundle.root), out=str(tmp_path / "rec")))
+        FORKED.format(tests=str(REPO / "tests"), bundle=str(cartpole_bundle.root), out=str(tmp_path / "rec"))
+    )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "still locked", proc.stdout + proc.stderr[-2000:]
     index = index_recording([tmp_path / "rec"], cartpole_bundle)

@@ -141,8 +141,11 @@ def test_page_in_headless_chromium(chromium, runs, which):
     view = browser.open_page(runs[which] / "report.html")
     SHOTS.mkdir(parents=True, exist_ok=True)
     (SHOTS / f"report-{which}.png").write_bytes(view.screenshot)
-    (SHOTS / f"report-{which}.json").write_text(json.dumps({"load_ms": view.load_ms, "requests": view.requests,
-                                                            "console_errors": view.console_errors}, indent=2))
+    (SHOTS / f"report-{which}.json").write_text(
+        json.dumps(
+            {"load_ms": view.load_ms, "requests": view.requests, "console_errors": view.console_errors}, indent=2
+        )
+    )
     assert view.requests == [view.url], view.requests  # the page itself, nothing else
     assert view.console_errors == []
     assert view.screenshot[:8] == b"\x89PNG\r\n\x1a\n"

@@ -92,8 +92,10 @@ def test_a_run_reusing_an_earlier_runs_graphs_trains_as_a_fresh_process_does(tmp
     taker.close()
     train(cfg, tmp_path / "reused")
     assert rd.read_run_json(tmp_path / "reused")["compile_cache"]["state"] == "reused"
-    code = ("import json, sys\nfrom msrl_consistency import train_policy\n"
-            "from msrl_consistency.config import from_dict\ntrain_policy(from_dict(json.loads(sys.argv[1])))")
+    code = (
+        "import json, sys\nfrom msrl_consistency import train_policy\n"
+        "from msrl_consistency.config import from_dict\ntrain_policy(from_dict(json.loads(sys.argv[1])))"
+    )
     fresh = {**cfg.to_dict(), "run_dir": str(tmp_path / "fresh"), "compile_cache": False}
     subprocess.run([sys.executable, "-c", code, json.dumps(fresh)], check=True, capture_output=True, timeout=300)
     assert rd.read_run_json(tmp_path / "fresh")["compile_cache"]["state"] == "off"
@@ -159,7 +161,6 @@ def test_periodic_evaluation_is_logged_and_leaves_training_unchanged(tmp_path):
     assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "evals"))
 
 
-
 @pytest.mark.slow
 def test_an_evaluation_episode_does_not_depend_on_how_many_are_played(tmp_path):
     """Evaluation plays its episodes in lockstep, EVAL_BATCH rows per act call: episode k's return is the same
@@ -176,6 +177,7 @@ def test_an_evaluation_episode_does_not_depend_on_how_many_are_played(tmp_path):
     assert len(three) == 3 and len(many) == EVAL_BATCH + 4
     assert one == three[:1] and three == many[:3]
     assert len(set(many)) == len(many)  # each episode its own seed, start and return
+
 
 # EnvPool's state is restored by replaying each env's resets and current episode (Box2D and MuJoCo included);
 # gymnasium's classic-control envs are pickled. Pendulum runs its preset's split update.
@@ -439,9 +441,7 @@ def test_split_update_refuses_what_it_does_not_run():
         tiny_config(update_graphs="both").validate()
 
 
-def test_a_presets_split_update_and_fusion_give_way_to_data_parallel_mixed_precision_and_devices(
-    tmp_path, monkeypatch
-):
+def test_a_presets_split_update_and_fusion_give_way_to_data_parallel_mixed_precision_and_devices(tmp_path, monkeypatch):
     from msrl_consistency import config
     from msrl_consistency.config import parse_config
 

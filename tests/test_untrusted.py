@@ -78,7 +78,8 @@ def test_nan_is_refused_naming_the_field_and_infinity_is_read(tmp_path):
     message = refused(path, '{"normalization": {"mean": [0.0, NaN]}}')
     assert "normalization.mean[1] is NaN" in message
     assert read_document(_write(path, '{"obs_low": [-Infinity, 1e999]}'), "manifest", UsageError) == {
-        "obs_low": [-np.inf, np.inf]}  # unbounded observation dimensions, as Python's json writes them
+        "obs_low": [-np.inf, np.inf]
+    }  # unbounded observation dimensions, as Python's json writes them
     assert "c is NaN" in refused(tmp_path / "c.toml", "c = nan", "contract")
 
 

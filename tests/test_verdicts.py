@@ -401,8 +401,10 @@ def test_a_bundle_naming_a_factory_does_not_run_it_unless_asked(work, sac_bundle
     (tmp_path / "evilmod.py").write_text("open('ran', 'w').write('x')\ndef make():\n    raise ValueError('boom')\n")
     proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", str(copy), *SMALL, "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and not (tmp_path / "ran").exists(), proc.stderr
-    assert proc.stderr.strip() == ("error: the bundle was exported from 'evilmod:make': pass --cell evilmod:make to "
-                                   "run that code (or --trust-bundle-cell to let the manifest choose it)")
+    assert proc.stderr.strip() == (
+        "error: the bundle was exported from 'evilmod:make': pass --cell evilmod:make to "
+        "run that code (or --trust-bundle-cell to let the manifest choose it)"
+    )
     assert not (tmp_path / "r").exists()  # exit 2 leaves no empty report directory
     proc = cli(tmp_path, "msrl_consistency.verify", "--bundle", str(copy), "--trust-bundle-cell", *SMALL)
     assert (tmp_path / "ran").exists() and proc.returncode == 2  # opted in: the manifest's factory ran

@@ -183,6 +183,7 @@ def test_returns_rule_of_the_fp16_preset():
     far = returns_check("rt", "x", "", {}, scattered_ref, np.array([-120.0, 15.0, -18.0]), fp16)  # 29% of the scale
     assert far.status == "fail" and far.metrics["mean_return_noise"] > abs(far.metrics["mean_return"] + 30)
     from scipy import stats as scipy_stats  # a dev dependency
+
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=30), rng.normal(0.8, size=30)
     assert ks_two_sample(a, b)[0] == pytest.approx(scipy_stats.ks_2samp(a, b).statistic)

@@ -51,8 +51,14 @@ def test_a_target_reached_in_fewer_than_half_the_rounds_is_not_a_median(bench):
     assert bench.median_or_none([5.0, None, None]) is None
     assert bench.median_or_none([5.0, 7.0, None]) == 7.0
     assert bench.median_or_none([]) is None
-    results = [run("ours", 1, 1, 9.0, 20_000), run("ours", 1, 2, None, None), run("ours", 1, 3, None, None),
-               run("torch", 1, 1, 20.0, 30_000), run("torch", 1, 2, 21.0, 30_000), run("torch", 1, 3, 22.0, 30_000)]
+    results = [
+        run("ours", 1, 1, 9.0, 20_000),
+        run("ours", 1, 2, None, None),
+        run("ours", 1, 3, None, None),
+        run("torch", 1, 1, 20.0, 30_000),
+        run("torch", 1, 2, 21.0, 30_000),
+        run("torch", 1, 3, 22.0, 30_000),
+    ]
     assert "| CartPole-v1 | 1 | – (9.0-9.0, 1/3) | 21.0 (20.0-22.0, 3/3) | torch |" in bench.tables(results)
 
 

@@ -129,8 +129,10 @@ def _exact(values: np.ndarray, want: np.dtype, where: str) -> np.ndarray:
             cast = values.astype(want)
         if (np.isfinite(cast) | ~np.isfinite(values)).all():  # inf and NaN given stay as given: only overflow refused
             return cast
-        raise FeedError(f"{where}: Python numbers{_span(values)} given, beyond {want}'s range (±"
-                        f"{float(np.finfo(want).max):.4g}): they would become inf")
+        raise FeedError(
+            f"{where}: Python numbers{_span(values)} given, beyond {want}'s range (±"
+            f"{float(np.finfo(want).max):.4g}): they would become inf"
+        )
     if want.kind in "iu":
         info = np.iinfo(want)
         finite = np.isfinite(values) if values.dtype.kind == "f" else np.ones(values.shape, bool)

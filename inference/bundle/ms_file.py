@@ -101,9 +101,16 @@ def ms_tensors(path: str | Path) -> list[MsTensor]:
             type_id = t.int32(_T_DATA_TYPE)
             q_start, q_count = t.vector(_T_QUANT)
             quant = [t.table(q_start, j) for j in range(q_count)]  # QuantParam: scale (0, double), zeroPoint (1)
-            out.append(MsTensor(t.string(_T_NAME), TYPE_IDS.get(type_id, f"type {type_id}"), t.vector(_T_DATA)[1],
-                                q_count > 0, tuple(q.float64(0) for q in quant), tuple(q.int32(1) for q in quant)))
+            out.append(
+                MsTensor(
+                    t.string(_T_NAME),
+                    TYPE_IDS.get(type_id, f"type {type_id}"),
+                    t.vector(_T_DATA)[1],
+                    q_count > 0,
+                    tuple(q.float64(0) for q in quant),
+                    tuple(q.int32(1) for q in quant),
+                )
+            )
         return out
     except (struct.error, UnicodeDecodeError, IndexError) as exc:
         raise MsFileError(f"{path}: its tensor table cannot be read ({exc})") from None
-

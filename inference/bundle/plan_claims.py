@@ -65,8 +65,11 @@ def _layers(plan: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
         raise PlanClaimError(f"{where} lists no layers")
     for layer in layers:
         ok = isinstance(layer, dict) and isinstance(layer.get("scope"), str) and isinstance(layer.get("nodes"), dict)
-        ok = ok and layer.get("precision") in ("fp32", lower) and all(
-            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in layer["nodes"].values())
+        ok = (
+            ok
+            and layer.get("precision") in ("fp32", lower)
+            and all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in layer["nodes"].values())
+        )
         if not ok:
             raise PlanClaimError(f"{where} has a malformed layer entry ({str(layer)[:80]}): each names its scope, its "
                                  f"nodes per graph and its precision (fp32 or {lower})")  # fmt: skip

@@ -96,7 +96,7 @@ def config_files(manifest: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]
 def file_entry(manifest: Mapping[str, Any], file_name: str) -> dict[str, Any]:
     """The manifest's entry of one graph file (``{}`` when it names none)."""
     for graph in (manifest.get("graphs") or {}).values():
-        for entry in ((graph.get("files") or {}).values() if isinstance(graph, dict) else ()):
+        for entry in (graph.get("files") or {}).values() if isinstance(graph, dict) else ():
             if isinstance(entry, dict) and entry.get("file") == file_name:
                 return entry
     return {}

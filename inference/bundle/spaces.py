@@ -70,8 +70,10 @@ def check_env_spaces(
                                  f"are not the env's (low {act_space.low.tolist()}, high "
                                  f"{act_space.high.tolist()})")  # fmt: skip
     else:
-        raise UsageError(f"{where}: the env acts in {_name(act_space)}; a contract describes index heads "
-                         "(Discrete, MultiDiscrete) or a Box action: this env cannot be verified with it")
+        raise UsageError(
+            f"{where}: the env acts in {_name(act_space)}; a contract describes index heads "
+            "(Discrete, MultiDiscrete) or a Box action: this env cannot be verified with it"
+        )
 
 
 def _check_observations(contract: PolicyContract, space: Any, where: str) -> None:

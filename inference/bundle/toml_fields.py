@@ -35,8 +35,10 @@ def get_table(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 def check_known(table: Mapping[str, Any], allowed: Sequence[str], where: str, also: str = "") -> None:
     unknown = sorted(set(table) - set(allowed))
     if unknown:
-        raise ContractError(f"unknown key(s) in {where}: {', '.join(unknown)} (known: {', '.join(allowed)}"
-                            f"{'; ' + also if also else ''})")
+        raise ContractError(
+            f"unknown key(s) in {where}: {', '.join(unknown)} (known: {', '.join(allowed)}"
+            f"{'; ' + also if also else ''})"
+        )
 
 
 def get_str(table: Mapping[str, Any], key: str, default: str | None = None) -> str | None:

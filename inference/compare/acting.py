@@ -74,9 +74,11 @@ def check_batch(runtime: str, declared: Mapping[str, tuple[int, ...]], outputs: 
     for name, shape in declared.items():
         got = outputs.get(name)
         if got is not None and shape[:1] == (-1,) and np.ndim(got) and np.shape(got)[0] != batch:
-            raise WrongBatch(f"{runtime} returned output {name!r} of shape {list(np.shape(got))} for a batch of "
-                             f"{batch} (the graph declares {list(shape)}): the graph does not follow the batch it is "
-                             "fed (a dynamic batch fixed at an earlier call's, or a shape frozen at export)")
+            raise WrongBatch(
+                f"{runtime} returned output {name!r} of shape {list(np.shape(got))} for a batch of "
+                f"{batch} (the graph declares {list(shape)}): the graph does not follow the batch it is "
+                "fed (a dynamic batch fixed at an earlier call's, or a shape frozen at export)"
+            )
 
 
 def mode_policy(bundle: Bundle, runtimes: Mapping[str, Runtime], mode: str) -> ModePolicy:

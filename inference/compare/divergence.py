@@ -49,8 +49,10 @@ def preprocessing_first(found: Localization, checks: list[Check]) -> None:
     preprocessing (a clip bound, mean or variance the graph holds otherwise than the Cell)."""
     if found.first_role != "preprocessing":
         return
-    detail = (f"the first diverging layer is {found.first} ({found.first_kind}), the observation normaliser: the graph "
-              "normalises or clips observations otherwise than the Cell (a changed clip bound, mean or variance)")
+    detail = (
+        f"the first diverging layer is {found.first} ({found.first_kind}), the observation normaliser: the graph "
+        "normalises or clips observations otherwise than the Cell (a changed clip bound, mean or variance)"
+    )
     for c in checks:
         if c.status == "fail" and c.diagnosis and c.diagnosis.get("stage") == "network":
             c.diagnosis = {"stage": "preprocessing", "detail": detail}

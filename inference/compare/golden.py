@@ -84,8 +84,9 @@ def read_golden(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             arrays = {k: data[k] for k in data.files}
         text = str(arrays.pop("meta"))
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"{path} is not a golden file written by verify --save-golden ({type(exc).__name__}: "
-                         f"{first_line(exc)})") from None
+        raise UsageError(
+            f"{path} is not a golden file written by verify --save-golden ({type(exc).__name__}: {first_line(exc)})"
+        ) from None
     meta = loads_strict(text, f"golden file {path}: its meta", UsageError)
     if not isinstance(meta, dict):
         raise UsageError(f"{path} is not a golden file written by verify --save-golden (its meta is not an object)")

@@ -10,11 +10,11 @@ import numpy as np
 
 from inference.bundle import Bundle
 from inference.compare.batches import infer_feeds
-from inference.compare.device_precision import (
-    runtime_precision,
-)
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
+from inference.compare.judge.device_precision import (
+    runtime_precision,
+)
 from inference.compare.judge.stats import ulp_distance
 from inference.compare.options import VerifyOptions
 from inference.compare.reference import REFERENCE, Reference, build_reference

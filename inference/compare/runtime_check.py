@@ -43,6 +43,7 @@ class RuntimeReport:
     episode_diffs: dict[str, np.ndarray]
     worst_rows: dict[str, np.ndarray] = field(default_factory=dict)  # graph -> feed rows that differ most
 
+
 RUNTIME_FAILURE = {
     "stage": "runtime",
     "detail": "the runtime failed or hung on this graph: a runtime defect or an unsupported pattern, not a "
@@ -82,6 +83,42 @@ def check_runtime(
     ``required``), otherwise a fact in the runtimes section only. ``policy``: the policy-level bounds of its
     precision (``policy_bounds``), judged as ``policy.<graph>`` checks.
     """
+    failed_to_open = _open(name, runtimes, required, asked)
+    if failed_to_open is not None:
+        return failed_to_open
+    checks: list[Check] = []
+    first = next(iter(runtimes.values()))
+    info = {"status": "ran", "versions": first.versions(),
+            "tolerance": {k: {**v.to_dict(), "rule": v.describe()} for k, v in tolerance.items()}}  # fmt: skip
+    diffs: dict[str, np.ndarray] = {}
+    worst: dict[str, np.ndarray] = {}
+    try:
+        worst = _observation_checks(name, runtimes, bundle, ref, tolerance, preset, policy, checkpoint_matches,
+                                    info, checks)  # fmt: skip
+        for mode, trace in ref.traces.items():
+            diffs[mode] = _episode_checks(name, mode, trace, runtimes, bundle, ref, inputs, tolerance, preset,
+                                          env_deterministic, checks)  # fmt: skip
+    except RuntimeDied as exc:
+        checks.append(_died(name, exc))
+        info = {"status": exc.status, "reason": str(exc)}
+    except (MsrlError, ContractError) as exc:  # outputs that break the contract: this runtime's fault, not the input
+        checks.append(Check(name, "inference", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
+        if any(c.name.startswith("observations.") for c in checks):
+            info["failure"] = str(exc)  # compared, then failed: a verdict on this runtime with its evidence
+        else:
+            info = {"status": "error", "reason": str(exc)}
+    finally:
+        restarts = [r for rt in runtimes.values() for r in getattr(rt, "restarts", [])]
+        _close(runtimes)
+    if restarts and info["status"] == "ran":
+        checks.append(Check(name, "restarts", "warn", f"the runtime's process was restarted: {'; '.join(restarts)}; "
+                            "every comparison above comes from a complete answer"))  # fmt: skip
+    return RuntimeReport(info, checks, diffs, worst)
+
+
+def _open(name: str, runtimes: Mapping[str, Runtime], required: bool, asked: bool) -> RuntimeReport | None:
+    """Open every graph's runtime; the report of a runtime that cannot (a format too new for it, a crash, a load
+    error, inputs it would cast), else None."""
     from inference.runtimes.lite import IncompatibleModel
 
     checks: list[Check] = []
@@ -107,71 +144,66 @@ def check_runtime(
         _close(runtimes)
         checks.append(Check(name, "input_dtypes", "fail", cast, diagnosis={"stage": "runtime", "detail": cast}))
         return RuntimeReport({"status": "error", "reason": cast}, checks, {})
-    first = next(iter(runtimes.values()))
-    info = {"status": "ran", "versions": first.versions(),
-            "tolerance": {k: {**v.to_dict(), "rule": v.describe()} for k, v in tolerance.items()}}  # fmt: skip
-    diffs: dict[str, np.ndarray] = {}
-    worst: dict[str, np.ndarray] = {}
-    try:
-        got = {g: infer_feeds(rt, bundle, g, ref.feeds) for g, rt in runtimes.items()}  # the reference's batches
-        comparisons = {}
-        for graph in bundle.graphs:
-            check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance, preset)
-            checks.append(check)
-            gate = policy_check(name, graph, bundle, ref, got[graph], policy, preset) if policy else None
-            checks += [gate] if gate is not None else []
-        info["nan_propagation"] = _nan_facts(ref, got)
-        worst = {g: _worst_rows(bundle, g, ref, got[g], tolerance) for g in bundle.graphs}
-        repeat = _repeat_check(name, bundle, runtimes, ref.feeds, tolerance, ref.batch_coupled)
-        checks.append(repeat)
-        info["batch_invariance"] = batch_invariance(bundle, runtimes, ref.feeds)
-        failed = [c for c in checks if c.name.startswith("observations.") and c.status == "fail"]
-        if failed:
-            lowered = bool(bundle.plan) and preset.name == (bundle.plan or {}).get("lower")
-            diagnosis = repeat.diagnosis or (LOWERED if lowered else gather_diagnosis(
-                bundle, ref, got, comparisons, tolerance, checkpoint_matches
-            ))  # fmt: skip
-            for c in failed:
-                c.diagnosis = dict(diagnosis)
-        for mode, trace in ref.traces.items():
-            policy = mode_policy(bundle, runtimes, mode)
-            noise = ref.episode_noise.get(mode)
-            atol = action_atol(bundle, mode, tolerance, trace.actions[trace.alive])
-            margins = near_ties(ref.top2.get(mode), tolerance, bundle, mode, _ordinary_magnitude(bundle, ref, mode))
-            teacher = teacher_forced_check(name, mode, trace, policy, noise, atol, margins, preset.max_flip_rate,
-                                           tolerance)  # fmt: skip
-            checks.append(teacher)
-            assert inputs.env is not None
-            if env_deterministic and teacher.metrics["bitwise_equal"]:
-                # Every action bit for bit the reference's, on its observations, in its batches, from the same states:
-                # in an env that replays a seed exactly, this runtime's own episodes are the reference's.
-                own = trace
-            else:
-                own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, trace if env_deterministic
-                                     else None)  # fmt: skip
-            diff = E.action_differences(trace, own, is_discrete(bundle), atol)
-            diffs[mode] = diff["per_step_max"]
-            free = free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset, margins)
-            if own is trace:
-                free.summary += (" (every teacher-forced action equals the reference's bit for bit and the env replays "
-                                 "a seed exactly, so the free run is the reference's own)")  # fmt: skip
-            checks.append(free)
-    except RuntimeDied as exc:
-        checks.append(_died(name, exc))
-        info = {"status": exc.status, "reason": str(exc)}
-    except (MsrlError, ContractError) as exc:  # outputs that break the contract: this runtime's fault, not the input
-        checks.append(Check(name, "inference", "fail", str(exc), diagnosis=RUNTIME_FAILURE))
-        if any(c.name.startswith("observations.") for c in checks):
-            info["failure"] = str(exc)  # compared, then failed: a verdict on this runtime with its evidence
-        else:
-            info = {"status": "error", "reason": str(exc)}
-    finally:
-        restarts = [r for rt in runtimes.values() for r in getattr(rt, "restarts", [])]
-        _close(runtimes)
-    if restarts and info["status"] == "ran":
-        checks.append(Check(name, "restarts", "warn", f"the runtime's process was restarted: {'; '.join(restarts)}; "
-                            "every comparison above comes from a complete answer"))  # fmt: skip
-    return RuntimeReport(info, checks, diffs, worst)
+    return None
+
+
+def _observation_checks(
+    name: str, runtimes: Mapping[str, Runtime], bundle: Bundle, ref: Reference, tolerance: Mapping[str, Tolerance],
+    preset: Preset, policy: PolicyBounds | None, checkpoint_matches: bool | None, info: dict, checks: list[Check],
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """The reference's observations through the runtime in its batches: outputs, policy bounds, NaN facts,
+    repeatability, batch invariance, and a failure's diagnosis; returns each graph's rows that differ most."""
+    got = {g: infer_feeds(rt, bundle, g, ref.feeds) for g, rt in runtimes.items()}  # the reference's batches
+    comparisons = {}
+    for graph in bundle.graphs:
+        check, comparisons[graph] = _compare_outputs(name, graph, bundle, ref, got[graph], tolerance, preset)
+        checks.append(check)
+        gate = policy_check(name, graph, bundle, ref, got[graph], policy, preset) if policy else None
+        checks += [gate] if gate is not None else []
+    info["nan_propagation"] = _nan_facts(ref, got)
+    worst = {g: _worst_rows(bundle, g, ref, got[g], tolerance) for g in bundle.graphs}
+    repeat = _repeat_check(name, bundle, runtimes, ref.feeds, tolerance, ref.batch_coupled)
+    checks.append(repeat)
+    info["batch_invariance"] = batch_invariance(bundle, runtimes, ref.feeds)
+    failed = [c for c in checks if c.name.startswith("observations.") and c.status == "fail"]
+    if failed:
+        lowered = bool(bundle.plan) and preset.name == (bundle.plan or {}).get("lower")
+        diagnosis = repeat.diagnosis or (LOWERED if lowered else gather_diagnosis(
+            bundle, ref, got, comparisons, tolerance, checkpoint_matches
+        ))  # fmt: skip
+        for c in failed:
+            c.diagnosis = dict(diagnosis)
+    return worst
+
+
+def _episode_checks(
+    name: str, mode: str, trace: Any, runtimes: Mapping[str, Runtime], bundle: Bundle, ref: Reference, inputs: Inputs,
+    tolerance: Mapping[str, Tolerance], preset: Preset, env_deterministic: bool, checks: list[Check],
+) -> np.ndarray:  # fmt: skip
+    """One mode's episodes: teacher-forced on the reference's observations, then free-running in the env; returns
+    the per-step largest action difference."""
+    policy = mode_policy(bundle, runtimes, mode)
+    noise = ref.episode_noise.get(mode)
+    atol = action_atol(bundle, mode, tolerance, trace.actions[trace.alive])
+    margins = near_ties(ref.top2.get(mode), tolerance, bundle, mode, _ordinary_magnitude(bundle, ref, mode))
+    teacher = teacher_forced_check(name, mode, trace, policy, noise, atol, margins, preset.max_flip_rate,
+                                   tolerance)  # fmt: skip
+    checks.append(teacher)
+    assert inputs.env is not None
+    if env_deterministic and teacher.metrics["bitwise_equal"]:
+        # Every action bit for bit the reference's, on its observations, in its batches, from the same states:
+        # in an env that replays a seed exactly, this runtime's own episodes are the reference's.
+        own = trace
+    else:
+        own = E.run_episodes(inputs.env, policy, ref.episodes, ref.seed, noise, trace if env_deterministic
+                             else None)  # fmt: skip
+    diff = E.action_differences(trace, own, is_discrete(bundle), atol)
+    free = free_running_check(name, mode, diff, trace, own, teacher.status == "pass", preset, margins)
+    if own is trace:
+        free.summary += (" (every teacher-forced action equals the reference's bit for bit and the env replays "
+                         "a seed exactly, so the free run is the reference's own)")  # fmt: skip
+    checks.append(free)
+    return diff["per_step_max"]
 
 
 def _worst_rows(
@@ -397,9 +429,3 @@ def _ordinary_magnitude(bundle: Bundle, ref: Reference, mode: str) -> float:
             finite = scores[rows]
             largest = max(largest, float(np.abs(finite[np.isfinite(finite)]).max(initial=0.0)))
     return largest
-
-
-
-
-
-

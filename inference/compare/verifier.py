@@ -21,12 +21,6 @@ from inference.bundle.spaces import check_env_spaces
 from inference.compare import episodes as E
 from inference.compare.acting import available_modes
 from inference.compare.checks import Check, VerifyResult, version_checks
-from inference.compare.device_precision import (
-    LITE_RUNTIMES,
-    Judgement,
-    emulation_wanted,
-    judgement,
-)
 from inference.compare.divergence import (
     CHECKPOINT,
     checkpoint_difference,
@@ -37,6 +31,12 @@ from inference.compare.divergence import (
 )
 from inference.compare.feeds import seeded_feeds
 from inference.compare.inputs import Inputs
+from inference.compare.judge.device_precision import (
+    LITE_RUNTIMES,
+    Judgement,
+    emulation_wanted,
+    judgement,
+)
 from inference.compare.judge.diagnose import name_lowered_precision
 from inference.compare.judge.localize import Localization, Localizer
 from inference.compare.options import VerifyOptions
@@ -246,9 +246,16 @@ class _Verification:
 
 
 def judge_runtime(
-    name: str, graph_runtimes: Mapping[str, Runtime], bundle: Bundle, reference: Reference, inputs: Inputs,
-    options: VerifyOptions, required: bool = False, checkpoint_matches: bool | None = None,
-    env_deterministic: bool = False, asked: bool = True,
+    name: str,
+    graph_runtimes: Mapping[str, Runtime],
+    bundle: Bundle,
+    reference: Reference,
+    inputs: Inputs,
+    options: VerifyOptions,
+    required: bool = False,
+    checkpoint_matches: bool | None = None,
+    env_deterministic: bool = False,
+    asked: bool = True,
 ) -> tuple[RuntimeReport, Judgement]:
     """One runtime judged against the reference with the verifier's bar for the precision it computes in
     (``device_precision.judgement``): the one judge of verify and of the precision plan search."""
@@ -289,9 +296,16 @@ def logits_that_are_probabilities(bundle: Bundle, reference: Reference) -> list[
             continue
         rows = np.asarray(outputs[a.logits], np.float64)[reference.feeds.finite]
         if len(rows) and (rows >= 0).all() and (rows <= 1).all() and np.allclose(rows.sum(-1), 1.0, atol=1e-3):
-            checks.append(Check("contract", f"roles.{graph}", "warn", f"output {a.logits!r} is declared as logits but "
-                                "every row lies in [0, 1] and sums to 1: if it holds probabilities, declare "
-                                f"probs = \"{a.logits}\" (sampling from softmax(probabilities) is another policy)"))
+            checks.append(
+                Check(
+                    "contract",
+                    f"roles.{graph}",
+                    "warn",
+                    f"output {a.logits!r} is declared as logits but "
+                    "every row lies in [0, 1] and sums to 1: if it holds probabilities, declare "
+                    f'probs = "{a.logits}" (sampling from softmax(probabilities) is another policy)',
+                )
+            )
     return checks
 
 

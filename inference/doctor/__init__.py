@@ -133,8 +133,9 @@ def bundle_checks(bundle: Bundle, env: dict[str, Any], info: RunnerInfo | None, 
     train = (m.get("source", {}) or {}).get("train_versions", {}) or {}
     checks: list[Finding] = []
     if info is None:
-        checks.append(Finding("lite-runner", INCOMPATIBLE, "not built", "-",
-                            "build it: bash inference/lite/build_lite.sh"))
+        checks.append(
+            Finding("lite-runner", INCOMPATIBLE, "not built", "-", "build it: bash inference/lite/build_lite.sh")
+        )
     for graph in m.get("graphs") or {}:
         checks.extend(_route_checks(bundle, graph, info))
     checks.append(
@@ -273,8 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runner", help="Lite runner binary (default: $MSRL_LITE_RUNNER or the built one)")
     p.add_argument("--device", default="cpu", choices=["cpu", "ascend"])
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--aarch64", action="store_true", help="also run the bundle through lite-aarch64 (Lite's ARM "
-                   "kernels under qemu-user), inline and handed off, and compare the bits (tens of seconds)")
+    p.add_argument(
+        "--aarch64",
+        action="store_true",
+        help="also run the bundle through lite-aarch64 (Lite's ARM "
+        "kernels under qemu-user), inline and handed off, and compare the bits (tens of seconds)",
+    )
     add_arm_cpu(p)
     args = p.parse_args(argv)
     apply_arm_cpu(args)

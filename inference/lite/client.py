@@ -437,12 +437,3 @@ class LiteRunner(RunnerPipes):
     def _refusal(self, hello: dict[str, Any]) -> LiteRunnerError:
         return load_refusal(str(hello.get("kind", "")), str(hello.get("error", "unknown error")), self.model_path,
                             hello.get("mind_ir_version"), hello.get("max_mind_ir_version"))  # fmt: skip
-
-
-
-
-
-
-
-
-

@@ -60,8 +60,10 @@ class DeviceUnavailable(LiteRunnerError):
 def forked_child(owner: int, what: str) -> LiteRunnerError:
     """The one line a forked child gets for its parent's Lite state (a model in the process, a runner's pipes): it
     never touches them (Lite's threads, the runner's requests are the parent's); it loads its own."""
-    return LiteRunnerError(f"{what} was opened by process {owner}; this forked child (pid {os.getpid()}) cannot use "
-                           "it: load the bundle again in the child (inference.load)")
+    return LiteRunnerError(
+        f"{what} was opened by process {owner}; this forked child (pid {os.getpid()}) cannot use "
+        "it: load the bundle again in the child (inference.load)"
+    )
 
 
 class RunnerTimeout(LiteRunnerError, TimeoutError):
@@ -150,8 +152,9 @@ def runner_available() -> tuple[bool, str]:
     """Whether the runner binary can be started, with the path or the reason it cannot."""
     path = runner_path()
     if not path.is_file():
-        return False, (f"Lite runner not found at {path} (build: bash inference/lite/build_lite.sh; or set "
-                       "MSRL_LITE_RUNNER)")
+        return False, (
+            f"Lite runner not found at {path} (build: bash inference/lite/build_lite.sh; or set MSRL_LITE_RUNNER)"
+        )
     if not os.access(path, os.X_OK):
         return False, f"Lite runner at {path} is not executable"
     return True, str(path)

@@ -76,8 +76,11 @@ def open_lite(model_path: str | os.PathLike[str], **kwargs: Any) -> LiteModel | 
     """Lite on ``model_path``: in this process where it can run here, else in the runner process (which takes the
     runner's own options, ``timeout`` included)."""
     if in_process_reason() is None:
-        kwargs = {k: v for k, v in kwargs.items()
-                  if k in ("device", "device_id", "threads", "max_rows", "inline", "precision_mode", "config")}
+        kwargs = {
+            k: v
+            for k, v in kwargs.items()
+            if k in ("device", "device_id", "threads", "max_rows", "inline", "precision_mode", "config")
+        }
         return LiteModel(model_path, **kwargs)
     return LiteRunner(model_path, **kwargs)
 

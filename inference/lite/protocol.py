@@ -78,8 +78,7 @@ def feed_head(meta: TensorMeta, arr: np.ndarray) -> bytes:
         raise FeedError(f"input '{meta.name}': dtype {arr.dtype} != expected {meta.dtype}")
     if arr.ndim != len(meta.shape):
         raise FeedError(
-            f"input '{meta.name}': shape {arr.shape} has rank {arr.ndim}, "
-            f"expected rank {len(meta.shape)} {meta.shape}"
+            f"input '{meta.name}': shape {arr.shape} has rank {arr.ndim}, expected rank {len(meta.shape)} {meta.shape}"
         )
     # The batch dim is the runner's to resize (as in the in-process library): a model converted at a fixed batch,
     # e.g. calibrated for full quantization at batch 1, runs at any batch.
@@ -87,9 +86,7 @@ def feed_head(meta: TensorMeta, arr: np.ndarray) -> bytes:
                                                                                     strict=True))):  # fmt: skip
         raise FeedError(f"input '{meta.name}': shape {arr.shape} does not match {meta.shape}")
     return (
-        U32X2.pack(DTYPE_CODE[meta.dtype], arr.ndim)
-        + struct.pack(f"<{arr.ndim}q", *arr.shape)
-        + U64.pack(arr.nbytes)
+        U32X2.pack(DTYPE_CODE[meta.dtype], arr.ndim) + struct.pack(f"<{arr.ndim}q", *arr.shape) + U64.pack(arr.nbytes)
     )
 
 

@@ -214,9 +214,13 @@ def _layers(old: Run, new: Run) -> Iterator[Change]:
             continue
         if first and not before:  # a regression where OLD compared the layers too; else OLD was not localised
             compared = any(r.get("status") in ("pass", "fail") for r in was.get("layers") or [])
-            yield Change("layer", f"{name} began to diverge" if compared else f"{name} localised",
-                         "no diverging layer" if compared else "not localised",
-                         f"{first} ({loc.get('first_diverging_kind')})", "regression" if compared else "change")
+            yield Change(
+                "layer",
+                f"{name} began to diverge" if compared else f"{name} localised",
+                "no diverging layer" if compared else "not localised",
+                f"{first} ({loc.get('first_diverging_kind')})",
+                "regression" if compared else "change",
+            )
         elif before and not first:
             yield Change("layer", f"{name} diverging layer", str(before), loc.get("message") or "none", "improvement")
         else:

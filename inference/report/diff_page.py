@@ -47,18 +47,21 @@ def _lead(old: Run, new: Run) -> str:
     lines = [f'<b id="verdict-change">{escape(old.verdict_line)} → {escape(new.verdict_line)}</b>']
     first = new.first_failure()
     if first is not None:
-        lines.append(f"NEW's first failure: <b>{escape(str(first.get('runtime')))} · {escape(str(first.get('name')))}"
-                     f"</b> at the {escape(new.stage_name(first))} stage: {escape(str(first.get('summary')))}")
+        lines.append(
+            f"NEW's first failure: <b>{escape(str(first.get('runtime')))} · {escape(str(first.get('name')))}"
+            f"</b> at the {escape(new.stage_name(first))} stage: {escape(str(first.get('summary')))}"
+        )
     for label, run in (("NEW", new), ("OLD", old)):
         for k, r in enumerate(x for x in run.diverging() if x["layer"]):
             head = r["row"]
             detail = (f"cosine {head['cosine']:.6f}, max abs {head.get('max_abs', 0):.3g}" if isinstance(
                 head.get("cosine"), int | float) else escape(r["message"]))  # fmt: skip
             anchor = f' id="{label.lower()}-layer"' if k == 0 else ""
-            lines.append(f"{label}: first diverging layer <b{anchor}>{escape(str(r['layer']))}</b> "
-                         f"({escape(str(r['kind']))}) in {escape(r['runtime'])} — {detail}")
+            lines.append(
+                f"{label}: first diverging layer <b{anchor}>{escape(str(r['layer']))}</b> "
+                f"({escape(str(r['kind']))}) in {escape(r['runtime'])} — {detail}"
+            )
     return f'<div class="card why" id="lead">{"<br>".join(lines)}</div>'
-
 
 
 def relative_url(path: str) -> str:
@@ -81,8 +84,10 @@ def _side(label: str, run: Run, out: Path) -> str:
         rel = os.path.relpath(page.resolve(), out.resolve().parent)
         link = f' · <a href="{escape(relative_url(rel))}">its report</a>'
     cmd = (run.provenance.get("command") or {}).get("shell")
-    return (f'<div class="card"><h3>{label}: <span class="st {status_class(run.verdict)}">{escape(run.verdict_line)}'
-            f"</span></h3><p><code>{escape(run.where)}</code>{link}<br>{escape(str(d.get('created', '')))} · bundle "
-            f"<code>{escape(str(bundle.get('path')))}</code> ({escape(str(bundle.get('precision')))}, manifest "
-            f"{escape(short(bundle.get('manifest_sha256')))}) · compared: {escape(', '.join(run.compared) or 'none')}"
-            f"{failing}</p>{f'<pre>{escape(cmd)}</pre>' if cmd else ''}</div>")
+    return (
+        f'<div class="card"><h3>{label}: <span class="st {status_class(run.verdict)}">{escape(run.verdict_line)}'
+        f"</span></h3><p><code>{escape(run.where)}</code>{link}<br>{escape(str(d.get('created', '')))} · bundle "
+        f"<code>{escape(str(bundle.get('path')))}</code> ({escape(str(bundle.get('precision')))}, manifest "
+        f"{escape(short(bundle.get('manifest_sha256')))}) · compared: {escape(', '.join(run.compared) or 'none')}"
+        f"{failing}</p>{f'<pre>{escape(cmd)}</pre>' if cmd else ''}</div>"
+    )

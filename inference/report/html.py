@@ -66,9 +66,10 @@ return d*a.textContent.localeCompare(c.textContent);});r.forEach(function(x){b.a
 """
 # The page's one script is allowed by its hash, nothing else: no inline handler, no javascript: URL, no other script
 # (a run directory's name that reaches a link cannot run code).
-CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src "
-       f"'sha256-{base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()}'")
-
+CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src "
+    f"'sha256-{base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()}'"
+)
 
 
 def write_page(path: Path, data: dict[str, Any], audit_path: Path | None = None) -> None:
@@ -110,8 +111,10 @@ def header(run: Run) -> str:
     d = run.data
     bundle, opts = d.get("bundle") or {}, d.get("options") or {}
     kind = "field audit" if run.is_audit else "consistency report"
-    what = (f"{escape(run.subject)} · bundle <code>{escape(str(bundle.get('path', '?')))}</code> "
-            f"({escape(str(bundle.get('precision', '?')))}) against {escape(str(d.get('reference', '?')))}")
+    what = (
+        f"{escape(run.subject)} · bundle <code>{escape(str(bundle.get('path', '?')))}</code> "
+        f"({escape(str(bundle.get('precision', '?')))}) against {escape(str(d.get('reference', '?')))}"
+    )
     counts = f"{opts.get('observations', '?')} observations, {opts.get('episodes', '?')} episodes per mode"
     target = bundle.get("target") or {}
     if target.get("computes_in") not in (None, bundle.get("precision")):
@@ -119,11 +122,13 @@ def header(run: Run) -> str:
     lowered = "".join(f"; {escape(str(p))} for {escape(str(n))}" for n, p in (opts.get("judged_as") or {}).items())
     if run.is_audit:
         counts = f"{(run.audit or {}).get('steps', opts.get('observations', '?'))} recorded steps"
-    return (f'<header class="verdict {status_class(run.verdict)}"><div class="badge" id="verdict">{run.verdict}</div>'
-            f"<div><h1>{kind}: {what}</h1><p>{escape(run.verdict_line)} · exit {escape(str(d.get('exit_code')))} · "
-            f"{escape(counts)}, seed {escape(str(opts.get('seed', '?')))}, tolerance "
-            f"{escape(str(opts.get('tolerance', '?')))}{lowered} · {escape(str(d.get('created', '')))}</p></div>"
-            "</header>")
+    return (
+        f'<header class="verdict {status_class(run.verdict)}"><div class="badge" id="verdict">{run.verdict}</div>'
+        f"<div><h1>{kind}: {what}</h1><p>{escape(run.verdict_line)} · exit {escape(str(d.get('exit_code')))} · "
+        f"{escape(counts)}, seed {escape(str(opts.get('seed', '?')))}, tolerance "
+        f"{escape(str(opts.get('tolerance', '?')))}{lowered} · {escape(str(d.get('created', '')))}</p></div>"
+        "</header>"
+    )
 
 
 def failure_card(run: Run) -> str:
@@ -132,9 +137,11 @@ def failure_card(run: Run) -> str:
     field = audit_line(run) + warnings_line(run)
     if first is None:
         compared = ", ".join(run.compared) or "none"
-        return (f'<div class="card"><p>Every check passed or was allowed. Runtimes compared against '
-                f"{escape(str(run.data.get('reference')))}: <b>{escape(compared)}</b>.</p>{field}"
-                f"{layers_line(run)}</div>")
+        return (
+            f'<div class="card"><p>Every check passed or was allowed. Runtimes compared against '
+            f"{escape(str(run.data.get('reference')))}: <b>{escape(compared)}</b>.</p>{field}"
+            f"{layers_line(run)}</div>"
+        )
     failing = run.failing_runtimes()
     diag = first.get("diagnosis") or {}
     kind = "fail" if first.get("status") == "fail" else "error"
@@ -175,10 +182,13 @@ def audit_line(run: Run) -> str:
     ood = facts.get("ood") or {}
     share = (f"{100 * float(ood.get('share_beyond_sigma') or 0):.2f}% of steps beyond {num(ood.get('sigma'))} "
              "training std" if ood.get("available") else "observation range not measured")  # fmt: skip
-    return row("Field recording", f"{escape(str(facts.get('steps', '?')))} steps recorded by "
-               f"<b>{escape(str(facts.get('recorded_by', '?')))}</b> in {escape(str(facts.get('chunks', '?')))} "
-               f"chunk(s); worst of {len(windows)} time windows at {num(worst)} of the tolerance; {share} "
-               '<a href="#audit">timeline</a>')
+    return row(
+        "Field recording",
+        f"{escape(str(facts.get('steps', '?')))} steps recorded by "
+        f"<b>{escape(str(facts.get('recorded_by', '?')))}</b> in {escape(str(facts.get('chunks', '?')))} "
+        f"chunk(s); worst of {len(windows)} time windows at {num(worst)} of the tolerance; {share} "
+        '<a href="#audit">timeline</a>',
+    )
 
 
 def row(label: str, content: str) -> str:
@@ -206,10 +216,16 @@ def layers_line(run: Run, failing: bool = False) -> str:
         parts = [f'<b id="first-layer">{escape(str(named[0]["layer"]))}</b> ({escape(str(named[0]["kind"]))})']
         for r in named:
             head = r["row"]
-            detail = (f"cosine {head.get('cosine', 0):.6f}, max abs {num(head.get('max_abs'))}, max rel "
-                      f"{num(head.get('max_rel'))}" if head.get("cosine") is not None else escape(r["message"]))
-            parts.append(f'<br>{escape(r["runtime"])}: {escape(str(r["layer"]))} — {detail}'
-                         f"{'; ' + escape(r['message']) if r['message'] and head.get('cosine') is not None else ''}")
+            detail = (
+                f"cosine {head.get('cosine', 0):.6f}, max abs {num(head.get('max_abs'))}, max rel "
+                f"{num(head.get('max_rel'))}"
+                if head.get("cosine") is not None
+                else escape(r["message"])
+            )
+            parts.append(
+                f"<br>{escape(r['runtime'])}: {escape(str(r['layer']))} — {detail}"
+                f"{'; ' + escape(r['message']) if r['message'] and head.get('cosine') is not None else ''}"
+            )
         parts.append(' <a href="#layers">layers</a>')
         return row("First diverging layer", "".join(parts))
     msgs = "; ".join(f"{escape(r['runtime'])}: {escape(r['message'])}" for r in rows[:3])
@@ -225,13 +241,15 @@ def strip(run: Run) -> str:
         if s.failing:
             who += f"<br>fails: {escape(', '.join(s.failing[:3]))}{' …' if len(s.failing) > 3 else ''}"
         tag = '<div class="tag">first failure</div>' if s.first_failure else ""
-        boxes.append(f'<div class="stage {s.status}{" first" if s.first_failure else ""}"><b>{MARK.get(s.status, "")}'
-                     f" {escape(s.name)}</b><small>{who}</small>{tag}</div>")
+        boxes.append(
+            f'<div class="stage {s.status}{" first" if s.first_failure else ""}"><b>{MARK.get(s.status, "")}'
+            f" {escape(s.name)}</b><small>{who}</small>{tag}</div>"
+        )
     return f'<div class="strip" id="stages">{"".join(boxes)}</div>'
 
 
 def gates(run: Run) -> str:
-    rows = sorted(run.gates(), key=lambda g: ({"fail": 0, "error": 1, "warn": 2}.get(g.status, 3)))
+    rows = sorted(run.gates(), key=lambda g: {"fail": 0, "error": 1, "warn": 2}.get(g.status, 3))
     body = "".join(
         f'<tr class="{g.status}"><td>{escape(g.runtime)}</td><td><a href="#{g.anchor}">{escape(g.check)}</a></td>'
         f'<td class="st {g.status}">{MARK.get(g.status, "")} {g.status}</td><td>{escape(g.measured)}</td>'
@@ -239,9 +257,11 @@ def gates(run: Run) -> str:
         for g in rows
     )
     passed = sum(g.status == "pass" for g in rows)
-    return (f'<h2 id="gates">Gates <span class="muted">({passed} of {len(rows)} pass)</span></h2><div class="scroll">'
-            f'<table class="sortable"><thead><tr><th>runtime</th><th>check</th><th>status</th><th>measured</th>'
-            f"<th>threshold</th></tr></thead><tbody>{body}</tbody></table></div>")
+    return (
+        f'<h2 id="gates">Gates <span class="muted">({passed} of {len(rows)} pass)</span></h2><div class="scroll">'
+        f'<table class="sortable"><thead><tr><th>runtime</th><th>check</th><th>status</th><th>measured</th>'
+        f"<th>threshold</th></tr></thead><tbody>{body}</tbody></table></div>"
+    )
 
 
 def provenance(run: Run) -> str:
@@ -260,16 +280,31 @@ def provenance(run: Run) -> str:
         same = ckpt.get("sha256") == ckpt.get("exported_from_sha256")
         note = "" if not ckpt.get("sha256") else (" (the one the bundle was exported from)" if same else
                                                   " <b>≠ the bundle's</b>")  # fmt: skip
-        left.append(("checkpoint", f"<code>{escape(str(ckpt.get('path') or ckpt.get('exported_from')))}</code> "
-                     f"<code>{escape(short(ckpt.get('sha256') or ckpt.get('exported_from_sha256'), 16))}</code>{note}"))
+        left.append(
+            (
+                "checkpoint",
+                f"<code>{escape(str(ckpt.get('path') or ckpt.get('exported_from')))}</code> "
+                f"<code>{escape(short(ckpt.get('sha256') or ckpt.get('exported_from_sha256'), 16))}</code>{note}",
+            )
+        )
     if p.get("bundle_files"):
         left.append(("graph files", "<br>".join(f"{escape(k)} <code>{escape(short(v, 16))}</code>"
                                                 for k, v in p["bundle_files"].items())))  # fmt: skip
-    right = [("precision", "<br>".join(f"{escape(k)}: {escape(v)}" for k, v in (p.get("precision") or {}).items()
-                                       if k in run.runtimes and run.runtimes[k].get("status") in ("ran", "reference")))]
+    right = [
+        (
+            "precision",
+            "<br>".join(
+                f"{escape(k)}: {escape(v)}"
+                for k, v in (p.get("precision") or {}).items()
+                if k in run.runtimes and run.runtimes[k].get("status") in ("ran", "reference")
+            ),
+        )
+    ]
     exporter = versions.get("exporter") or {}
-    vers = [f"exporter: MindSpore {exporter.get('mindspore', '?')}, ONNX {exporter.get('onnx', '–')}, Lite SDK "
-            f"{exporter.get('lite_sdk', '–')}, MindIR v{exporter.get('mind_ir_version', '?')}"]
+    vers = [
+        f"exporter: MindSpore {exporter.get('mindspore', '?')}, ONNX {exporter.get('onnx', '–')}, Lite SDK "
+        f"{exporter.get('lite_sdk', '–')}, MindIR v{exporter.get('mind_ir_version', '?')}"
+    ]
     for name, v in (versions.get("runtimes") or {}).items():
         vers.append(f"{name}: " + ", ".join(f"{k} {val}" for k, val in (v or {}).items()))
     host = p.get("host") or {}
@@ -280,18 +315,28 @@ def provenance(run: Run) -> str:
     right.append(("versions", "<br>".join(escape(v) for v in vers)))
     seeds = p.get("seeds") or {}
     train = ((seeds.get("bundle") or {}).get("train") or {}) if isinstance(seeds.get("bundle"), dict) else {}
-    right.append(("seeds", f"verify {escape(str(seeds.get('verify', (d.get('options') or {}).get('seed'))))}"
-                  + (f"; training {escape(str(train.get('seed')))}" if train.get("seed") is not None else "")
-                  + (f"; bundle self-check {escape(str(seeds['bundle'].get('self_check')))}"
-                     if isinstance(seeds.get("bundle"), dict) and "self_check" in seeds["bundle"] else "")))
+    right.append(
+        (
+            "seeds",
+            f"verify {escape(str(seeds.get('verify', (d.get('options') or {}).get('seed'))))}"
+            + (f"; training {escape(str(train.get('seed')))}" if train.get("seed") is not None else "")
+            + (
+                f"; bundle self-check {escape(str(seeds['bundle'].get('self_check')))}"
+                if isinstance(seeds.get("bundle"), dict) and "self_check" in seeds["bundle"]
+                else ""
+            ),
+        )
+    )
     if p.get("device"):
         right.append(("device", escape(str(p["device"]))))
 
     def dl(items: list[tuple[str, str]]) -> str:
         return "<dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
-    return (f'<h2 id="provenance">Provenance</h2><div class="grid"><div class="card">{dl(left)}</div>'
-            f'<div class="card">{dl(right)}</div></div>')
+    return (
+        f'<h2 id="provenance">Provenance</h2><div class="grid"><div class="card">{dl(left)}</div>'
+        f'<div class="card">{dl(right)}</div></div>'
+    )
 
 
 def check_id(check: dict[str, Any]) -> str:

@@ -99,12 +99,17 @@ def provenance(result: VerifyResult) -> dict[str, Any]:
         "device": device if device == "cpu" else f"{device}:{result.options.device_id}",
         "bundle_files": files,
         "checkpoint": checkpoint,
-        "versions": {"exporter": manifest.get("exporter") or {}, "training": source.get("train_versions") or {},
-                     "runtimes": {n: i.get("versions") for n, i in result.runtimes.items() if i.get("versions")}},
+        "versions": {
+            "exporter": manifest.get("exporter") or {},
+            "training": source.get("train_versions") or {},
+            "runtimes": {n: i.get("versions") for n, i in result.runtimes.items() if i.get("versions")},
+        },
         "seeds": {"verify": result.reference.seed, "bundle": manifest.get("seeds") or {}},
-        "precision": {name: (info.get("precision") or {}).get("why")
-                      or runtime_precision(name, bundle.precision, manifest, device)
-                      for name, info in result.runtimes.items()},  # fmt: skip
+        "precision": {
+            name: (info.get("precision") or {}).get("why")
+            or runtime_precision(name, bundle.precision, manifest, device)
+            for name, info in result.runtimes.items()
+        },  # fmt: skip
         "target": bundle.target,
         "plan": {k: v for k, v in (bundle.plan or {}).items() if k in ("lower", "kept", "bounds", "calibration")}
         or None,

@@ -131,7 +131,8 @@ class Run:
         if stage:
             return str(stage)
         named = {"provenance": "provenance", "repeatability": "runtime", "baseline": "baseline"}.get(
-            str(check.get("name")))
+            str(check.get("name"))
+        )
         if named:
             return named
         # a bundle not exported from the checkpoint it is compared with: every difference follows from that
@@ -146,12 +147,17 @@ class Run:
         out = []
         for name, members in STAGES:
             mine = [c for c in self.checks if self.stage_of(c) == name]
-            ran = sorted({str(c.get("runtime")) for c in mine if c.get("runtime") not in ("bundle",)}
-                         | {r for r in members if self.runtimes.get(r, {}).get("status") in ("ran", "reference")})
+            ran = sorted(
+                {str(c.get("runtime")) for c in mine if c.get("runtime") not in ("bundle",)}
+                | {r for r in members if self.runtimes.get(r, {}).get("status") in ("ran", "reference")}
+            )
             ran += [f"bundle {c.get('name')}" for c in mine if c.get("runtime") == "bundle"]
             status = min((str(c.get("status", "skip")) for c in mine), key=lambda s: SEVERITY.get(s, 9), default="skip")
-            failing = [f"{c.get('runtime')} {c.get('name')}" if c.get("runtime") == "bundle" else str(c.get("name"))
-                       for c in mine if c.get("status") in ("fail", "error")]
+            failing = [
+                f"{c.get('runtime')} {c.get('name')}" if c.get("runtime") == "bundle" else str(c.get("name"))
+                for c in mine
+                if c.get("status") in ("fail", "error")
+            ]
             out.append(Stage(name, status, ran, failing=failing))
         first = next((s for s in out if s.status in ("fail", "error")), None)
         if first is not None:
@@ -241,14 +247,21 @@ def gate_values(c: dict[str, Any]) -> tuple[str, str]:
             limits.append(f"flips only at near-ties, ≤ {100 * float(flips.get('max_rate') or 0):g}% of rows")
         return "; ".join(parts) or str(c.get("summary", "")), "; ".join(limits) or "–"
     if name.startswith("episodes.teacher_forced"):
-        return (f"{m.get('differing_actions', 0)} of {m.get('steps', 0)} actions differ "
-                f"({m.get('near_ties_forgiven', 0)} at near-ties)", "0, or near-ties within the flip rate")
+        return (
+            f"{m.get('differing_actions', 0)} of {m.get('steps', 0)} actions differ "
+            f"({m.get('near_ties_forgiven', 0)} at near-ties)",
+            "0, or near-ties within the flip rate",
+        )
     if name.startswith("episodes.free_running"):
-        measured = (f"{m.get('episodes_diverged', 0)} episode(s) diverge; mean return Δ "
-                    f"{num(m.get('mean_return_delta'))}")
+        measured = (
+            f"{m.get('episodes_diverged', 0)} episode(s) diverge; mean return Δ {num(m.get('mean_return_delta'))}"
+        )
         if "mean_return_bound" in m:
-            return (measured + f"; mean return {num(m.get('mean_return'))} vs {num(m.get('reference_mean_return'))},"
-                    f" KS p {num(m.get('ks_p_value'))}", f"mean within ±{num(m.get('mean_return_bound'))}, KS p ≥ 0.01")
+            return (
+                measured + f"; mean return {num(m.get('mean_return'))} vs {num(m.get('reference_mean_return'))},"
+                f" KS p {num(m.get('ks_p_value'))}",
+                f"mean within ±{num(m.get('mean_return_bound'))}, KS p ≥ 0.01",
+            )
         return measured, "0, or parted at a near-tie / by chaotic amplification"
     if name.startswith("policy."):  # the mismatch in policy terms against the bounds of the precision judged
         mm, flips, b = m.get("mismatch") or {}, m.get("flips") or {}, m.get("bounds") or {}
@@ -267,8 +280,11 @@ def gate_values(c: dict[str, Any]) -> tuple[str, str]:
         worst = max((float(w.get("worst_ratio") or 0) for w in m.get("windows") or []), default=0.0)
         return f"worst window {num(worst)} of the tolerance", "error does not grow over time"
     if name == "field.out_of_distribution" and "share_beyond_sigma" in m:
-        return (f"{100 * float(m['share_beyond_sigma']):.2f}% beyond {num(m.get('sigma'))} std, "
-                f"{100 * float(m.get('share_clipped') or 0):.2f}% clipped", "≤ 1% beyond, none clipped")
+        return (
+            f"{100 * float(m['share_beyond_sigma']):.2f}% beyond {num(m.get('sigma'))} std, "
+            f"{100 * float(m.get('share_clipped') or 0):.2f}% clipped",
+            "≤ 1% beyond, none clipped",
+        )
     if name == "baseline":
         return f"{len(m.get('regressions') or [])} metric(s) beyond their margins", "0"
     return str(c.get("summary", "")), "–"

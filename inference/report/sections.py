@@ -59,15 +59,19 @@ def outputs(run: Run) -> str:
                               td(s.get("p99_rel")), td(s.get("cosine"), ".9f"), td(s.get("max_ulp")),
                               td(s.get("required_atol")), td(s.get("required_rtol")),
                               f"<td>{escape(str(s.get('tolerance') or '–'))}</td>"])  # fmt: skip
-        rows.append(f'<tr class="{status}"{rid}><td>{escape(str(check.get("runtime")))}</td><td>{escape(graph)}</td>'
-                    f"<td>{escape(output)}</td>{status_cell(status)}{td(s.get('count'))}{detail}</tr>")
+        rows.append(
+            f'<tr class="{status}"{rid}><td>{escape(str(check.get("runtime")))}</td><td>{escape(graph)}</td>'
+            f"<td>{escape(output)}</td>{status_cell(status)}{td(s.get('count'))}{detail}</tr>"
+        )
     if not rows:
         return '<h2 id="outputs">Outputs</h2><p class="muted">No output was compared.</p>'
     head = ["runtime", "graph", "output", "status", "elements", "beyond tol", "max abs", "p99 abs", "max rel",
             "p99 rel", "cosine", "max ULP", "atol that passes", "rtol that passes", "tolerance granted"]  # fmt: skip
-    return (f'<h2 id="outputs">Outputs per runtime</h2><p class="muted">On the finite observations; an element fails '
-            f"only when beyond both atol and rtol. &ldquo;atol that passes&rdquo; is the smallest atol passing every "
-            f"element with rtol 0 (and the same for rtol).</p>{table(head, rows, scroll=True)}")
+    return (
+        f'<h2 id="outputs">Outputs per runtime</h2><p class="muted">On the finite observations; an element fails '
+        f"only when beyond both atol and rtol. &ldquo;atol that passes&rdquo; is the smallest atol passing every "
+        f"element with rtol 0 (and the same for rtol).</p>{table(head, rows, scroll=True)}"
+    )
 
 
 def layers(run: Run, colors: dict[str, str]) -> str:
@@ -87,8 +91,10 @@ def layers(run: Run, colors: dict[str, str]) -> str:
         if not first and not rows:
             out.append(f'<p id="{slug("layers-" + name)}"><b>{escape(name)}</b>: <span class="muted">{line}</span></p>')
             continue
-        out.append(f'<h3 id="{slug("layers-" + name)}">{escape(name)}: {line}{note} '
-                   f'<span class="muted">(by {escape(str(loc.get("method", "")))})</span></h3>')
+        out.append(
+            f'<h3 id="{slug("layers-" + name)}">{escape(name)}: {line}{note} '
+            f'<span class="muted">(by {escape(str(loc.get("method", "")))})</span></h3>'
+        )
         if rows:
             body = [f'<tr class="{"fail" if r.get("scope") == first else r.get("status", "")}"><td>{k}</td>'
                     f"<td>{escape(str(r.get('scope')))}</td><td>{escape(str(r.get('kind')))}</td>"
@@ -102,8 +108,19 @@ def layers(run: Run, colors: dict[str, str]) -> str:
             series.append(Series(name, list(range(len(rows))), [r.get("max_abs") for r in rows],
                                  colors.get(name, PALETTE[0]), marker="o"))  # fmt: skip
     if series:
-        out.append('<div class="charts">' + line_chart(series, title="per-layer max |Δ| against the reference layer "
-                   "(log scale)", y_label="max |Δ|", log_y=True, x_names=names, width=900, height=260) + "</div>")
+        out.append(
+            '<div class="charts">'
+            + line_chart(
+                series,
+                title="per-layer max |Δ| against the reference layer (log scale)",
+                y_label="max |Δ|",
+                log_y=True,
+                x_names=names,
+                width=900,
+                height=260,
+            )
+            + "</div>"
+        )
     return "".join(out)
 
 
@@ -135,13 +152,17 @@ def policy(run: Run, colors: dict[str, str]) -> str:
             "|Δ log p| max", "action agreement / max |Δ action|"]  # fmt: skip
     out = [f'<h2 id="policy">Policy</h2>{table(head, rows)}']
     if flips:
-        out.append(f"<h3>Flips and the reference's margin between the two actions (first 20 per check)</h3>"
-                   f'{table(["runtime", "graph", "row", "score margin"], flips, scroll=True)}')
+        out.append(
+            f"<h3>Flips and the reference's margin between the two actions (first 20 per check)</h3>"
+            f"{table(['runtime', 'graph', 'row', 'score margin'], flips, scroll=True)}"
+        )
     if charts or equal:
         same = (f'<p class="muted">Every sampled action has exactly the reference\'s log-probability in '
                 f"{escape(', '.join(equal))}.</p>" if equal else "")  # fmt: skip
-        out.append("<h3>Log-ratio log p<sub>runtime</sub>(a) − log p<sub>reference</sub>(a) of the sampled actions"
-                   f'</h3>{same}<div class="charts">{"".join(charts)}</div>')
+        out.append(
+            "<h3>Log-ratio log p<sub>runtime</sub>(a) − log p<sub>reference</sub>(a) of the sampled actions"
+            f'</h3>{same}<div class="charts">{"".join(charts)}</div>'
+        )
     return "".join(out)
 
 
@@ -175,8 +196,10 @@ def log_ratio_chart(title: str, ratio: dict[str, Any], color: str) -> str:
     keep = [k for k, v in enumerate(counts) if v] or [len(neg)]
     lo, hi = max(0, min(keep) - 1), min(len(counts), max(keep) + 2)
     q = ratio.get("quantiles") or {}
-    caption = (f"{title}: {ratio.get('count')} actions, {ratio.get('zeros', 0)} exactly equal; p1 {num(q.get('p1'))},"
-               f" p99 {num(q.get('p99'))}, max |·| {num(max(abs(q.get('min') or 0), abs(q.get('max') or 0)))}")
+    caption = (
+        f"{title}: {ratio.get('count')} actions, {ratio.get('zeros', 0)} exactly equal; p1 {num(q.get('p1'))},"
+        f" p99 {num(q.get('p99'))}, max |·| {num(max(abs(q.get('min') or 0), abs(q.get('max') or 0)))}"
+    )
     mm = ratio.get("mismatch") or {}
     if mm.get("count"):  # the mismatch numbers of these log-ratios (policy_level.mismatch)
         caption += (f"; mean exp|Δ| {num(mm.get('mean_exp_abs'))}, ESS {num(mm.get('ess'))}, "
@@ -221,19 +244,30 @@ def episodes(run: Run, colors: dict[str, str]) -> str:
         ref = by.pop("reference")
         own = {n: r for n, r in by.items() if r}
         if own and all(list(r) == list(ref) for r in own.values()):
-            out.append(f'<p class="muted">paired episodes, {mode}: every runtime\'s {len(ref)} returns equal the '
-                       f"reference's, episode by episode (mean {num(sum(ref) / max(1, len(ref)))})</p>")
+            out.append(
+                f'<p class="muted">paired episodes, {mode}: every runtime\'s {len(ref)} returns equal the '
+                f"reference's, episode by episode (mean {num(sum(ref) / max(1, len(ref)))})</p>"
+            )
             continue
         series = [Series("reference", list(range(len(ref))), ref, "#212529", line=False, marker="ring")]
         series += [Series(n, list(range(len(r))), r, colors.get(n, PALETTE[0]), line=False, marker="o")
                    for n, r in own.items()]  # fmt: skip
-        out.append(line_chart(series, title=f"paired episode returns, {mode} (same env seeds and noise)",
-                              x_label="episode", y_label="return"))
+        out.append(
+            line_chart(
+                series,
+                title=f"paired episode returns, {mode} (same env seeds and noise)",
+                x_label="episode",
+                y_label="return",
+            )
+        )
     if trajectory is not None:
         out.append(trajectory_chart(*trajectory[1], colors))
     for mode in ("deterministic", "stochastic"):
-        series = [Series(n, d[mode].get("step") or [], d[mode].get("max") or [], colors.get(n, PALETTE[0]))
-                  for n, d in (run.data.get("episode_diffs") or {}).items() if isinstance(d, dict) and mode in d]
+        series = [
+            Series(n, d[mode].get("step") or [], d[mode].get("max") or [], colors.get(n, PALETTE[0]))
+            for n, d in (run.data.get("episode_diffs") or {}).items()
+            if isinstance(d, dict) and mode in d
+        ]
         if not series:
             continue
         if not any(v for s in series for v in s.ys):
@@ -242,9 +276,16 @@ def episodes(run: Run, colors: dict[str, str]) -> str:
             continue
         values = [v for s in series for v in s.ys if v]
         log_y = max(values) / min(values) > 100  # a few decades: log; discrete actions (0 or 1 apart): linear
-        out.append(line_chart(series, title=f"free-running, {mode}: largest |Δ action| over the episodes per step "
-                              "(block maxima)", x_label="episode step", y_label="max |Δ action|", log_y=log_y,
-                              y_range=None if log_y else (0.0, max(values) * 1.15)))
+        out.append(
+            line_chart(
+                series,
+                title=f"free-running, {mode}: largest |Δ action| over the episodes per step (block maxima)",
+                x_label="episode step",
+                y_label="max |Δ action|",
+                log_y=log_y,
+                y_range=None if log_y else (0.0, max(values) * 1.15),
+            )
+        )
     return "".join(out) + "</div>"
 
 
@@ -259,8 +300,13 @@ def trajectory_chart(runtime: str, mode: str, diverged: bool, t: dict[str, Any],
               Series(runtime, steps, what.get("runtime") or [], color, dashed=True)]  # fmt: skip
     state = "diverges" if diverged else "matches the reference"
     span = f"steps {steps[0]}–{steps[-1]} of {t.get('steps')}"
-    return line_chart(series, title=f"episode {t.get('episode')} ({mode}, {span}): {label}, reference vs {runtime} "
-                      f"({state})", x_label="episode step", y_label=label, vlines=vlines)
+    return line_chart(
+        series,
+        title=f"episode {t.get('episode')} ({mode}, {span}): {label}, reference vs {runtime} ({state})",
+        x_label="episode step",
+        y_label=label,
+        vlines=vlines,
+    )
 
 
 def audit(run: Run) -> str:
@@ -286,24 +332,34 @@ def audit(run: Run) -> str:
                    "per window", x_label="seconds since the first recorded step", y_label="share",
                    hlines=[(0.01, "1%")], y_range=(0.0, max(0.05, *(w.get("ood_share") or 0 for w in windows)) * 1.1))
                    + "</div>")  # fmt: skip
-        body = [f"<tr>{td(k)}{td(w.get('steps'))}{td(w.get('max_abs'))}{td(w.get('worst_ratio'))}"
-                f"{td(w.get('mismatched_rows'))}{td(w.get('ood_share'))}</tr>" for k, w in enumerate(windows)]
+        body = [
+            f"<tr>{td(k)}{td(w.get('steps'))}{td(w.get('max_abs'))}{td(w.get('worst_ratio'))}"
+            f"{td(w.get('mismatched_rows'))}{td(w.get('ood_share'))}</tr>"
+            for k, w in enumerate(windows)
+        ]
         out.append(table(["window", "steps", "max abs", "error / tolerance", "rows beyond", "share out of range"],
                          body, scroll=True))  # fmt: skip
     ood = facts.get("ood") or {}
     dims = [d for d in ood.get("per_dimension") or [] if isinstance(d, dict)]
     if dims:
-        body = [f"<tr>{td(d.get('dimension'))}{td(d.get('mean_abs_z'))}{td(d.get('max_abs_z'))}"
-                f"{td(d.get('share_beyond_sigma'))}</tr>" for d in dims]
-        out.append(f"<h3>Observations against training's statistics (beyond {num(ood.get('sigma'))} std: "
-                   f"{100 * float(ood.get('share_beyond_sigma') or 0):.2f}% of steps)</h3>"
-                   + table(["dimension", "mean |z|", "max |z|", "share beyond"], body))
+        body = [
+            f"<tr>{td(d.get('dimension'))}{td(d.get('mean_abs_z'))}{td(d.get('max_abs_z'))}"
+            f"{td(d.get('share_beyond_sigma'))}</tr>"
+            for d in dims
+        ]
+        out.append(
+            f"<h3>Observations against training's statistics (beyond {num(ood.get('sigma'))} std: "
+            f"{100 * float(ood.get('share_beyond_sigma') or 0):.2f}% of steps)</h3>"
+            + table(["dimension", "mean |z|", "max |z|", "share beyond"], body)
+        )
     r = facts.get("returns") or {}
     if r.get("episodes"):
         text = f"{r['episodes']} recorded episodes, return {num(r.get('mean'))} ± {num(r.get('std'))}"
         if "training_mean" in r:
-            text += (f"; {escape(str(r.get('training_source', 'training')))}: {num(r.get('training_mean'))} ± "
-                     f"{num(r.get('training_std'))}")
+            text += (
+                f"; {escape(str(r.get('training_source', 'training')))}: {num(r.get('training_mean'))} ± "
+                f"{num(r.get('training_std'))}"
+            )
         out.append(f"<h3>Returns</h3><p>{text}</p>")
         far = [f for f in r.get("furthest") or [] if isinstance(f, dict)]
         if far:
@@ -326,14 +382,18 @@ def all_checks(run: Run) -> str:
                     f"<td>{escape(str(c.get('name')))}{ev}</td>{status_cell(str(c.get('status')))}"
                     f"<td>{escape(str(c.get('summary', '')))}</td><td>{escape(str(diag.get('stage', '')))}</td>"
                     f"<td>{escape(str(diag.get('detail', '')))}</td></tr>")  # fmt: skip
-    return (f'<h2 id="checks">All checks</h2>'
-            f'{table(["runtime", "check", "status", "summary", "stage", "diagnosis"], rows)}')
+    return (
+        f'<h2 id="checks">All checks</h2>{table(["runtime", "check", "status", "summary", "stage", "diagnosis"], rows)}'
+    )
 
 
 def not_compared(run: Run) -> str:
     idle = [(n, i) for n, i in run.runtimes.items() if i.get("status") not in ("ran", "reference")]
     if not idle:
         return ""
-    rows = [f"<tr><td>{escape(n)}</td><td>{escape(str(i.get('status')))}</td><td>{escape(str(i.get('reason', '')))}"
-            "</td></tr>" for n, i in idle]
+    rows = [
+        f"<tr><td>{escape(n)}</td><td>{escape(str(i.get('status')))}</td><td>{escape(str(i.get('reason', '')))}"
+        "</td></tr>"
+        for n, i in idle
+    ]
     return f'<h2 id="idle">Runtimes not compared</h2>{table(["runtime", "status", "reason"], rows)}'

@@ -170,8 +170,10 @@ def bar_chart(
         if top is None:
             continue
         color = (colors or PALETTE)[k % len(colors or PALETTE)] if colors else PALETTE[0]
-        out.append(f'<rect x="{ax.x(k) - step * 0.4:.1f}" y="{top:.1f}" width="{step * 0.8:.1f}" '
-                   f'height="{bottom - top:.1f}" fill="{color}"><title>{escape(names[k])}: {c:g}</title></rect>')
+        out.append(
+            f'<rect x="{ax.x(k) - step * 0.4:.1f}" y="{top:.1f}" width="{step * 0.8:.1f}" '
+            f'height="{bottom - top:.1f}" fill="{color}"><title>{escape(names[k])}: {c:g}</title></rect>'
+        )
     return _svg(width, height, title, out)
 
 

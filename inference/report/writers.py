@@ -67,17 +67,22 @@ def report_dict(result: VerifyResult) -> dict[str, Any]:
             "seed": result.reference.seed,
             "tolerance": opts.tolerance or bundle.precision,
             # what each runtime was judged as, where it is not ``tolerance``: a lowered runtime (fp16, int8)
-            "judged_as": {name: info["precision"]["judged_as"] for name, info in result.runtimes.items()
-                          if (info.get("precision") or {}).get("judged_as") not in (None, opts.tolerance or
-                                                                                     bundle.precision)},
+            "judged_as": {
+                name: info["precision"]["judged_as"]
+                for name, info in result.runtimes.items()
+                if (info.get("precision") or {}).get("judged_as") not in (None, opts.tolerance or bundle.precision)
+            },
             "overrides": {k: v.to_dict() for k, v in opts.overrides.items()},
         },
         "runtimes": result.runtimes,
         "checks": [c.to_dict() for c in result.checks],
         "localization": {name: loc.to_dict() for name, loc in result.localizations.items()},
         "provenance": provenance(result),
-        "episode_diffs": {name: {mode: block_max(diffs) for mode, diffs in modes.items()}
-                          for name, modes in result.episode_diffs.items() if modes},  # fmt: skip
+        "episode_diffs": {
+            name: {mode: block_max(diffs) for mode, diffs in modes.items()}
+            for name, modes in result.episode_diffs.items()
+            if modes
+        },  # fmt: skip
     }
 
 
@@ -131,14 +136,16 @@ def markdown(result: VerifyResult) -> str:
                 bars = ", ".join(f"{k} {v:g}" for k, v in p["bounds"].items() if isinstance(v, int | float))
                 out.append(f"  - the verifier's {p['judged_as']} policy bounds: {bars}")
         if info.get("batch_invariance"):
-            out.append(f"  - batch invariance ({info['batch_invariance']['rows']} rows alone vs at the first, middle "
-                       f"and last position of larger batches): {describe_invariance(info['batch_invariance'])}")
+            out.append(
+                f"  - batch invariance ({info['batch_invariance']['rows']} rows alone vs at the first, middle "
+                f"and last position of larger batches): {describe_invariance(info['batch_invariance'])}"
+            )
     out += _mismatch_markdown(result)
     return "\n".join(out) + "\n"
 
 
 def _target_words(result: VerifyResult) -> str:
-    """", for ascend310, which computes in fp16" where the device computes in other than the graphs' precision."""
+    """ ", for ascend310, which computes in fp16" where the device computes in other than the graphs' precision."""
     target = result.bundle.target
     if target.get("computes_in") in (None, result.bundle.precision):
         return ""
@@ -154,12 +161,15 @@ def _mismatch_markdown(result: VerifyResult) -> list[str]:
         if c.name.startswith("policy."):
             m, flips = metrics.get("mismatch") or {}, metrics.get("flips") or {}
             bounds = metrics.get("bounds") or {}
-        elif c.name.startswith("observations.") and (metrics.get("log_ratio") or {}).get("mismatch") and not any(
-                o.runtime == c.runtime and o.name == "policy." + c.name.split(".", 1)[1] for o in result.checks):
+        elif (
+            c.name.startswith("observations.")
+            and (metrics.get("log_ratio") or {}).get("mismatch")
+            and not any(o.runtime == c.runtime and o.name == "policy." + c.name.split(".", 1)[1] for o in result.checks)
+        ):
             m, flips, bounds = metrics["log_ratio"]["mismatch"], {}, {}  # fmt: skip
         else:
             continue
-        q = ((metrics.get("log_ratio") or {}).get("quantiles") or {})
+        q = (metrics.get("log_ratio") or {}).get("quantiles") or {}
         cells = [f"{m['mean_exp_abs']:.6f}" if m.get("mean_exp_abs") is not None else "–",
                  f"{m['ess']:.4f}" if m.get("ess") is not None else "–",
                  f"{m['k3_kl']:.2e}" if m.get("k3_kl") is not None else "–",
@@ -245,9 +255,7 @@ def junit(result: VerifyResult) -> str:
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         f'<testsuite name="msrl-consistency verify" tests="{len(cases)}" failures="{failures}" errors="{errors}" '
-        f'skipped="{skipped}">\n'
-        + "\n".join(cases)
-        + "\n</testsuite>\n"
+        f'skipped="{skipped}">\n' + "\n".join(cases) + "\n</testsuite>\n"
     )
 
 

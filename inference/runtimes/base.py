@@ -18,8 +18,16 @@ from inference.bundle import Bundle
 from inference.bundle.tensors import FeedError, TensorMeta, check_feeds
 from inference.errors import MsrlError, RuntimeUnavailable
 
-__all__ = ["CellProvider", "FeedError", "InferenceFailed", "Runtime", "RuntimeDied", "RuntimeHung", "RuntimeSource",
-           "TensorMeta"]
+__all__ = [
+    "CellProvider",
+    "FeedError",
+    "InferenceFailed",
+    "Runtime",
+    "RuntimeDied",
+    "RuntimeHung",
+    "RuntimeSource",
+    "TensorMeta",
+]
 
 # Graph name -> the MindSpore Cell that computes it (the training path). Built by whoever knows the policy:
 # our trainer's checkpoint loader, a user's ``MODULE:FACTORY``, or a Cell object handed to the library API.
@@ -35,8 +43,9 @@ class RuntimeDied(InferenceFailed):
     verdict on the graph, which was not judged (verify reports it as an error: exit 3)."""
 
     status = "died"  # the runtime's status in the report
-    detail = ("killed from outside (a signal, the OOM killer), not by the graph: the bundle was not judged on this "
-              "runtime")
+    detail = (
+        "killed from outside (a signal, the OOM killer), not by the graph: the bundle was not judged on this runtime"
+    )
 
 
 class RuntimeHung(RuntimeDied):
@@ -44,8 +53,10 @@ class RuntimeHung(RuntimeDied):
     measured rate): a slow host and a hang look alike from outside, so the graph is not judged (exit 3)."""
 
     status = "hung"
-    detail = ("no answer within the wait (the timeout plus the request's measured cost): a hang or a host too slow to "
-              "tell from one; the bundle was not judged on this runtime")
+    detail = (
+        "no answer within the wait (the timeout plus the request's measured cost): a hang or a host too slow to "
+        "tell from one; the bundle was not judged on this runtime"
+    )
 
 
 @dataclass

@@ -144,8 +144,9 @@ def _decompose_layer_norms(model: Any, keep: set[str]) -> set[str]:
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
         p = f"{node.name}/ln"
         steps = [
-            helper.make_node("Constant", [], [f"{p}/eps"], value=helper.make_tensor(f"{p}/eps", FLOAT, [], [eps]),
-                             name=f"{p}/eps"),  # fmt: skip
+            helper.make_node(
+                "Constant", [], [f"{p}/eps"], value=helper.make_tensor(f"{p}/eps", FLOAT, [], [eps]), name=f"{p}/eps"
+            ),  # fmt: skip
             helper.make_node("ReduceMean", [x], [f"{p}/mean"], axes=[axis], keepdims=1, name=f"{p}/mean"),
             helper.make_node("Sub", [x, f"{p}/mean"], [f"{p}/centred"], name=f"{p}/centred"),
             helper.make_node("Mul", [f"{p}/centred", f"{p}/centred"], [f"{p}/square"], name=f"{p}/square"),

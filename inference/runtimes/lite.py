@@ -72,13 +72,15 @@ class LiteRuntime(Runtime):
 
     def _open_model(self, path: Path) -> LiteRunner | LiteModel:
         """Lite on ``path``: in this process where it can run here, else the runner process."""
-        return open_lite(path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout,
-                         fork_server=True)  # a verify starts a runner per graph and per tap request
+        return open_lite(
+            path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout, fork_server=True
+        )  # a verify starts a runner per graph and per tap request
 
     def tap_runner(self, path: Path) -> LiteRunner:
         """A runner process on ``path`` for a tap request (every kernel's outputs: layer localisation)."""
-        return LiteRunner(path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout,
-                          fork_server=True)
+        return LiteRunner(
+            path, device=self.source.device, device_id=self.source.device_id, timeout=self.timeout, fork_server=True
+        )
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         for attempt in range(2):

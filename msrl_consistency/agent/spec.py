@@ -12,8 +12,16 @@ from msrl_consistency.envs.make import EnvInfo
 
 # The training config's fields that shape the policy Cell and its graphs. A spec copies them from the config and
 # takes its defaults from the config's, so the two never disagree (``tests/test_policy_spec.py`` checks the types).
-ARCH_FIELDS = ("hidden_sizes", "activation", "normalize_obs", "clip_obs", "action_postprocess", "init_log_std", "lower",
-               "keep")
+ARCH_FIELDS = (
+    "hidden_sizes",
+    "activation",
+    "normalize_obs",
+    "clip_obs",
+    "action_postprocess",
+    "init_log_std",
+    "lower",
+    "keep",
+)
 _CONFIG_DEFAULTS = TrainConfig()
 
 

@@ -278,8 +278,10 @@ def normalization_hash(policy: ActorCritic) -> str:
 def describe(bundle: Bundle) -> str:
     target = bundle.target
     mode = f", Lite precision mode {target['precision_mode']}" if target.get("precision_mode") else ""
-    lines = [f"bundle {bundle.root} ({bundle.env_id or 'no env id'}, {bundle.precision}; target {target['device']}"
-             f"{mode}, computes in {target['computes_in']})"]
+    lines = [
+        f"bundle {bundle.root} ({bundle.env_id or 'no env id'}, {bundle.precision}; target {target['device']}"
+        f"{mode}, computes in {target['computes_in']})"
+    ]
     for name, graph in bundle.manifest["graphs"].items():
         files = ", ".join(f"{fmt}: FAILED" if "failed" in e else e.get("file", f"{fmt}: skipped")
                           for fmt, e in graph["files"].items())  # fmt: skip

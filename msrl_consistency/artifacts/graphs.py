@@ -86,9 +86,7 @@ def trainer_graphs(spec: PolicySpec) -> dict[str, GraphIO]:
     }
 
 
-def trainer_contracts(
-    spec: PolicySpec, log_std: list[float] | None, env_id: str | None
-) -> dict[str, PolicyContract]:
+def trainer_contracts(spec: PolicySpec, log_std: list[float] | None, env_id: str | None) -> dict[str, PolicyContract]:
     """The contracts of ``trainer_graphs``, as instances of the general contract (what export records).
 
     ``policy``: obs → (env action, logits | mean), the action post-processed in the graph; ``policy_sample``:
@@ -114,9 +112,16 @@ def trainer_contracts(
     sample_outputs = ("action", "log_prob", "value", param)
     contracts = {
         "policy": PolicyContract(obs, ("action", param), action, env_id=env_id),
-        "policy_sample": PolicyContract(obs, sample_outputs, action, noise_shape=(spec.noise_dim,),
-                                        noise_kind=spec.noise_kind, env_id=env_id, value="value",
-                                        log_prob="log_prob"),  # fmt: skip
+        "policy_sample": PolicyContract(
+            obs,
+            sample_outputs,
+            action,
+            noise_shape=(spec.noise_dim,),
+            noise_kind=spec.noise_kind,
+            env_id=env_id,
+            value="value",
+            log_prob="log_prob",
+        ),  # fmt: skip
     }
     for contract in contracts.values():
         contract.validate()
@@ -142,8 +147,10 @@ def probe_graph(cell: nn.Cell, contract: PolicyContract, name: str = "policy") -
             op = compat.no_kernel_here(exc)
             if op is not None:  # not the contract's fault: the Cell cannot run on this device at all
                 device = ms.get_context("device_target")
-                raise RuntimeUnavailable(f"the Cell fails on this device ({device}): MindSpore has no {op} kernel "
-                                         f"here ({first_line(exc, 160)})") from None
+                raise RuntimeUnavailable(
+                    f"the Cell fails on this device ({device}): MindSpore has no {op} kernel "
+                    f"here ({first_line(exc, 160)})"
+                ) from None
             raise ContractError(
                 f"the Cell fails on inputs shaped by the contract ({', '.join(str(t.shape) for t in inputs)}): "
                 f"{first_line(exc)}"

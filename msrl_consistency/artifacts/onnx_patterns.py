@@ -268,8 +268,15 @@ def restore_marked(model: onnx.ModelProto, markers: dict[str, tuple[float, float
         op = wanted.get((bits(node.input[1]), bits(node.input[2])))
         if op is not None:
             bounds |= {node.input[1], node.input[2]}
-            graph.node[index].CopyFrom(helper.make_node(op, [node.input[0]], list(node.output),
-                                                        name=f"{node.name or 'Clip'}/{op}", **MARKED_ATTRS.get(op, {})))
+            graph.node[index].CopyFrom(
+                helper.make_node(
+                    op,
+                    [node.input[0]],
+                    list(node.output),
+                    name=f"{node.name or 'Clip'}/{op}",
+                    **MARKED_ATTRS.get(op, {}),
+                )
+            )
             replaced += 1
     unused = bounds - {i for node in graph.node for i in node.input}
     if unused:
@@ -336,8 +343,11 @@ def drop_noop_slices(model: onnx.ModelProto) -> int:
     outputs = {o.name for o in graph.output}
     keep, dropped = [], 0
     for node in graph.node:
-        empty = node.op_type == "Slice" and len(node.input) >= 3 and all(
-            node.input[k] in consts and consts[node.input[k]].size == 0 for k in (1, 2))
+        empty = (
+            node.op_type == "Slice"
+            and len(node.input) >= 3
+            and all(node.input[k] in consts and consts[node.input[k]].size == 0 for k in (1, 2))
+        )
         if not empty:
             keep.append(node)
             continue

@@ -206,8 +206,10 @@ def substituted(cell: nn.Cell, examples: list[Any], only: tuple[str, ...] = SUBS
             for name, layer in pools:
                 shapes = seen.get(id(layer), set())
                 if len(shapes) > 1:
-                    raise SubstituteError(f"layer {name!r} ({type(layer).__name__}) is called at several input "
-                                          f"sizes {sorted(shapes)}; MindSpore's ONNX exporter has no adaptive pool")
+                    raise SubstituteError(
+                        f"layer {name!r} ({type(layer).__name__}) is called at several input "
+                        f"sizes {sorted(shapes)}; MindSpore's ONNX exporter has no adaptive pool"
+                    )
                 if not shapes:
                     continue  # not on the exported path
                 kernel = _fixed_window(name, layer, next(iter(shapes)))

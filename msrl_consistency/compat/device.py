@@ -84,8 +84,6 @@ def set_threads(num_threads: int) -> None:
     _configured["threads"] = num_threads
 
 
-
-
 def check_compute_dtype(dtype_name: str) -> None:
     """Compile and run a tiny dense layer forward and backward in ``dtype_name`` on the current device.
 

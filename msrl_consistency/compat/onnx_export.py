@@ -23,8 +23,10 @@ def _float32(bits: int) -> float:
     return float(np.frombuffer(np.uint32(bits).tobytes(), np.float32)[0])
 
 
-ONNX_MARKERS = {"Erf": (_float32(0xFF1E2F3B), _float32(0x7F1E2F3B)),
-                "Elu": (_float32(0xFF1E2F3C), _float32(0x7F1E2F3C))}
+ONNX_MARKERS = {
+    "Erf": (_float32(0xFF1E2F3B), _float32(0x7F1E2F3B)),
+    "Elu": (_float32(0xFF1E2F3C), _float32(0x7F1E2F3C)),
+}
 # Ops the exporter refuses, with what to write instead (shown when an ONNX export fails on one of them).
 ONNX_EXPORT_HINTS = {
     "Erf": "ops.erf / exact GELU reached through a Primitive created in __init__ (ops.Erf()) cannot be exported; "

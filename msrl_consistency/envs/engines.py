@@ -144,7 +144,8 @@ def resolve_backend(env_id: str, requested: str, async_envs: bool = False) -> Ba
     version = _envpool().__version__
     if requested == "envpool":
         caveat = KNOWN_DIFFERENCES.get(env_id) or (
-            None if env_id in VERIFIED_IDS else "not verified against gymnasium's dynamics")
+            None if env_id in VERIFIED_IDS else "not verified against gymnasium's dynamics"
+        )
         return Backend("envpool", "requested" + (f"; note: {caveat}" if caveat else ""), version)
     return Backend("envpool", "auto: EnvPool runs it with gymnasium's dynamics (verified)", version)
 

@@ -40,17 +40,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", type=Path, help="the training run (or checkpoint) the bundle was exported from")
     p.add_argument("--cell", metavar="MODULE:FACTORY", help="your policy Cell (a bundle exported with --cell)")
     p.add_argument("--lower", required=True, choices=["fp16", "int8"], help="the precision of the lowered layers")
-    p.add_argument("--quantization", default="full", choices=["full", "weight"],
-                   help="int8: Lite's full quantization (weights and activations, calibrated) or weight quantization")
+    p.add_argument(
+        "--quantization",
+        default="full",
+        choices=["full", "weight"],
+        help="int8: Lite's full quantization (weights and activations, calibrated) or weight quantization",
+    )
     p.add_argument("--out", type=Path, required=True, help="the plan's bundle directory")
     p.add_argument("--keep", help="comma-separated layers to keep in fp32 instead of searching ('none': lower all)")
     p.add_argument("--recording", type=Path, nargs="+", metavar="DIR",
                    help="a field recording (inference.load(record=)) whose observations calibrate and evaluate the "
                    "plan, instead of states visited in seeded episodes")  # fmt: skip
-    p.add_argument("--observations", type=int, default=10_000,
-                   help="observations each candidate is judged on, as verify's --observations (default 10000)")
-    p.add_argument("--episodes", type=int, default=20,
-                   help="seeded episodes per mode each candidate plays, as verify's --episodes (default 20)")
+    p.add_argument(
+        "--observations",
+        type=int,
+        default=10_000,
+        help="observations each candidate is judged on, as verify's --observations (default 10000)",
+    )
+    p.add_argument(
+        "--episodes",
+        type=int,
+        default=20,
+        help="seeded episodes per mode each candidate plays, as verify's --episodes (default 20)",
+    )
     p.add_argument("--seed", type=int, default=0, help="verify's --seed the candidates are judged with (default 0)")
     p.add_argument("--max-evaluations", type=int, default=64, help="candidates evaluated at most (default 64)")
     p.add_argument("--env-id", help="the env to play episodes in (default: the bundle's)")
@@ -96,8 +108,10 @@ def summary(bundle: Any, plan: dict[str, Any], args: Any) -> str:
     for layer in plan["layers"]:
         s = layer.get("sensitivity") or {}
         badness = f"{s['badness']:.3g}" if s.get("badness") is not None else "-, " + "; ".join(s.get("broken", []))
-        lines.append(f"  {layer['scope']:<28} {layer['precision']:<5} cost {layer['cost']:>7}  alone: "
-                     f"{'within' if s.get('ok') else 'beyond'} (badness {badness})")
+        lines.append(
+            f"  {layer['scope']:<28} {layer['precision']:<5} cost {layer['cost']:>7}  alone: "
+            f"{'within' if s.get('ok') else 'beyond'} (badness {badness})"
+        )
     every = plan["all_lowered"]
     lines.append(f"  every layer lowered: {'within' if every['ok'] else 'beyond'} the bounds"
                  + (f": {'; '.join(every['broken'][:2])}" if every.get("broken") else ""))  # fmt: skip

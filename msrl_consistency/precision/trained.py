@@ -69,7 +69,8 @@ def export_trained(
         record = plan_record(source, layers, kept, policy, out, calibration)
         if spec.lower == "int8":
             record["trained"]["ranges_check"] = {
-                g: check_ranges(lowering.convert(g, kept), source.file(g, "onnx"), policy) for g in source.graphs}
+                g: check_ranges(lowering.convert(g, kept), source.file(g, "onnx"), policy) for g in source.graphs
+            }
         bundle = write_bundle(source, out, layers, kept, record, lowering)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -107,13 +108,19 @@ def plan_record(bundle: Bundle, layers: list[Layer], kept: frozenset[str], polic
         "calibration": None,
         "bundle": str(out),
         "search": {"method": "none: the policy was trained in these numerics (train --lower)", "evaluations": 0},
-        "trained": {**lowered_numerics(lower, spec.keep),
-                    "reference": "the run's Cell computing in these numerics (the training path)"},  # fmt: skip
+        "trained": {
+            **lowered_numerics(lower, spec.keep),
+            "reference": "the run's Cell computing in these numerics (the training path)",
+        },  # fmt: skip
     }
     if calibration is not None:
         digest = hashlib.sha256(np.ascontiguousarray(calibration).tobytes()).hexdigest()
-        record["calibration"] = {"source": "the observations the checkpoint's int8 ranges were calibrated on "
-                                 "(the last rollout it trained on)", "count": int(len(calibration)), "sha256": digest}
+        record["calibration"] = {
+            "source": "the observations the checkpoint's int8 ranges were calibrated on "
+            "(the last rollout it trained on)",
+            "count": int(len(calibration)),
+            "sha256": digest,
+        }
         record["trained"]["ranges"] = policy.actor.ranges.asnumpy().tolist()
     return record
 

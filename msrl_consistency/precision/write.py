@@ -137,12 +137,22 @@ def plan_markdown(source: Bundle, layers: Sequence[Layer], result: SearchResult,
                      f"{_num(g.get('action_error_p99'), '.2e')} | "
                      f"{_num(ret, '.1%')} | "
                      f"{_num(s.get('badness'), '.3g')} | {'within' if s.get('ok') else 'beyond'} |")  # fmt: skip
-    lines += ["", "## The plan, and every layer lowered", "",
-              "| candidate | kept in fp32 | within the bounds | badness | what breaks |", "|---|---|---|---:|---|"]
+    lines += [
+        "",
+        "## The plan, and every layer lowered",
+        "",
+        "| candidate | kept in fp32 | within the bounds | badness | what breaks |",
+        "|---|---|---|---:|---|",
+    ]
     for name, ev in (("plan", plan["final"]), ("every layer lowered", plan["all_lowered"])):
         kept = ", ".join(plan["kept"]) if name == "plan" else "none"
         lines.append(f"| {name} | {kept or 'none'} | {'yes' if ev['ok'] else 'no'} | {_num(ev['badness'], '.3g')} | "
                      f"{'; '.join(ev.get('broken', [])) or '–'} |")  # fmt: skip
-    lines += ["", "Verify the plan's bundle (the same judge: exit 0 when the plan is within the bounds):", "",
-              f"    python -m msrl_consistency.verify --bundle {plan.get('bundle', 'PLAN')} --ckpt CKPT", ""]
+    lines += [
+        "",
+        "Verify the plan's bundle (the same judge: exit 0 when the plan is within the bounds):",
+        "",
+        f"    python -m msrl_consistency.verify --bundle {plan.get('bundle', 'PLAN')} --ckpt CKPT",
+        "",
+    ]
     return "\n".join(lines)

@@ -125,7 +125,8 @@ class Trainer(RunState):
         # process (``learner_for_run``), for run.json and the profile.
         self.compile_cache: dict[str, Any] = (
             {"state": "reused", "reason": "the graphs of an earlier run in this process (same graph key)"}
-            if learner.reused else {"state": "off", "reason": "not opened for this process"}
+            if learner.reused
+            else {"state": "off", "reason": "not opened for this process"}
         )
         self.profile.add("setup", time.perf_counter() - self.profile.start)
         self.profile.mark_rss("after setup")

@@ -22,7 +22,7 @@ SCHEMA = "msrl-consistency/profile"
 SECTIONS = {
     "setup": "building envs, Cells and the optimizer (after imports)",
     "compile": "the run's graphs (act, train step, evaluation policy), compiled when it starts, loaded from the "
-               "compile cache, or reused from an earlier run in this process",
+    "compile cache, or reused from an earlier run in this process",
     "env stepping": "vector env steps, including EnvPool's resets of the envs that ended",
     "acting": "rollout act calls and critic values for bootstraps and GAE",
     "rollout bookkeeping": "noise sampling, buffer writes, reward scaling, episode counters",

@@ -39,7 +39,6 @@ class RunState:
             "ret_rms": (self.ret_rms.mean, self.ret_rms.var, self.ret_rms.count),
         }
 
-
     def local_state(self) -> dict[str, Any]:
         """What this rank alone owns: its RNG streams, envs and unfinished episodes."""
         rollout = self.rollout
@@ -53,7 +52,6 @@ class RunState:
             "ep_length": rollout.ep_length,
             "disc_return": rollout.disc_return,
         }
-
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a ``resume.state`` (see ``rd.load_resume_state``) with the same world size."""
@@ -80,7 +78,6 @@ class RunState:
             rollout.ep_return[:], rollout.ep_length[:] = 0.0, 0
             rollout.disc_return[:] = 0.0
 
-
     def trained_scales(self) -> dict[str, Any]:
         """An int8 actor's calibrated ranges and the scales and zero points they give (the checkpoint holds them)."""
         actor = self.policy.actor
@@ -102,9 +99,13 @@ class RunState:
                 "count": self.rms.count,
                 "clip": cfg.clip_obs,
                 "enabled": cfg.normalize_obs,
-                "reward": {"enabled": cfg.normalize_reward, "return_var": float(self.ret_rms.var[0]),
-                           "count": self.ret_rms.count, "factor": reward_factor(cfg, self.ret_rms),
-                           "clip": REWARD_CLIP},
+                "reward": {
+                    "enabled": cfg.normalize_reward,
+                    "return_var": float(self.ret_rms.var[0]),
+                    "count": self.ret_rms.count,
+                    "factor": reward_factor(cfg, self.ret_rms),
+                    "clip": REWARD_CLIP,
+                },
             },  # fmt: skip
             seeds=seed_plan(cfg, self.world_size),
             progress={

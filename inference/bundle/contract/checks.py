@@ -53,8 +53,13 @@ class ContractParts(Protocol):
 
 
 # The output each action kind needs named (``validate``).
-_ROLE_KEYS = {"argmax": ("values",), "categorical": (), "gaussian": ("mean",), "deterministic": ("action",),
-              "distributional": ("atoms", "support")}
+_ROLE_KEYS = {
+    "argmax": ("values",),
+    "categorical": (),
+    "gaussian": ("mean",),
+    "deterministic": ("action",),
+    "distributional": ("atoms", "support"),
+}
 
 
 MAX_NAME = 128  # a tensor name a runtime, a report page and a file name all carry
@@ -94,7 +99,7 @@ def validate(contract: ContractParts) -> None:
         check_name(s.name, "[state]")
     for key in _ROLE_KEYS[a.kind]:
         if getattr(a, key) is None:
-            raise ContractError(f"[action] kind {a.kind!r} needs {key} = \"<output name>\"")
+            raise ContractError(f'[action] kind {a.kind!r} needs {key} = "<output name>"')
     if a.kind == "gaussian" and (a.std is None) == (a.log_std is None):
         raise ContractError("[action] kind 'gaussian' needs exactly one of std or log_std")
     if a.kind == "categorical" and (a.logits is None) == (a.probs is None):

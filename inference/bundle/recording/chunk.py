@@ -26,8 +26,13 @@ READABLE = (1, 2, 3)
 CHUNK = re.compile(r"^chunk-(\d{6})\.npz$")
 LOCK_FILE = ".recorder.lock"
 MAX_INT = 2**62
-STEP_FIELDS = {"time_ns": (np.dtype(np.int64), ()), "episode": (np.dtype(np.int64), ()),
-               "env": (np.dtype(np.int64), ()), "reward": (np.dtype(np.float64), ()), "done": (np.dtype(bool), ())}
+STEP_FIELDS = {
+    "time_ns": (np.dtype(np.int64), ()),
+    "episode": (np.dtype(np.int64), ()),
+    "env": (np.dtype(np.int64), ()),
+    "reward": (np.dtype(np.float64), ()),
+    "done": (np.dtype(bool), ()),
+}
 # meta key -> (type, required from version): ints are never bools, every number is bounded
 META_FIELDS: dict[str, tuple[type | tuple[type, ...], int]] = {
     "format": (str, 1), "version": (int, 1), "manifest_sha256": (str, 1), "graph": (str, 1), "runtime": (str, 1),

@@ -200,6 +200,61 @@ class _WorstRows:
         return np.array([-p[1] for p in picked]), inputs
 
 
+@dataclass
+class _Accumulated:
+    """What an audit gathers chunk by chunk, one chunk in memory at a time."""
+
+    merged: ObservationMerge
+    actions: Actions
+    nonfinite: NonFinite
+    ranges: Ranges
+    returns: Returns
+    timeline: Windows
+    worst_rows: _WorstRows = field(default_factory=lambda: _WorstRows())
+    others: dict[str, Check] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def compare_chunk(
+        self, view: Bundle, graph: str, chunk: Any, reference: Reference_fn, source: RuntimeSource, batched: bool,
+        tolerances: dict[str, Tolerance], preset: Any, label: str, checkpoint_matches: bool | None, offset: int,
+        chunk_label: str,
+    ) -> bool:  # fmt: skip
+        """One chunk's recorded outputs against the reference's on its recorded inputs, through verify's own
+        comparison, folded into the audit's totals; False when its outputs could not be compared."""
+        contract = view.contract(graph)
+        want = {k: np.asarray(v) for k, v in reference(chunk).items()}
+        feeds = chunk_feeds(view, graph, chunk)
+        skipped = "an audit compares the recorded steps; the episodes are the device's"
+        ref = Reference(feeds, {graph: dict(want)}, {}, {}, seed=0, episodes=0, skipped_episodes=skipped)
+        device = RecordedRuntime(source, graph, chunk, batched)
+        report = check_runtime(label, {graph: device}, view, ref, Inputs(recorded=feeds.obs), tolerances, preset,
+                               False, checkpoint_matches)  # fmt: skip
+        self.info = self.info or dict(report.info)
+        finite = feeds.finite
+        steps = offset + np.arange(len(chunk))
+        observation = None
+        for c in report.checks:
+            if c.name == f"observations.{graph}":
+                observation = c
+                self.merged.add(c, steps[finite], chunk_label, report.info.get("nan_propagation") or {})
+            elif c.name != "repeatability":  # a recording answers each step once: "the same input twice" is moot
+                self.others.setdefault(c.name, dataclasses.replace(c, summary=f"{c.summary} ({chunk_label})"))
+        if observation is None:
+            return False
+        decision = contract.action.distribution_output
+        pooled = feeds.ordinary & finite
+        abs_err, ratio = decision_errors(want[decision], chunk.outputs[decision], tolerances[decision], pooled, finite)
+        graph_noise = feeds.noise.get(graph) if contract.takes_noise else None
+        bad = self.actions.add(chunk, want, tolerances, feeds.ordinary, graph_noise, offset)
+        obs_by_name = {f.name: x for f, x in zip(contract.observations, chunk.inputs, strict=False)}
+        odd = self.nonfinite.add(chunk, obs_by_name, want, tolerances, bad, offset)
+        ood = self.ranges.add(chunk.inputs[0]) if not contract.obs_dict else np.zeros(len(chunk), bool)
+        self.timeline.add(offset, chunk.time_ns, {"abs": abs_err, "ratio": ratio, "beyond": ratio > 1, "action": bad,
+                                                  "nonfinite": odd, "ood": ood})  # fmt: skip
+        self.worst_rows.add(abs_err, pooled, feeds.graph_inputs(view, graph), offset)
+        return True
+
+
 def audit(
     bundle: Bundle, index: RecordingIndex, reference: Reference_fn, *, cells: Any = None,
     checkpoint: Path | None = None, windows: int = 10, training_returns: tuple[Sequence[float], str] = ((), ""),
@@ -220,57 +275,31 @@ def audit(
     outputs = [o["name"] for o in view.graph(graph)["outputs"]]
     checks: list[Check] = []
     checkpoint_matches = _provenance(view, checkpoint, checks)
-    merged = ObservationMerge(graph, contract, preset)
-    actions, nonfinite = Actions(contract, preset), NonFinite(contract, outputs)
-    ranges, returns = Ranges(view, graph), Returns()
-    timeline = Windows(index.steps, windows)
-    worst_rows = _WorstRows()
-    others: dict[str, Check] = {}
-    info: dict[str, Any] = {}
+    acc = _Accumulated(
+        ObservationMerge(graph, contract, preset), Actions(contract, preset), NonFinite(contract, outputs),
+        Ranges(view, graph), Returns(), Windows(index.steps, windows),
+    )  # fmt: skip
     recordings = {str(r["path"]): k for k, r in enumerate(index.recordings)}
     offset = 0
     for info_chunk in index.chunks:
         INTERRUPTS.check()
         chunk = read_chunk(info_chunk, index.layout)
-        want = {k: np.asarray(v) for k, v in reference(chunk).items()}
         tol = tolerance_for(preset_name, {"lite-isolated": "lite"}.get(info_chunk.meta["runtime"],
                                                                         info_chunk.meta["runtime"]))  # fmt: skip
         tolerances = {o: (overrides or {}).get(o, tol) for o in outputs}
-        feeds = chunk_feeds(view, graph, chunk)
-        ref = Reference(feeds, {graph: dict(want)}, {}, {}, seed=0, episodes=0,
-                        skipped_episodes="an audit compares the recorded steps; the episodes are the device's")
-        device = RecordedRuntime(RuntimeSource(view, cells), graph, chunk, index.layout.batched)
-        report = check_runtime(label, {graph: device}, view, ref, Inputs(recorded=feeds.obs), tolerances, preset,
-                               False, checkpoint_matches)  # fmt: skip
-        info = info or dict(report.info)
-        finite = feeds.finite
-        steps = offset + np.arange(len(chunk))
-        chunk_label = f"{info_chunk.path.parent.name}/{info_chunk.path.name}"
-        observation = None
-        for c in report.checks:
-            if c.name == f"observations.{graph}":
-                observation = c
-                merged.add(c, steps[finite], chunk_label, report.info.get("nan_propagation") or {})
-            elif c.name != "repeatability":  # a recording answers each step once: "the same input twice" is moot
-                others.setdefault(c.name, dataclasses.replace(c, summary=f"{c.summary} ({chunk_label})"))
-        if observation is None:
+        compared = acc.compare_chunk(view, graph, chunk, reference, RuntimeSource(view, cells), index.layout.batched,
+                                     tolerances, preset, label, checkpoint_matches, offset,
+                                     f"{info_chunk.path.parent.name}/{info_chunk.path.name}")  # fmt: skip
+        if not compared:
             offset += len(chunk)
             continue
-        decision = contract.action.distribution_output
-        pooled = feeds.ordinary & finite
-        abs_err, ratio = decision_errors(want[decision], chunk.outputs[decision], tolerances[decision], pooled, finite)
-        graph_noise = feeds.noise.get(graph) if contract.takes_noise else None
-        bad = actions.add(chunk, want, tolerances, feeds.ordinary, graph_noise, offset)
-        obs_by_name = {f.name: x for f, x in zip(contract.observations, chunk.inputs, strict=False)}
-        odd = nonfinite.add(chunk, obs_by_name, want, tolerances, bad, offset)
-        ood = ranges.add(chunk.inputs[0]) if not contract.obs_dict else np.zeros(len(chunk), bool)
-        timeline.add(offset, chunk.time_ns, {"abs": abs_err, "ratio": ratio, "beyond": ratio > 1, "action": bad,
-                                             "nonfinite": odd, "ood": ood})  # fmt: skip
-        worst_rows.add(abs_err, pooled, feeds.graph_inputs(view, graph), offset)
         rec_dir = str(info_chunk.recording) if info_chunk.recording else None
-        returns.add(recordings.get(rec_dir, -1) if rec_dir else -1, chunk)
+        acc.returns.add(recordings.get(rec_dir, -1) if rec_dir else -1, chunk)
         offset += len(chunk)
         progress(f"audit: {offset}/{index.steps} steps compared ({info_chunk.path.name})")
+    merged, actions, nonfinite, ranges, returns, timeline = (acc.merged, acc.actions, acc.nonfinite, acc.ranges,
+                                                             acc.returns, acc.timeline)  # fmt: skip
+    others, info, worst_rows = acc.others, acc.info, acc.worst_rows
     observations = merged.check(label)
     info["nan_propagation"] = merged.nan_facts()
     info["versions"] = {"recorded_by": "+".join(index.runtimes), "chunks": len(index.chunks)}
@@ -278,8 +307,15 @@ def audit(
                        index.recordings, index.lost, [w for w in timeline.windows if w.steps], actions.facts(),
                        nonfinite.facts(index.steps), ranges.facts(),
                        returns.facts(*training_returns))  # fmt: skip
-    checks += [observations, *others.values(), recording_check(label, index), actions.check(label, observations),
-               nonfinite.check(label, index.steps), timeline.check(label), ranges.check(label)]
+    checks += [
+        observations,
+        *others.values(),
+        recording_check(label, index),
+        actions.check(label, observations),
+        nonfinite.check(label, index.steps),
+        timeline.check(label),
+        ranges.check(label),
+    ]
     returned = returns.check(label, facts.returns)
     checks += [returned] if returned else []
     localizations = {}
@@ -287,8 +323,9 @@ def audit(
     wanted = localize == "always" or (localize == "auto" and (stages & LOCALIZE_STAGES or (
         bundle.precision == "fp16" and "lite" in label)))  # fmt: skip
     if localizer is not None and wanted:
-        localizations[label] = _localize(localizer, index, graph, worst_rows, tolerance_for(preset_name,
-                                                                                            index.runtimes[0]))
+        localizations[label] = _localize(
+            localizer, index, graph, worst_rows, tolerance_for(preset_name, index.runtimes[0])
+        )
     options = VerifyOptions(observations=max(16, index.steps), runtimes=(REFERENCE,), tolerance=tolerance,
                             overrides=dict(overrides or {}))  # fmt: skip
     reference_facts = Reference(StepCount(index.steps), {}, {}, {}, seed=0, episodes=0,  # type: ignore[arg-type]
@@ -303,8 +340,10 @@ def recording_check(runtime: str, index: RecordingIndex) -> Check:
     """The recording itself: chunks complete and unique (checked by ``index_recording``), sessions, what was lost."""
     lost = index.lost
     where = ", ".join(str(r["path"]) for r in index.recordings)
-    text = (f"{len(index.chunks)} chunks, {index.steps} steps of {where}: indices complete, each chunk once"
-            f"{f' ({index.sessions} recording sessions, continued in one sequence)' if index.sessions > 1 else ''}")
+    text = (
+        f"{len(index.chunks)} chunks, {index.steps} steps of {where}: indices complete, each chunk once"
+        f"{f' ({index.sessions} recording sessions, continued in one sequence)' if index.sessions > 1 else ''}"
+    )
     metrics = {"recordings": index.recordings, "lost": lost, "dropped_steps": index.dropped_steps}
     if not lost and not index.dropped_steps:
         return Check(runtime, "field.recording", "pass", text, metrics=metrics)

@@ -80,8 +80,14 @@ class Actions:
         self.differ += int(bad.sum())
         self.not_device += int((bad & ~follows).sum())
         for row in np.flatnonzero(bad)[: max(0, EXAMPLES - len(self.examples))]:
-            self.examples.append({"step": offset + int(row), "recorded": _jsonable(got[row]),
-                                  "training": _jsonable(want[row]), "device_outputs_give": _jsonable(own[row])})
+            self.examples.append(
+                {
+                    "step": offset + int(row),
+                    "recorded": _jsonable(got[row]),
+                    "training": _jsonable(want[row]),
+                    "device_outputs_give": _jsonable(own[row]),
+                }
+            )
         return bad
 
     def _deterministic_rows(self, graph_noise: np.ndarray | None, n: int) -> np.ndarray | None:
@@ -176,5 +182,3 @@ class Actions:
             diagnosis = {"stage": "runtime", "detail": "the device's outputs lead to other actions than training's "
                          "(see the observation check)"}  # fmt: skip
         return Check(runtime, "field.actions", "fail", text, metrics=facts, diagnosis=diagnosis)
-
-

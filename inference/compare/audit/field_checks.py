@@ -130,9 +130,11 @@ class NonFinite:
         differ = sorted(k for k, s in self.outputs.items() if s["mismatches"])
         did = (f"actions {facts['actions_taken']}" if "actions_taken" in facts else
                f"actions within {facts.get('actions_range')}")  # fmt: skip
-        text = (f"{self.steps} of {total} steps ({facts['share']:.2%}) had NaN ({self.nan_steps}) or inf "
-                f"({self.inf_steps}) observations, first at step {self.first}, in {dims}; the device acted on them "
-                f"({did}; NaN outputs on {self.device_nan} of them, the training path's on {self.training_nan})")
+        text = (
+            f"{self.steps} of {total} steps ({facts['share']:.2%}) had NaN ({self.nan_steps}) or inf "
+            f"({self.inf_steps}) observations, first at step {self.first}, in {dims}; the device acted on them "
+            f"({did}; NaN outputs on {self.device_nan} of them, the training path's on {self.training_nan})"
+        )
         if not differ:
             return Check(runtime, "field.nonfinite_observations", "warn", text + ": as the training path does there",
                          metrics=facts)  # fmt: skip

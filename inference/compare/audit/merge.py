@@ -24,8 +24,18 @@ from inference.compare.judge.stats import ArrayComparison, Preset
 from inference.compare.runtime_check import outputs_verdict
 
 SUM = {"flips", "count", "explained", "mismatches", "nan_mismatches"}
-MEAN = {"mean", "mean_abs", "mean_rel", "within_1e3", "within_1e2", "action_agreement", "atol_median",
-        "is_mean", "k3_kl", "mean_exp_abs"}  # the sampled actions' mismatch (policy_level.mismatch): means over rows
+MEAN = {
+    "mean",
+    "mean_abs",
+    "mean_rel",
+    "within_1e3",
+    "within_1e2",
+    "action_agreement",
+    "atol_median",
+    "is_mean",
+    "k3_kl",
+    "mean_exp_abs",
+}  # the sampled actions' mismatch (policy_level.mismatch): means over rows
 MIN = {"cosine", "min_margin_overall", "ess"}  # ESS: the worst chunk's (not mergeable from per-chunk summaries)
 ROWS = {"rows", "flip_rows"}  # row indices: mapped to the recording's steps before merging
 LISTS = {"margins", "flip_margins"}

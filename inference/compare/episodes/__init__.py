@@ -43,8 +43,10 @@ def gym_env_source(env_id: str) -> EnvSource:
     from inference.errors import UsageError
 
     if ":" in env_id:
-        raise UsageError(f"env id {env_id!r} names a module to import; env ids are only looked up among the "
-                         "registered Gymnasium envs: pass your env as --env MODULE:FACTORY to run its code")
+        raise UsageError(
+            f"env id {env_id!r} names a module to import; env ids are only looked up among the "
+            "registered Gymnasium envs: pass your env as --env MODULE:FACTORY to run its code"
+        )
     try:
         import gymnasium as gym
     except ImportError:

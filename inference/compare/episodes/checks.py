@@ -254,6 +254,12 @@ def returns_check(
     # 3 * spread / sqrt(n) < moved decides: the paired episodes that would tell this move from their noise
     needed = int(np.ceil((3.0 * spread / moved) ** 2)) + 1 if np.isfinite(spread) else None
     metrics["episodes_to_decide"] = needed
-    return Check(runtime, name, "error", summary + verdict + f": beyond the bound but within the noise of "
-                 f"{len(deltas)} paired episodes (3 standard errors of their differences: {noise:.3g}), so not "
-                 f"judged; about {needed or 'more'} episodes (--episodes) would decide", metrics)
+    return Check(
+        runtime,
+        name,
+        "error",
+        summary + verdict + f": beyond the bound but within the noise of "
+        f"{len(deltas)} paired episodes (3 standard errors of their differences: {noise:.3g}), so not "
+        f"judged; about {needed or 'more'} episodes (--episodes) would decide",
+        metrics,
+    )

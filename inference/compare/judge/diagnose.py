@@ -103,8 +103,11 @@ def diagnose(e: Evidence) -> Diagnosis:
             return Diagnosis("postprocessing", "sampled actions equal the unsquashed sample mean + std x noise: the "
                              "squash to the action bounds is missing from the sampling graph")  # fmt: skip
         if half:
-            return Diagnosis("precision", "an fp16 export: deterministic outputs agree, sampled actions differ "
-                             "where fp16 error moves a sample (near-ties, or noise transformed in half precision)")
+            return Diagnosis(
+                "precision",
+                "an fp16 export: deterministic outputs agree, sampled actions differ "
+                "where fp16 error moves a sample (near-ties, or noise transformed in half precision)",
+            )
         where = "the sampling graph's outputs differ" if e.separate_sampling_graph else "sampled actions differ"
         return Diagnosis("sampling", f"deterministic outputs agree but {where} under identical noise: the noise "
                          "stream or its transformation differs")  # fmt: skip

@@ -110,8 +110,12 @@ def gather_diagnosis(
 def _roles(contract: PolicyContract) -> set[str]:
     """The outputs the other evidence judges: the decision heads, the action, the value and the states' next."""
     a = contract.action
-    return {*a.heads, a.distribution_output, *filter(None, [a.action, contract.value]),
-            *(st.next for st in contract.states)}
+    return {
+        *a.heads,
+        a.distribution_output,
+        *filter(None, [a.action, contract.value]),
+        *(st.next for st in contract.states),
+    }
 
 
 def actions_agree(contract: PolicyContract, ref: np.ndarray, got: np.ndarray, atol: float) -> bool:

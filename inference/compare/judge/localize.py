@@ -120,8 +120,10 @@ class Localization:
         if self.first is None:
             return f"{self.runtime}: {self.message}"
         head = next(c for c in self.layers if c.scope == self.first)
-        return (f"{self.runtime}: first diverging layer: {self.first} ({self.first_kind}), cosine {head.cosine:.6f}, "
-                f"max abs {head.max_abs:.2e}, max rel {head.max_rel:.2e}{'; ' + self.message if self.message else ''}")
+        return (
+            f"{self.runtime}: first diverging layer: {self.first} ({self.first_kind}), cosine {head.cosine:.6f}, "
+            f"max abs {head.max_abs:.2e}, max rel {head.max_rel:.2e}{'; ' + self.message if self.message else ''}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "method": self.method, "first_diverging_layer": self.first,
@@ -214,8 +216,10 @@ def _growth(rows: Sequence[LayerComparison]) -> str:
     first, peak = compared[0], max(compared, key=lambda r: r.max_abs or 0.0)
     if peak is first:
         return f"; the error appears at {first.scope} (max abs {first.max_abs:.1e}) and does not grow after it"
-    return (f"; the error appears at {first.scope} (max abs {first.max_abs:.1e}) and peaks at {peak.scope} "
-            f"({peak.max_abs:.1e})")
+    return (
+        f"; the error appears at {first.scope} (max abs {first.max_abs:.1e}) and peaks at {peak.scope} "
+        f"({peak.max_abs:.1e})"
+    )
 
 
 # runtime, graph, the feed rows to run on, the graph's inputs on them, the runtime's tolerance → the comparison

@@ -129,8 +129,9 @@ def judge(metrics: Mapping[str, Any], bounds: PolicyBounds, rate_only: bool = Fa
         broken.append(f"k3 KL {m['k3_kl']:.3g} > {bounds.k3_kl:g}")
     flips = metrics.get("flip_rate")
     if flips and bounds.flip_rate_ucb is not None and not flips["rate" if rate_only else "ucb"] <= bounds.flip_rate_ucb:
-        broken.append(f"flip rate {flips['rate']:.2%} (95% upper bound {flips['ucb']:.2%}) > "
-                      f"{bounds.flip_rate_ucb:.2%}")
+        broken.append(
+            f"flip rate {flips['rate']:.2%} (95% upper bound {flips['ucb']:.2%}) > {bounds.flip_rate_ucb:.2%}"
+        )
     shift = (metrics.get("mean_shift_in_std") or {}).get("p99")
     if shift is not None and not shift <= bounds.mean_shift_in_std:
         broken.append(f"p99 |Δ mean| / std {shift:.3g} > {bounds.mean_shift_in_std:g}")
@@ -156,8 +157,10 @@ def describe(metrics: Mapping[str, Any]) -> str:
         parts.append(f"p99 |Δ mean| / std {shift:.2e}")
     error = metrics.get("action_error") or {}
     if error.get("max") is not None:
-        parts.append(f"|Δ action| of the {error.get('relative_to', 'action range')}: p99 {error['p99']:.2e}, "
-                     f"max {error['max']:.2e}")
+        parts.append(
+            f"|Δ action| of the {error.get('relative_to', 'action range')}: p99 {error['p99']:.2e}, "
+            f"max {error['max']:.2e}"
+        )
     return "; ".join(parts)
 
 

@@ -62,8 +62,13 @@ def mismatch(log_ratio: np.ndarray) -> dict[str, float | int | None]:
     if not len(r):
         return {"count": 0, "is_mean": None, "ess": None, "k3_kl": None, "mean_exp_abs": None}
     w = np.exp(np.clip(r, -700, 700))
-    return {"count": int(len(r)), "is_mean": float(w.mean()), "ess": float(w.sum() ** 2 / (len(r) * (w**2).sum())),
-            "k3_kl": float(np.mean(w - 1 - r)), "mean_exp_abs": float(np.mean(np.exp(np.minimum(np.abs(r), 700))))}
+    return {
+        "count": int(len(r)),
+        "is_mean": float(w.mean()),
+        "ess": float(w.sum() ** 2 / (len(r) * (w**2).sum())),
+        "k3_kl": float(np.mean(w - 1 - r)),
+        "mean_exp_abs": float(np.mean(np.exp(np.minimum(np.abs(r), 700)))),
+    }
 
 
 def categorical_kl(ref_logits: np.ndarray, got_logits: np.ndarray) -> np.ndarray:
@@ -182,8 +187,11 @@ def policy_metrics(
     if a.kind in ("argmax", "categorical", "distributional"):
         ra, ga = ref_action.reshape(len(ref_action), -1), got_action.reshape(len(got_action), -1)
         per_head = [argmax_flips(contract.decision_values(ref, h), ra[:, h], ga[:, h]) for h in heads]
-        metrics["argmax"] = per_head[0] if not a.multi_head else {
-            "flips": sum(f["flips"] for f in per_head), "heads": dict(zip(a.heads, per_head, strict=True))}
+        metrics["argmax"] = (
+            per_head[0]
+            if not a.multi_head
+            else {"flips": sum(f["flips"] for f in per_head), "heads": dict(zip(a.heads, per_head, strict=True))}
+        )
         rows_flipped = int((ra != ga).any(1).sum()) if len(ra) else 0
         metrics["argmax"]["flip_rate_ucb"] = flip_rate_ucb(rows_flipped, len(ra))
     if a.kind == "categorical":  # independent heads: the joint KL is the sum of the heads'

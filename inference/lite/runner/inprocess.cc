@@ -105,7 +105,7 @@ bool Rebuild(Handle *h) {
   h->outputs = h->model->GetOutputs();
   h->current.clear();
   for (const auto &t : h->inputs) h->current.push_back(t.Shape());
-  if (h->follow) h->follower.InitSince(threads_before);
+  if (h->follow) h->follower.InitSince(threads_before);  // this build's threads join the followed ones
   h->predicted = false;
   return true;
 }

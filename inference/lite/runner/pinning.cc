@@ -26,8 +26,10 @@ void ThreadFollower::Init() { InitSince({static_cast<pid_t>(syscall(SYS_gettid))
 
 void ThreadFollower::InitSince(const std::vector<pid_t> &before) {
   for (pid_t tid : ThreadIds()) {
-    if (std::find(before.begin(), before.end(), tid) == before.end()) tids_.push_back(tid);
+    const bool known = std::find(tids_.begin(), tids_.end(), tid) != tids_.end();
+    if (!known && std::find(before.begin(), before.end(), tid) == before.end()) tids_.push_back(tid);
   }
+  cpu_ = -1;  // the next Follow pins them all, the threads just added too
 }
 
 void ThreadFollower::Follow() {

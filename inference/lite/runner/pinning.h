@@ -25,7 +25,8 @@ class ThreadFollower {
   // Call after Model::Build, from the serving thread: every other thread of the process then belongs to Lite.
   void Init();
   // In a process with threads of its own (the in-process library): follow only the threads started since
-  // ``before`` was taken (just before Model::Build), i.e. Lite's.
+  // ``before`` was taken (just before Model::Build), i.e. Lite's; called again after another Build, it adds that
+  // build's threads.
   void InitSince(const std::vector<pid_t> &before);
   // Before each Predict: one sched_getcpu() (vDSO, no syscall); re-pins only when the serving thread moved.
   void Follow();
