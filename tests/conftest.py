@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("GLOG_v", "3")
 
@@ -24,6 +25,27 @@ def pytest_configure(config: pytest.Config) -> None:
     why_not_arm = lite_build.aarch64_why_not() if lite_build.aarch64_required() else None
     if why_not_arm is not None:  # likewise Lite's ARM kernels, where CI installed what they need
         raise pytest.UsageError(f"lite-aarch64 is required here (MSRL_REQUIRE_AARCH64=1): {why_not_arm}")
+
+
+REPO = Path(__file__).resolve().parents[1]
+_NOT_OURS = {".git", ".venv", ".venv-deploy", ".lite", "__pycache__", ".pytest_cache", ".ruff_cache"}
+
+
+def _checkout_files() -> set[str]:
+    found = set()
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in _NOT_OURS and not d.endswith(".egg-info")]
+        found.update(os.path.relpath(os.path.join(root, f), REPO) for f in files)
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checkout_left_alone():
+    """No test writes into the checkout: everything a test makes lives in its temporary directory."""
+    before = _checkout_files()
+    yield
+    new = sorted(_checkout_files() - before)
+    assert not new, f"tests wrote into the checkout: {new[:10]}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,7 +1,8 @@
 """report.html and ``python -m inference.report diff``, on real runs and as a person opens them: headless Chromium
 loads the page from a file URL with the network closed (``browser.py``); the verdict, the failing runtime and stage
 and the first diverging layer must be in the first 1280x800 screenful; no request may leave the page and no console
-error may appear. Screenshots land in ``reports/browser/`` (git-ignored) next to the test results."""
+error may appear. Screenshots land in pytest's temporary directory (``browser/`` under the run's base temp, kept for the
+last runs), never in the checkout."""
 
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ from cli_inprocess import run_module
 from inference.report.html import page
 from inference.report.reading import Run, load_run
 
-ROOT = Path(__file__).resolve().parents[1]
-SHOTS = ROOT / "reports" / "browser"
 SMALL = ["--episodes", "3"]
 
 
@@ -136,12 +135,13 @@ def chromium() -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["pass", "fail"])
-def test_page_in_headless_chromium(chromium, runs, which):
+def test_page_in_headless_chromium(chromium, runs, which, tmp_path_factory):
     """As a person opens a CI artifact: from a file URL, offline; the first screenful says what a reader needs."""
     view = browser.open_page(runs[which] / "report.html")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    (SHOTS / f"report-{which}.png").write_bytes(view.screenshot)
-    (SHOTS / f"report-{which}.json").write_text(
+    shots = tmp_path_factory.getbasetemp() / "browser"
+    shots.mkdir(parents=True, exist_ok=True)
+    (shots / f"report-{which}.png").write_bytes(view.screenshot)
+    (shots / f"report-{which}.json").write_text(
         json.dumps(
             {"load_ms": view.load_ms, "requests": view.requests, "console_errors": view.console_errors}, indent=2
         )
