@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from inference.bundle.precision import converter_config
+from inference.bundle.precision_mode import converter_config
 from msrl_consistency.precision.lowering import full_quant_sections, quant_section, write_calibration
 
 REPO = Path(__file__).resolve().parents[1]

@@ -170,7 +170,7 @@ def test_int8_calibration_runs_on_one_thread_and_converts_the_same_bytes(tmp_pat
     """Lite's calibration sessions spin their kernel threads on sched_yield, so the converter tells Lite it has one
     core (its own std::thread::hardware_concurrency, exported for Lite's libraries to bind to); the int8 .ms is the
     one Lite writes with two calibration threads (MSRL_LITE_CONVERT_CORES=2)."""
-    from inference.bundle.precision import converter_config
+    from inference.bundle.precision_mode import converter_config
     from msrl_consistency.precision.lowering import (
         batch_one_onnx,
         full_quant_sections,

@@ -16,7 +16,7 @@ from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, PolicySpec
 from msrl_consistency.agent import distributions as D
 from msrl_consistency.training.ppo import PPOLoss
-from msrl_consistency.training.precision import ScaledLoss
+from msrl_consistency.training.update_precision import ScaledLoss
 
 BATCH = 64
 CLIP = 0.2

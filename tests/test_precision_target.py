@@ -17,7 +17,7 @@ import pytest
 from cli_inprocess import run_module
 
 from inference.bundle import load_bundle
-from inference.bundle.precision import PrecisionModeMissing, lite_precision
+from inference.bundle.precision_mode import PrecisionModeMissing, lite_precision
 from inference.lite.common import DeviceUnavailable, ModelLoadError, runner_available, runner_path
 
 REPO = Path(__file__).resolve().parents[1]

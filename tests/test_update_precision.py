@@ -21,8 +21,8 @@ from msrl_consistency.artifacts import run_dir as rd
 from msrl_consistency.artifacts.bundle import ExportOptions
 from msrl_consistency.artifacts.checkpoint import read_checkpoint
 from msrl_consistency.config import TrainConfig
-from msrl_consistency.training import precision as mp
-from msrl_consistency.training.precision import LossScale
+from msrl_consistency.training import update_precision as mp
+from msrl_consistency.training.update_precision import LossScale
 
 TINY = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2, updates_per_call=2,
             total_steps=192, checkpoint_every=2, progress=False, eval_episodes=0)  # fmt: skip

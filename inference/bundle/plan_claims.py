@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.bundle.ms_file import MsFileError, ms_tensors
-from inference.bundle.precision import LOWERED
+from inference.bundle.precision_mode import LOWERED
 from inference.errors import UsageError
 
 

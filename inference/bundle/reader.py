@@ -21,7 +21,7 @@ from inference.bundle import schema
 from inference.bundle.contract import ContractError, PolicyContract
 from inference.bundle.files import read_document, sha256_file  # noqa: F401 - sha256_file: part of this module's API
 from inference.bundle.mindir import read_header
-from inference.bundle.precision import config_files, file_entry, plan_of, target_of
+from inference.bundle.precision_mode import config_files, file_entry, plan_of, target_of
 from inference.bundle.toml_fields import MAX_ROW_ELEMENTS
 from inference.bundle.v1 import v1_contracts
 

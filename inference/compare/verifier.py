@@ -277,7 +277,7 @@ def _precision_mode_named(bundle: Bundle) -> None:
     """Lite on Ascend runs with the bundle's precision mode; a bundle naming none is refused (exit 2, one line)."""
     import platform
 
-    from inference.bundle.precision import PrecisionModeMissing, lite_precision
+    from inference.bundle.precision_mode import PrecisionModeMissing, lite_precision
 
     try:
         lite_precision(bundle.manifest, "ascend", platform.machine(), f"bundle {bundle.root}")

@@ -197,7 +197,7 @@ def precision_check(bundle: Bundle, info: RunnerInfo | None, device: str) -> Fin
     Ascend run whose mode would be left to Lite's default (fp16) cannot run (refused)."""
     import platform
 
-    from inference.bundle.precision import PrecisionModeMissing, lite_precision
+    from inference.bundle.precision_mode import PrecisionModeMissing, lite_precision
 
     target = bundle.target
     pinned = f"target {target.get('device', 'cpu')}" + (f", {target['precision_mode']}" if target.get("precision_mode")

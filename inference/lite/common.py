@@ -112,7 +112,13 @@ def lite_precision_args(
     ``ModelLoadError`` naming the default and how to choose. Returns ``(mode, config)``, ``""`` for none."""
     import platform
 
-    from inference.bundle.precision import PrecisionModeMissing, bundle_of_model, file_entry, lite_precision, refusal
+    from inference.bundle.precision_mode import (
+        PrecisionModeMissing,
+        bundle_of_model,
+        file_entry,
+        lite_precision,
+        refusal,
+    )
 
     if precision_mode is not None:
         return precision_mode, config or ""

@@ -23,7 +23,7 @@ from inference.bundle import MANIFEST, SCHEMA, SCHEMA_VERSION, Bundle, load_bund
 from inference.bundle.contract import PolicyContract
 from inference.bundle.files import replace_dir, sha256_file, write_json_atomic
 from inference.bundle.mindir import mindir_version
-from inference.bundle.precision import (
+from inference.bundle.precision_mode import (
     ASCEND_TARGETS,
     CONVERTER_CONFIG,
     TARGETS,

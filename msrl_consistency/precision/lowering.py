@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle
-from inference.bundle.precision import converter_config
+from inference.bundle.precision_mode import converter_config
 from inference.bundle.tensors import TensorMeta
 from msrl_consistency.precision.layers import Layer, kept_nodes
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from inference.bundle import MANIFEST, Bundle, load_bundle
 from inference.bundle.files import replace_dir, sha256_file, write_json_atomic
-from inference.bundle.precision import runtime_config
+from inference.bundle.precision_mode import runtime_config
 from inference.errors import UsageError
 from msrl_consistency.precision.layers import Layer, kept_nodes
 from msrl_consistency.precision.search import SearchResult

@@ -25,7 +25,7 @@ from msrl_consistency import compat
 from msrl_consistency.agent import ActorCritic, DeterministicPolicy, PolicySpec, RolloutPolicy
 from msrl_consistency.config import TrainConfig
 from msrl_consistency.envs import EnvInfo
-from msrl_consistency.training import precision as mp
+from msrl_consistency.training import update_precision as mp
 from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep, SplitUpdate
 from msrl_consistency.training.profile import Profile
 

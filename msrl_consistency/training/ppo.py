@@ -26,7 +26,7 @@ from mindspore import Tensor, amp, nn, ops
 
 from msrl_consistency.agent import distributions as D
 from msrl_consistency.agent.policy import ActorCritic
-from msrl_consistency.training.precision import LossScale, ScaledLoss
+from msrl_consistency.training.update_precision import LossScale, ScaledLoss
 
 # Order of the scalars returned by ``PPOTrainStep``.
 STEP_METRICS = ("loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")  # one row per update
@@ -65,7 +65,7 @@ class PPOLoss(nn.Cell):
         self.discrete = policy.discrete
         head = CategoricalPPOHead if policy.discrete else GaussianPPOHead
         self.head = head(clip_coef, vf_coef, ent_coef, clip_vloss)
-        self.compute_dtype = compute_dtype  # None: float32 (see training/precision.py)
+        self.compute_dtype = compute_dtype  # None: float32 (see training/update_precision.py)
 
     def construct(
         self, x: Tensor, actions: Tensor, old_logp: Tensor, adv: Tensor, returns: Tensor, old_values: Tensor

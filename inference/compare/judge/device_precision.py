@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.bundle import Bundle
-from inference.bundle.precision import DevicePrecision, lite_precision
+from inference.bundle.precision_mode import DevicePrecision, lite_precision
 from inference.compare.judge.policy_bounds import POLICY_BOUNDS, TRAINED_BOUNDS, PolicyBounds
 from inference.compare.judge.stats import PRESETS, Preset, Tolerance, tolerance_for
 
