@@ -296,6 +296,7 @@ def test_a_changed_clip_bound_of_the_normaliser_is_preprocessing(cartpole_bundle
     assert all("ruled out" not in c.diagnosis["detail"] for c in result.failed if c.diagnosis)
 
 
+@pytest.mark.slow
 def test_a_multi_head_attentions_projections_are_compared_through_their_reshapes(tmp_path):
     """The exporter writes each projection's output already split into heads; the projection is still compared (a
     reshape keeps the elements' order) and a nudged query is named where it happens."""

@@ -47,6 +47,7 @@ def genuine_and_nudged(factory, bundle, parameter: str, delta: float, layer: str
     assert named["onnxruntime"] == named["ms-mindir"] == layer, named
 
 
+@pytest.mark.slow
 @needs_runner
 def test_a_one_step_gru_with_carried_state_goes_through_to_lite(tmp_path):
     """QMIX's layout: without the substitute the ONNX export fails (``make_list``) and the MindIR's sequence output
@@ -84,6 +85,7 @@ def test_an_int64_greedy_action_keeps_its_dtype_in_every_format(tmp_path):
     genuine_and_nudged(lp.make_greedy_q, bundle, "fc.weight", 0.5, "fc")
 
 
+@pytest.mark.slow
 @needs_runner
 def test_an_adaptive_max_pool_on_frames_becomes_a_fixed_pool(tmp_path):
     bundle = export_policy(lp.make_adaptive_pool(), lp.FRAME_CONTRACT, tmp_path / "bundle")
