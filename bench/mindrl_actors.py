@@ -257,6 +257,30 @@ def table(rows: list[Row], library: str = "MindSpore RL") -> str:
     return "\n".join(lines)
 
 
+def run_children(script: str, actors: list[Actor], only: str, argv: list[str]) -> list[Row]:
+    """Each actor (whose name starts with one of ``only``'s prefixes) exported and verified in its own process:
+    ``script --one INDEX *argv`` prints its row as a JSON line; a child that dies is a row saying how."""
+    rows = []
+    for index, actor in enumerate(actors):
+        if only and not any(actor.name.startswith(o) for o in only.split(",")):
+            continue
+        proc = subprocess.run([sys.executable, script, "--one", str(index), *argv], capture_output=True, text=True,
+                              cwd=REPO)  # fmt: skip
+        found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+        last = (proc.stderr.strip().splitlines() or [""])[-1][:300]
+        row = (
+            Row(**json.loads(found[0]))
+            if found
+            else Row(actor.name, export=f"crashed (exit {proc.returncode}): {last}")
+        )
+        rows.append(row)
+        print(f"{actor.name}: export {row.export[:80]}; {row.genuine} / {row.nudged}; {row.layers} "
+              f"({row.seconds:.0f} s)", flush=True)  # fmt: skip
+        for failure in row.failures:
+            print(f"    {failure[:400]}", flush=True)
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mindrl", type=Path, required=True, help="a checkout of mindspore-lab/mindrl (outside the repo)")
@@ -270,29 +294,8 @@ def main() -> int:
         row = run_one(ACTORS[args.one], args.mindrl.resolve(), args.work.resolve(), args.observations, args.episodes)
         print("ROW " + json.dumps(row.__dict__))
         return 0
-    rows = []
-    for index, actor in enumerate(ACTORS):
-        if args.only and not any(actor.name.startswith(o) for o in args.only.split(",")):
-            continue
-        cmd = [sys.executable, __file__, "--one", str(index), "--mindrl", str(args.mindrl), "--work", str(args.work),
-               "--observations", str(args.observations), "--episodes", str(args.episodes)]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-        found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-        row = (
-            Row(**json.loads(found[0]))
-            if found
-            else Row(
-                actor.name,
-                export=f"crashed (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1][:300]}",
-            )
-        )
-        rows.append(row)
-        print(
-            f"{actor.name}: export {row.export[:80]}; {row.genuine} / {row.nudged}; {row.layers} ({row.seconds:.0f} s)",
-            flush=True,
-        )
-        for failure in row.failures:
-            print(f"    {failure[:400]}", flush=True)
+    rows = run_children(__file__, ACTORS, args.only, ["--mindrl", str(args.mindrl), "--work", str(args.work),
+                        "--observations", str(args.observations), "--episodes", str(args.episodes)])  # fmt: skip
     print()
     print(table(rows))
     return 0

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-from mindrl_actors import REPO, Actor, Row, run_one, table
+from mindrl_actors import Actor, run_children, run_one, table
 
 CARTPOLE = {"env_id": "CartPole-v1", "input": {"obs": [4]}}
 PENDULUM = {"env_id": "Pendulum-v1", "input": {"obs": [3]}}
@@ -83,20 +82,8 @@ def main() -> int:
                       args.episodes, package="xuance", prelude=PRELUDE)  # fmt: skip
         print("ROW " + json.dumps(row.__dict__))
         return 0
-    rows = []
-    for index, actor in enumerate(POLICIES):
-        if args.only and not any(actor.name.startswith(o) for o in args.only.split(",")):
-            continue
-        cmd = [sys.executable, __file__, "--one", str(index), "--xuance", str(args.xuance), "--work", str(args.work),
-               "--observations", str(args.observations), "--episodes", str(args.episodes)]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-        found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-        row = Row(**json.loads(found[0])) if found else Row(actor.name, export=f"crashed (exit {proc.returncode}): "
-                                                            f"{proc.stderr.strip().splitlines()[-1:]}")  # fmt: skip
-        rows.append(row)
-        print(f"{actor.name}: export {row.export[:80]}; {row.genuine} / {row.nudged}; {row.layers}", flush=True)
-        for failure in row.failures:
-            print(f"    {failure[:400]}", flush=True)
+    rows = run_children(__file__, POLICIES, args.only, ["--xuance", str(args.xuance), "--work", str(args.work),
+                        "--observations", str(args.observations), "--episodes", str(args.episodes)])  # fmt: skip
     print()
     print(table(rows, "XuanCe"))
     return 0
