@@ -1,12 +1,14 @@
 """Export-safe substitutes: the same arithmetic, with the same Parameters, where MindSpore's ONNX exporter stops.
 
-A team's Cell runs as written; only while its ONNX graph is exported do these layers compute through ops the
-exporter writes. Export's self-check then compares the written graph with the Cell on its seeded observations, so a
-substitute that computed anything else would fail the bundle, not pass silently.
+A team's Cell runs as written; only while its graphs are exported do these layers compute through ops the exporter
+writes. Export's self-check then compares the written graphs with the Cell on its seeded observations, so a substitute
+that computed anything else would fail the bundle, not pass silently.
 
-* ``nn.GRU`` / ``nn.RNN`` (and ``nn.LSTM`` with ``seq_length``) on CPU step through time in a ``while`` loop that
-  collects outputs in a Python list: the exporter has no ``make_list`` (QMIX's and COMA's agents). The substitute
-  unrolls the (static) time steps and spells each step out with static slices of the gate products.
+* ``nn.GRU`` / ``nn.RNN`` / ``nn.LSTM`` (one direction, no ``seq_length``): on CPU MindSpore steps a GRU through time
+  in a ``while`` loop that collects its outputs in a Python list. The ONNX exporter has no ``make_list`` (QMIX's and
+  COMA's agents), and a dynamic-batch MindIR of that loop answers every later batch with the rows of its first call
+  in the sequence output. The substitute unrolls every layer's (static) time steps and spells each step out with
+  static slices of the gate products, in the ONNX and the MindIR alike.
 * A negative ``axis`` on a Primitive (``P.Split(-1, 2)``, Dreamer's action decoder): the exporter says "``axis`` is
   out of range". The substitute counts it from the front, with the rank the Primitive was called with.
 * ``nn.AdaptiveMaxPool2d`` / ``nn.AdaptiveAvgPool2d``: the exporter has neither. Where the output size divides the
