@@ -45,6 +45,9 @@ struct Handle {
   std::shared_ptr<mindspore::Context> context;
   bool predicted = false;    // the model has run a Predict at its current shapes
   bool rebuildable = true;   // false once Lite refused to build it again (an fp16 .ms)
+  // Models that ran at other input shapes, the most recently used last: they serve those shapes again without a
+  // resize, so a caller alternating a few batches builds each once.
+  std::vector<std::pair<std::vector<std::vector<int64_t>>, std::unique_ptr<mindspore::Model>>> bound;
   std::vector<mindspore::MSTensor> inputs, outputs;
   std::vector<std::vector<int64_t>> declared, current;
   msrl::ThreadFollower follower;
@@ -80,13 +83,29 @@ bool SameShapes(const Handle *h, int n, const int64_t *dims, const int32_t *rank
   return same;
 }
 
-// The model built again from its file (false: Lite could not, and the model is kept): a model resized once before its
-// first Predict runs any batch, while Lite 2.0.0 corrupts its heap resizing some graphs after a Predict (a broadcast
-// Sub on [1, batch, n], a one-step GRU's graph: "double free", SIGSEGV at the next batch). An fp16 .ms builds once
-// per process ("can not find tensor data in origin tensor data").
-bool Rebuild(Handle *h) {
+constexpr size_t kKeptModels = 3;
+
+// Makes ``next`` the handle's model (``ran``: it ran at its shapes before), keeping the current one for its shapes.
+void Swap(Handle *h, std::unique_ptr<mindspore::Model> next, bool ran) {
+  h->inputs.clear();
+  h->outputs.clear();
+  h->bound.emplace_back(h->current, std::move(h->model));
+  if (h->bound.size() > kKeptModels) h->bound.erase(h->bound.begin());
+  h->model = std::move(next);
+  h->inputs = h->model->GetInputs();
+  h->outputs = h->model->GetOutputs();
+  h->current.clear();
+  for (const auto &t : h->inputs) h->current.push_back(t.Shape());
+  h->predicted = ran;
+}
+
+// The model built again from its file (nullptr: Lite could not, and from then on the model is resized as it is). A
+// model resized once before its first Predict runs any batch, while Lite 2.0.0 corrupts its heap resizing some graphs
+// after a Predict (a broadcast Sub on [1, batch, n], a one-step GRU's graph: "double free", SIGSEGV at the next
+// batch). An fp16 .ms builds once per process ("can not find tensor data in origin tensor data").
+std::unique_ptr<mindspore::Model> Rebuild(Handle *h) {
   auto model = std::make_unique<mindspore::Model>();
-  if (!h->config.empty() && model->LoadConfig(h->config).IsError()) return false;
+  if (!h->config.empty() && model->LoadConfig(h->config).IsError()) return nullptr;
   const std::vector<pid_t> threads_before = msrl::ThreadIds();
   mindspore::Status st;
   {
@@ -94,30 +113,32 @@ bool Rebuild(Handle *h) {
     msrl::FloatMode lite_mode(msrl::FloatMode::kFlushDenormals);
     st = model->Build(h->path, h->type, h->context);
   }
-  if (st.IsError()) {  // an fp16 .ms builds once per process: it is resized as it is from now on
+  if (st.IsError()) {
     h->rebuildable = false;
-    return false;
+    return nullptr;
   }
-  h->inputs.clear();
-  h->outputs.clear();
-  h->model = std::move(model);
-  h->inputs = h->model->GetInputs();
-  h->outputs = h->model->GetOutputs();
-  h->current.clear();
-  for (const auto &t : h->inputs) h->current.push_back(t.Shape());
   if (h->follow) h->follower.InitSince(threads_before);  // this build's threads join the followed ones
-  h->predicted = false;
-  return true;
+  return model;
 }
 
 // Resizes Lite's inputs when the feed shapes (n feeds, ranks[i] dims each, back to back in dims) differ from the
-// last call's, on a model built again if this one has run (Rebuild); "" or the reason it failed. The steady state
-// (same shapes) allocates nothing.
+// last call's: on the model that ran at those shapes before, else on one built again if this one has run (Rebuild);
+// "" or the reason it failed. The steady state (same shapes) allocates nothing.
 std::string EnsureShapes(Handle *h, int n, const int64_t *dims, const int32_t *ranks) {
   if (SameShapes(h, n, dims, ranks)) return "";
-  if (h->predicted && h->rebuildable && Rebuild(h) && SameShapes(h, n, dims, ranks)) return "";
   std::vector<std::vector<int64_t>> shapes(n);
   for (int i = 0, at = 0; i < n; at += ranks[i], ++i) shapes[i].assign(dims + at, dims + at + ranks[i]);
+  if (h->predicted && h->rebuildable) {
+    auto kept = std::find_if(h->bound.begin(), h->bound.end(), [&](const auto &b) { return b.first == shapes; });
+    if (kept != h->bound.end()) {
+      std::unique_ptr<mindspore::Model> model = std::move(kept->second);
+      h->bound.erase(kept);
+      Swap(h, std::move(model), true);
+    } else if (std::unique_ptr<mindspore::Model> model = Rebuild(h)) {
+      Swap(h, std::move(model), false);
+    }
+    if (SameShapes(h, n, dims, ranks)) return "";
+  }
   mindspore::Status st = h->model->Resize(h->inputs, shapes);
   if (st.IsError()) return "resize failed: " + msrl::OneLine(st.ToString());
   h->inputs = h->model->GetInputs();

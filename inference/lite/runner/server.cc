@@ -2,6 +2,8 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+
 #include <cstdio>
 #include <cstring>
 
@@ -160,15 +162,27 @@ std::string Server::Predict(uint32_t n, bool tap) {
   bool resize = false;
   for (uint32_t i = 0; i < n; ++i) resize |= feeds_[i].dims != current_[i];
   if (resize && predicted_ && rebuildable_ && options_.rebuild) {  // see ServerOptions::rebuild
-    std::unique_ptr<mindspore::Model> fresh = options_.rebuild();
-    rebuildable_ = fresh != nullptr;
-    if (fresh != nullptr) {
+    std::vector<std::vector<int64_t>> want(current_);
+    for (uint32_t i = 0; i < n; ++i) want[i] = feeds_[i].dims;
+    auto kept = std::find_if(bound_.begin(), bound_.end(), [&](const Bound &b) { return b.shapes == want; });
+    const bool ran = kept != bound_.end();
+    std::unique_ptr<mindspore::Model> next;
+    if (ran) {
+      next = std::move(kept->model);
+      bound_.erase(kept);
+    } else {
+      next = options_.rebuild();
+      rebuildable_ = next != nullptr;
+    }
+    if (next != nullptr) {
       inputs_.clear();
       outputs_.clear();
-      model_ = std::move(fresh);
+      bound_.push_back({current_, std::move(model_)});
+      if (bound_.size() > kKeptModels) bound_.erase(bound_.begin());
+      model_ = std::move(next);
       inputs_ = model_->GetInputs();
-      if (options_.follow) follower_.Init();  // the new model's threads too
-      predicted_ = false;
+      if (options_.follow && !ran) follower_.Init();  // the new model's threads too
+      predicted_ = ran;
       resize = false;
       for (uint32_t i = 0; i < n; ++i) {
         current_[i] = inputs_[i].Shape();

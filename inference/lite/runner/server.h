@@ -3,6 +3,7 @@
 // answers with each kernel's name, type and outputs (layer localisation).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,8 +26,8 @@ struct ServerOptions {
   // Builds the model afresh (nullptr: it could not). Lite 2.0.0 corrupts its heap resizing some graphs after a
   // Predict (a broadcast Sub on [1, batch, n], a one-step GRU's graph: "double free", SIGSEGV at the next batch),
   // while a model built and resized once before its first Predict runs any batch; so a new batch after a Predict
-  // runs on a model built again. Lite builds an fp16 .ms once per process ("can not find tensor data in origin
-  // tensor data"): such a model is resized as it is.
+  // runs on a model built again (or on the one that ran at that batch before, kept). Lite builds an fp16 .ms once
+  // per process ("can not find tensor data in origin tensor data"): such a model is resized as it is.
   std::function<std::unique_ptr<mindspore::Model>()> rebuild;
 };
 
@@ -53,7 +54,14 @@ class Server {
   static void PutTensor(Writer *w, mindspore::MSTensor *t);
   void ReleaseLargeBuffers(uint32_t n);
 
+  struct Bound {  // a model that ran at these input shapes: it serves them again without a resize
+    std::vector<std::vector<int64_t>> shapes;
+    std::unique_ptr<mindspore::Model> model;
+  };
+  static constexpr size_t kKeptModels = 3;  // besides model_: a caller alternating a few batches builds each once
+
   std::unique_ptr<mindspore::Model> model_;
+  std::vector<Bound> bound_;  // the most recently used last
   bool predicted_ = false;    // model_ has run a Predict at its current shapes
   bool rebuildable_ = true;   // false once Lite refused to build it again (an fp16 .ms)
   Reader in_;
