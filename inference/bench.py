@@ -32,7 +32,7 @@ from inference.bundle import LITE_FORMATS, Bundle, BundleError, load_bundle
 from inference.bundle.contract import ContractError
 from inference.bundle.tensors import FeedError
 from inference.compare.feeds import seeded_feeds
-from inference.errors import EXIT_RUNTIME_UNAVAILABLE, EXIT_USAGE, MsrlError, run_cli
+from inference.errors import EXIT_USAGE, MsrlError, describe, run_cli
 from inference.lite.common import DEFAULT_MAX_ROWS, LiteRunnerError
 from inference.lite.runner_info import runner_info
 from inference.machine.procfs import status_mb
@@ -352,12 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    except LiteRunnerError as exc:  # Lite refused the model or failed while acting: not the caller's input
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_RUNTIME_UNAVAILABLE
-    except (MsrlError, BundleError, ContractError, FeedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", EXIT_USAGE)
+    except (LiteRunnerError, MsrlError, BundleError, ContractError, FeedError) as exc:  # errors.describe's rule
+        message, code = describe(exc)
+        print(f"error: {message}", file=sys.stderr)
+        return code
     except OSError as exc:
         print(f"error: cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -27,7 +27,7 @@ from inference.compare.acting import to_env
 from inference.compare.episodes import EnvSource
 from inference.compare.feeds import finite_rows
 from inference.compare.inputs import env_factory_source, env_source
-from inference.errors import EXIT_RUNTIME_UNAVAILABLE, EXIT_USAGE, MsrlError, run_cli
+from inference.errors import MsrlError, describe, run_cli
 from inference.lite.common import LiteRunnerError
 from inference.policy import Policy
 from inference.runtimes.serving import RUNTIMES
@@ -157,12 +157,10 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             device_id=args.device_id,
         )
-    except LiteRunnerError as exc:  # Lite refused the model or failed while acting: not the caller's input
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_RUNTIME_UNAVAILABLE
-    except (MsrlError, BundleError, ContractError, FeedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", EXIT_USAGE)
+    except (LiteRunnerError, MsrlError, BundleError, ContractError, FeedError) as exc:  # errors.describe's rule
+        message, code = describe(exc)
+        print(f"error: {message}", file=sys.stderr)
+        return code
     return 0
 
 

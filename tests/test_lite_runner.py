@@ -483,7 +483,7 @@ def test_mindir_reader_agrees_with_lite(tmp_path: Path, version: int) -> None:
     assert info.value.mind_ir_version == version and info.value.max_mind_ir_version == lite_build.MAX_MINDIR
     expected = f"MindIR v{version} written by MindSpore 9.9.9; this Lite ({lite_build.VERSION}) reads <= v"
     assert str(info.value).startswith(expected + str(lite_build.MAX_MINDIR))
-    assert info.value.exit_code == 5
+    assert info.value.exit_code == 3
 
 
 def test_runner_info_reports_the_mindir_versions_lite_accepts() -> None:
@@ -507,7 +507,7 @@ def test_close_is_idempotent(mlp: Mlp) -> None:
 def test_missing_model(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="not found") as info:
         LiteRunner(tmp_path / "nope.ms")
-    assert info.value.exit_code == 4
+    assert info.value.exit_code == 3
 
 
 @pytest.mark.parametrize("content", ["truncated", "garbage", "empty"])
@@ -528,7 +528,7 @@ def test_runner_binary_missing(mlp: Mlp, tmp_path: Path) -> None:
 def test_ascend_unavailable(mlp: Mlp) -> None:
     with pytest.raises(DeviceUnavailable, match="ascend") as info:
         LiteRunner(mlp.ms, device="ascend", device_id=0, precision_mode="enforce_origin")
-    assert info.value.exit_code == 6 and "precision mode enforce_origin" in str(info.value)
+    assert info.value.exit_code == 3 and "precision mode enforce_origin" in str(info.value)
 
 
 def test_ascend_without_a_precision_mode_is_refused_naming_lites_default(mlp: Mlp) -> None:
@@ -562,7 +562,7 @@ def test_mindir_v3_is_refused_with_versions(tmp_path: Path) -> None:
         LiteRunner(tmp_path / "dense.mindir")
     msg = str(info.value)
     assert "MindIR v3" in msg and "MindSpore 2." in msg and "<= v1" in msg and ".ms" in msg
-    assert info.value.exit_code == 5 and isinstance(info.value, ModelLoadError)
+    assert info.value.exit_code == 3 and isinstance(info.value, ModelLoadError)
 
 
 def _leaky_relu_as_exported(path: Path, alpha: float = 0.2) -> np.ndarray:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from inference.bundle.mindir import read_header
+from inference.errors import EXIT_RUNTIME_UNAVAILABLE
 
 DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(t) for t in (np.float32, np.float16, np.int32, np.int64, np.uint8, np.bool_)
@@ -26,35 +27,29 @@ DEFAULT_MAX_ROWS = 65536  # the runner's own default for --max-rows
 
 
 class LiteRunnerError(RuntimeError):
-    """Base of all runner failures; ``exit_code`` lets a CLI map each failure to a distinct status."""
+    """Base of all runner failures: a runtime that could not load or answer, which a CLI reports with exit 3
+    (``inference.errors.describe``), whichever failure it was; the subclasses tell them apart in code."""
 
-    exit_code = 1
+    exit_code = EXIT_RUNTIME_UNAVAILABLE
 
 
 class RunnerUnavailable(LiteRunnerError):
     """The runner binary is missing or not executable (not built: run ``make lite``)."""
 
-    exit_code = 3
-
 
 class ModelLoadError(LiteRunnerError):
     """Lite could not load the model (missing, corrupt, unsupported, bad arguments)."""
-
-    exit_code = 4
 
 
 class MindIRVersionError(ModelLoadError):
     """The MindIR was written by a newer MindSpore than this Lite can read; the bundle's .ms is the way out."""
 
-    exit_code = 5
     mind_ir_version: int | None = None
     max_mind_ir_version: int | None = None
 
 
 class DeviceUnavailable(LiteRunnerError):
     """The requested device (e.g. Ascend) cannot be initialised on this machine."""
-
-    exit_code = 6
 
 
 def forked_child(owner: int, what: str) -> LiteRunnerError:
@@ -69,13 +64,10 @@ def forked_child(owner: int, what: str) -> LiteRunnerError:
 class RunnerTimeout(LiteRunnerError, TimeoutError):
     """The runner did not answer in time; it has been killed."""
 
-    exit_code = 8
-
 
 class RunnerCrashed(LiteRunnerError):
     """The runner exited unexpectedly (crash, signal, protocol breakage); ``signal`` is the signal that ended it."""
 
-    exit_code = 9
     signal: int | None = None
 
     @property
@@ -90,8 +82,6 @@ EXTERNAL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, sig
 
 class InferenceError(LiteRunnerError):
     """Lite accepted the feeds but Resize/Predict failed; the runner is still alive."""
-
-    exit_code = 10
 
 
 _KIND_ERRORS: dict[str, type[LiteRunnerError]] = {
