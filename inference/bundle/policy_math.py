@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 
-# Uniform noise is kept away from 0 and 1 so that -log(-log(u)) stays finite in float32, as in our graphs
-# (``msrl_consistency.agent.distributions``; 1e-6 because MindSpore's CPU log is 0 at 1 - 1.2e-7).
+# Uniform noise is kept away from 0 and 1 so that -log(-log(u)) stays finite in float32; the training side's graphs
+# clamp with this same bound (1e-6 because MindSpore's CPU log is 0 at 1 - 1.2e-7).
 UNIFORM_EPS = np.float32(1e-6)
 
 

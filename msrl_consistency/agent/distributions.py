@@ -11,10 +11,13 @@ import math
 from mindspore import Tensor, ops
 from mindspore.common import dtype as mstype
 
+from inference.bundle.policy_math import UNIFORM_EPS as _POLICY_UNIFORM_EPS
+
 LOG_2PI = math.log(2.0 * math.pi)
-# Keep uniform noise away from 0 and 1 so that -log(-log(u)) stays finite in float32. Not 1e-7: MindSpore 2.10's
-# CPU log returns exactly 0 for 1 - 1.2e-7 (its error near 1 is ~1e-7), which made the Gumbel noise +inf there.
-UNIFORM_EPS = 1e-6
+# Keep uniform noise away from 0 and 1 so that -log(-log(u)) stays finite in float32: the deploy side's bound, one home
+# (``inference.bundle.policy_math``). Not 1e-7: MindSpore 2.10's CPU log returns exactly 0 for 1 - 1.2e-7 (its error
+# near 1 is ~1e-7), which made the Gumbel noise +inf there.
+UNIFORM_EPS = float(_POLICY_UNIFORM_EPS)
 
 
 def categorical_log_prob(logits: Tensor, one_hot: Tensor) -> Tensor:
