@@ -70,7 +70,7 @@ def verify(
     source, names, required = run.validate(cells, reference)
     checkpoint_matches = run.check_inputs(checkpoint)
     blocked = {n: _blocked(RUNTIMES[n], source) for n in names}  # before the reference: it may be for nothing
-    reference, twin = run.reference(reference, source, names, required, blocked, bool(extra_runtimes))
+    reference, twin = run.reference(reference, source, blocked, bool(extra_runtimes))
     if reference.repeat_differs:
         return run.unreproducible(reference, names, twin)
     run.check_reference(reference, checkpoint_matches)
@@ -134,8 +134,7 @@ class _Verification:
         return _provenance(self.bundle, checkpoint, self.checks)
 
     def reference(
-        self, given: Reference | None, source: RuntimeSource, names: list, required: tuple, blocked: dict,
-        extra: bool,
+        self, given: Reference | None, source: RuntimeSource, blocked: dict, extra: bool
     ) -> tuple[Reference, dict[str, Runtime] | None]:  # fmt: skip
         """The given reference, else the training path's on the inputs (and its compiled twin, kept open when it
         serves as ms-graph); not built when no runtime could be compared with it (exit 3 now, not minutes later)."""
