@@ -10,7 +10,6 @@
 // are copied into Lite's own input tensors (from the caller's buffers: one per input signature for small feeds);
 // outputs once, into buffers the caller owns (no allocation per call at a fixed shape).
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -23,6 +22,7 @@
 #include "json.h"
 #include "include/api/context.h"
 #include "include/api/model.h"
+#include "kept_models.h"
 #include "include/api/status.h"
 #include "include/api/types.h"
 #include "inline_run.h"
@@ -45,9 +45,7 @@ struct Handle {
   std::shared_ptr<mindspore::Context> context;
   bool predicted = false;    // the model has run a Predict at its current shapes
   bool rebuildable = true;   // false once Lite refused to build it again (an fp16 .ms)
-  // Models that ran at other input shapes, the most recently used last: they serve those shapes again without a
-  // resize, so a caller alternating a few batches builds each once.
-  std::vector<std::pair<std::vector<std::vector<int64_t>>, std::unique_ptr<mindspore::Model>>> bound;
+  msrl::KeptModels kept;  // models that ran at other shapes (kept_models.h)
   std::vector<mindspore::MSTensor> inputs, outputs;
   std::vector<std::vector<int64_t>> declared, current;
   msrl::ThreadFollower follower;
@@ -83,14 +81,11 @@ bool SameShapes(const Handle *h, int n, const int64_t *dims, const int32_t *rank
   return same;
 }
 
-constexpr size_t kKeptModels = 3;
-
 // Makes ``next`` the handle's model (``ran``: it ran at its shapes before), keeping the current one for its shapes.
 void Swap(Handle *h, std::unique_ptr<mindspore::Model> next, bool ran) {
   h->inputs.clear();
   h->outputs.clear();
-  h->bound.emplace_back(h->current, std::move(h->model));
-  if (h->bound.size() > kKeptModels) h->bound.erase(h->bound.begin());
+  h->kept.Keep(h->current, std::move(h->model));
   h->model = std::move(next);
   h->inputs = h->model->GetInputs();
   h->outputs = h->model->GetOutputs();
@@ -129,10 +124,7 @@ std::string EnsureShapes(Handle *h, int n, const int64_t *dims, const int32_t *r
   std::vector<std::vector<int64_t>> shapes(n);
   for (int i = 0, at = 0; i < n; at += ranks[i], ++i) shapes[i].assign(dims + at, dims + at + ranks[i]);
   if (h->predicted && h->rebuildable) {
-    auto kept = std::find_if(h->bound.begin(), h->bound.end(), [&](const auto &b) { return b.first == shapes; });
-    if (kept != h->bound.end()) {
-      std::unique_ptr<mindspore::Model> model = std::move(kept->second);
-      h->bound.erase(kept);
+    if (std::unique_ptr<mindspore::Model> model = h->kept.Take(shapes)) {
       Swap(h, std::move(model), true);
     } else if (std::unique_ptr<mindspore::Model> model = Rebuild(h)) {
       Swap(h, std::move(model), false);

@@ -2,8 +2,6 @@
 
 #include <malloc.h>
 
-#include <algorithm>
-
 #include <cstdio>
 #include <cstring>
 
@@ -162,23 +160,18 @@ std::string Server::Predict(uint32_t n, bool tap) {
   bool resize = false;
   for (uint32_t i = 0; i < n; ++i) resize |= feeds_[i].dims != current_[i];
   if (resize && predicted_ && rebuildable_ && options_.rebuild) {  // see ServerOptions::rebuild
-    std::vector<std::vector<int64_t>> want(current_);
+    KeptModels::Shapes want(current_);
     for (uint32_t i = 0; i < n; ++i) want[i] = feeds_[i].dims;
-    auto kept = std::find_if(bound_.begin(), bound_.end(), [&](const Bound &b) { return b.shapes == want; });
-    const bool ran = kept != bound_.end();
-    std::unique_ptr<mindspore::Model> next;
-    if (ran) {
-      next = std::move(kept->model);
-      bound_.erase(kept);
-    } else {
+    std::unique_ptr<mindspore::Model> next = kept_.Take(want);
+    const bool ran = next != nullptr;
+    if (!ran) {
       next = options_.rebuild();
       rebuildable_ = next != nullptr;
     }
     if (next != nullptr) {
       inputs_.clear();
       outputs_.clear();
-      bound_.push_back({current_, std::move(model_)});
-      if (bound_.size() > kKeptModels) bound_.erase(bound_.begin());
+      kept_.Keep(current_, std::move(model_));
       model_ = std::move(next);
       inputs_ = model_->GetInputs();
       if (options_.follow && !ran) follower_.Init();  // the new model's threads too

@@ -3,7 +3,6 @@
 // answers with each kernel's name, type and outputs (layer localisation).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "include/api/model.h"
+#include "kept_models.h"
 #include "pinning.h"
 #include "predict.h"
 #include "protocol.h"
@@ -54,14 +54,8 @@ class Server {
   static void PutTensor(Writer *w, mindspore::MSTensor *t);
   void ReleaseLargeBuffers(uint32_t n);
 
-  struct Bound {  // a model that ran at these input shapes: it serves them again without a resize
-    std::vector<std::vector<int64_t>> shapes;
-    std::unique_ptr<mindspore::Model> model;
-  };
-  static constexpr size_t kKeptModels = 3;  // besides model_: a caller alternating a few batches builds each once
-
   std::unique_ptr<mindspore::Model> model_;
-  std::vector<Bound> bound_;  // the most recently used last
+  KeptModels kept_;  // models that ran at other shapes (kept_models.h)
   bool predicted_ = false;    // model_ has run a Predict at its current shapes
   bool rebuildable_ = true;   // false once Lite refused to build it again (an fp16 .ms)
   Reader in_;
