@@ -40,7 +40,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+def _inferred_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Every value's shape as ONNX's shape inference gives it (-1 for a dimension it leaves symbolic)."""
     inferred = onnx.shape_inference.infer_shapes(model)
     values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
     return {v.name: [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim]
@@ -51,7 +52,7 @@ def drop_expand_squeeze(model: onnx.ModelProto, static: onnx.ModelProto) -> int:
     """Replace each ``Squeeze(axes=[0])`` of a ``Reshape`` that only added that axis by an ``Identity`` of the
     Reshape's input, in place (the Reshape goes when nothing else reads it); returns how many. ``static``: an export of
     the same graph at a fixed batch, whose inferred shapes tell which Reshapes only add a leading 1."""
-    shapes = _static_shapes(static)
+    shapes = _inferred_shapes(static)
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
     readers: dict[str, int] = {}
@@ -372,9 +373,7 @@ def explicit_reduce_axes(model: onnx.ModelProto) -> int:
     """Give each reduction with an empty or absent ``axes`` attribute (every axis, in ONNX) the list of its input's
     axes, in place; returns how many were changed. A reduction whose axes come as an input, or whose input's rank is
     unknown, is left alone."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
-    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
+    ranks = {name: len(dims) for name, dims in _inferred_shapes(model).items()}
     ranks.update({i.name: len(i.dims) for i in model.graph.initializer})
     changed = 0
     for node in model.graph.node:
