@@ -79,6 +79,7 @@ class Interrupts:
     def __init__(self) -> None:
         self.requested = False
         self._defer = False
+        self._notice: str | None = None
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -97,16 +98,19 @@ class Interrupts:
         self.requested = True
         if not self._defer:
             raise KeyboardInterrupt(signal.Signals(signum).name)
+        if self._notice:
+            print(self._notice, file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
-    def deferred(self) -> Iterator[Interrupts]:
-        """Inside the block a first signal only sets ``requested``; the caller stops at a safe point. Blocks nest
-        (leaving an inner one keeps the outer one's deferral)."""
-        outer, self._defer = self._defer, True
+    def deferred(self, notice: str | None = None) -> Iterator[Interrupts]:
+        """Inside the block a first signal only sets ``requested`` (and prints ``notice``: what the stop waits for);
+        the caller stops at a safe point. Blocks nest (leaving an inner one keeps the outer one's deferral)."""
+        outer = self._defer, self._notice
+        self._defer, self._notice = True, notice or self._notice
         try:
             yield self
         finally:
-            self._defer = outer
+            self._defer, self._notice = outer
 
 
 INTERRUPTS = Interrupts()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from inference.bundle.precision_mode import CONVERTER_CONFIG
+
 
 def start(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -42,12 +44,11 @@ def test_ctrl_c_during_export_leaves_no_temp_dir(cartpole_ckpt, tmp_path):
 
 
 def test_ctrl_c_while_export_compiles_says_one_line_not_mindspores_log(cartpole_ckpt, tmp_path):
-    """The first graph compiles as soon as the bundle's temp dir exists: MindSpore's C++ log of the interrupted
-    compile (its pipeline error and the Cell's source lines) stays out of the console."""
+    """The first graph compiles right after the bundle's temp dir receives its converter configuration: MindSpore's
+    C++ log of the interrupted compile (its pipeline error and the Cell's source lines) stays out of the console."""
     out = tmp_path / "bundles" / "b"
     proc = start("msrl_consistency.export", "--ckpt", str(cartpole_ckpt), "--out", str(out))
-    wait_for(lambda: any(out.parent.glob(".b.*")) or proc.poll() is not None)
-    time.sleep(0.2)  # inside the first graph's compile (measured: 0.1-0.4 s after, the log came through)
+    wait_for(lambda: any(out.parent.glob(f".b.*/{CONVERTER_CONFIG}")) or proc.poll() is not None, timeout=120)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-2000:]
@@ -61,8 +62,8 @@ def test_ctrl_c_during_verify_exits_130_and_twice_exits_at_once(cartpole_bundle,
             "--out", str(tmp_path / "r"), "--episodes", "20")  # fmt: skip
     proc = start(*args)
     lines: list[str] = []
-    wait_for(lambda: bool(lines.append(proc.stderr.readline()) or any("reference" in line for line in lines)))
-    time.sleep(1.0)  # inside the reference's episodes: graphs compiled, MindSpore's handler installed
+    # the first runtime judged: the reference's graphs have run (MindSpore's handler installed), more runtimes follow
+    wait_for(lambda: bool(lines.append(proc.stderr.readline()) or any(" s)" in line for line in lines)))
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(lines) + stderr[-2000:]

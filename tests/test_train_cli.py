@@ -234,7 +234,6 @@ def test_ctrl_c_finishes_the_iteration_checkpoints_and_says_how_to_resume(tmp_pa
 @pytest.mark.slow
 def test_second_ctrl_c_exits_at_once(tmp_path):
     import signal
-    import time
 
     run_dir = tmp_path / "run"
     # Long iterations (~1 s), so the second signal lands while the first waits for the iteration to end.
@@ -242,9 +241,12 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
                           "--update-epochs", "8")  # fmt: skip
     wait_until(lambda: iterations_logged(run_dir) >= 1, proc)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.2)  # two signals sent back to back can arrive as one
+    seen = [proc.stderr.readline()]
+    while not seen[-1].startswith("stopping: ") and seen[-1]:  # the first signal acknowledged: send the second
+        seen.append(proc.stderr.readline())
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
+    stderr = "".join(seen) + stderr
     assert proc.returncode == 130 and "interrupted again: exiting now" in stderr, stderr[-2000:]
     assert rd.read_run_json(run_dir)["iteration"] == 0  # nothing half-written: the last complete checkpoint
 

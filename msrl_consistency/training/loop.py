@@ -48,6 +48,7 @@ METRIC_FIELDS = [
     "iteration", "global_step", "episodes", "return_mean", "length_mean", "learning_rate",
     *STEP_METRICS, "explained_variance", "sps", "wall_time",
 ]  # fmt: skip
+STOPPING = "stopping: this iteration finishes and is checkpointed (a second Ctrl-C exits at once)"
 EPISODE_FIELDS = ["global_step", "env", "return", "length"]
 EVAL_FIELDS = ["iteration", "global_step", "return_mean", "return_min", "episodes", "seconds", "cpu_seconds"]
 LOG_FIELDS = {"metrics": METRIC_FIELDS, "episodes": EPISODE_FIELDS, "evals": EVAL_FIELDS}
@@ -139,7 +140,7 @@ class Trainer(RunState):
         ``KeyboardInterrupt``; a second one exits at once (``inference.errors.Interrupts``), keeping the last
         complete checkpoint.
         """
-        with INTERRUPTS.deferred():
+        with INTERRUPTS.deferred(STOPPING):
             self._run(progress, stop_at)
 
     def _run(self, progress: Any, stop_at: int | None) -> None:
