@@ -32,24 +32,22 @@ from typing import Any
 import numpy as np
 
 from inference.bundle import Bundle
-from inference.bundle.contract import state_dtype
 from inference.bundle.recording import Chunk, RecordingIndex, read_chunk
 from inference.compare.audit.actions import Actions
 from inference.compare.audit.field_checks import NonFinite, Ranges, Returns, Window, Windows, decision_errors
 from inference.compare.audit.merge import ObservationMerge
+from inference.compare.audit.recorded import FIELD, RecordedRuntime, chunk_feeds
 from inference.compare.checks import Check, VerifyResult
-from inference.compare.feeds import Feeds, finite_rows
 from inference.compare.inputs import Inputs
 from inference.compare.judge.localize import Localization, Localizer
 from inference.compare.judge.stats import PRESETS, TOLERANCE_PRESETS, Tolerance, tolerance_for
 from inference.compare.options import LOCALIZE_STAGES, VerifyOptions
 from inference.compare.reference import REFERENCE, Reference
-from inference.compare.runtime_check import check_runtime
+from inference.compare.runtime_check import RuntimeReport, check_runtime
 from inference.compare.verifier import _provenance
 from inference.errors import INTERRUPTS, UsageError
-from inference.runtimes.base import InferenceFailed, Runtime, RuntimeSource
+from inference.runtimes.base import RuntimeSource
 
-FIELD = "field"
 WORST_ROWS = 8  # rows a localisation runs on, as verify's
 Reference_fn = Callable[[Chunk], Mapping[str, np.ndarray]]
 
@@ -59,89 +57,6 @@ def only_graph(bundle: Bundle, graph: str) -> Bundle:
     manifest = dict(bundle.manifest)
     manifest["graphs"] = {graph: bundle.manifest["graphs"][graph]}
     return dataclasses.replace(bundle, manifest=manifest)
-
-
-def chunk_feeds(bundle: Bundle, graph: str, chunk: Chunk) -> Feeds:
-    """A chunk's graph inputs as verify's feeds: observation rows (labelled ``recorded``; a row with NaN ``nan``, with
-    ±inf ``edge``: judged on its own magnitude), the noise fed or drawn on the host, the carried states."""
-    contract = bundle.contract(graph)
-    n, k = len(chunk), len(contract.observations)
-    if contract.obs_dict:
-        obs = contract.empty_observations(n)
-        for f, x in zip(contract.observations, chunk.inputs[:k], strict=True):
-            obs[f.name] = x
-    else:
-        obs = chunk.inputs[0]
-    noise = {}
-    if contract.takes_noise:
-        noise[graph] = chunk.inputs[k]
-    elif chunk.host_noise is not None and np.isfinite(chunk.host_noise).all():
-        noise[graph] = chunk.host_noise
-    k += int(contract.takes_noise)
-    state = None
-    if contract.states:
-        state = np.zeros(n, state_dtype(contract.states))
-        for s, x in zip(contract.states, chunk.inputs[k:], strict=True):
-            state[s.name] = x
-    source = np.full(n, "recorded", dtype=object)
-    inf = np.zeros(n, bool)
-    for x in chunk.inputs[: len(contract.observations)]:
-        if x.dtype.kind == "f":
-            inf |= np.isinf(x.reshape(n, -1)).any(1)
-    source[inf] = "edge"
-    source[~finite_rows(obs)] = "nan"
-    return Feeds(obs, source.astype(str), noise, state)
-
-
-class RecordedRuntime(Runtime):
-    """The device, as recorded: asked for a chunk's inputs (or their first rows), it answers what it answered."""
-
-    name = FIELD
-    description = "the outputs a deployed runtime recorded (inference.field)"
-
-    def __init__(self, source: RuntimeSource, graph: str, chunk: Chunk, batched: Mapping[str, bool]) -> None:
-        super().__init__(source, graph)
-        self.chunk, self.batched = chunk, batched
-        self._index: dict[bytes, list[int]] | None = None  # a row's input bytes -> the recorded rows that have them
-
-    def _load(self) -> None:
-        return None
-
-    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        rows = self._recorded_rows(arrays)
-        out = self.chunk.outputs
-        return [out[o.name][rows] if self.batched.get(o.name, True) else out[o.name][0] for o in self.outputs]
-
-    def _recorded_rows(self, arrays: list[np.ndarray]) -> np.ndarray:
-        """The recorded row of every requested row: verify asks in chunks of any size (its last one filled up with
-        copies of its own rows), always with rows the device saw; equal rows are taken in recorded order."""
-        if len(arrays) != len(self.chunk.inputs):
-            raise InferenceFailed(f"{FIELD}: {len(arrays)} inputs asked, {len(self.chunk.inputs)} recorded")
-        if self._index is None:
-            self._index = {}
-            for i, key in enumerate(_row_keys(self.chunk.inputs)):
-                self._index.setdefault(key, []).append(i)
-        rows, last = [], -1
-        for j, key in enumerate(_row_keys(arrays)):
-            seen = self._index.get(key)
-            if seen is None:
-                raise InferenceFailed(f"{FIELD}: row {j} of the request is not one the device recorded (only those "
-                                      "rows answer)")  # fmt: skip
-            last = next((i for i in seen if i > last), seen[0])
-            rows.append(last)
-        return np.asarray(rows, dtype=np.int64)
-
-    def versions(self) -> dict[str, Any]:
-        return {"recorded_by": self.chunk.info.meta["runtime"], "chunk": self.chunk.info.path.name}
-
-
-def _row_keys(arrays: Sequence[np.ndarray]) -> list[bytes]:
-    """Each row's bytes over every input (NaN rows match by their bits)."""
-    n = len(arrays[0])
-    if n == 0:
-        return []
-    flat = [np.ascontiguousarray(x).reshape(n, -1).view(np.uint8).reshape(n, -1) for x in arrays]
-    return [b"".join(x[i].tobytes() for x in flat) for i in range(n)]
 
 
 @dataclass
@@ -200,6 +115,31 @@ class _WorstRows:
         return np.array([-p[1] for p in picked]), inputs
 
 
+@dataclass(frozen=True)
+class ChunkTask:
+    """What comparing one chunk needs besides the chunk and the reference's outputs on it: small, so a fleet's
+    engine ships it to a worker with the chunk (``judge``, the costly part of an audit, runs there)."""
+
+    view: Bundle
+    graph: str
+    batched: Mapping[str, bool]
+    tolerances: Mapping[str, Tolerance]
+    preset: Any
+    label: str
+    checkpoint_matches: bool | None
+
+    def judge(self, chunk: Chunk, want: Mapping[str, np.ndarray], cells: Any = None) -> RuntimeReport:
+        """verify's own comparison (``check_runtime``) of the chunk's recorded outputs with ``want``, the training
+        path's outputs on its recorded inputs."""
+        feeds = chunk_feeds(self.view, self.graph, chunk)
+        skipped = "an audit compares the recorded steps; the episodes are the device's"
+        want = {k: np.asarray(v) for k, v in want.items()}
+        ref = Reference(feeds, {self.graph: want}, {}, {}, seed=0, episodes=0, skipped_episodes=skipped)
+        device = RecordedRuntime(RuntimeSource(self.view, cells), self.graph, chunk, self.batched)
+        return check_runtime(self.label, {self.graph: device}, self.view, ref, Inputs(recorded=feeds.obs),
+                             dict(self.tolerances), self.preset, False, self.checkpoint_matches)  # fmt: skip
+
+
 @dataclass
 class _Accumulated:
     """What an audit gathers chunk by chunk, one chunk in memory at a time."""
@@ -214,21 +154,14 @@ class _Accumulated:
     others: dict[str, Check] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
-    def compare_chunk(
-        self, view: Bundle, graph: str, chunk: Any, reference: Reference_fn, source: RuntimeSource, batched: bool,
-        tolerances: dict[str, Tolerance], preset: Any, label: str, checkpoint_matches: bool | None, offset: int,
-        chunk_label: str,
-    ) -> bool:  # fmt: skip
-        """One chunk's recorded outputs against the reference's on its recorded inputs, through verify's own
-        comparison, folded into the audit's totals; False when its outputs could not be compared."""
+    def fold(self, task: ChunkTask, chunk: Chunk, want: Mapping[str, np.ndarray], report: RuntimeReport, offset: int,
+             chunk_label: str) -> bool:  # fmt: skip
+        """One chunk's comparison (``task.judge``) folded into the audit's totals, with what the audit adds on top
+        of verify (actions, non-finite steps, ranges, windows); False when its outputs could not be compared."""
+        view, graph = task.view, task.graph
         contract = view.contract(graph)
-        want = {k: np.asarray(v) for k, v in reference(chunk).items()}
+        want = {k: np.asarray(v) for k, v in want.items()}
         feeds = chunk_feeds(view, graph, chunk)
-        skipped = "an audit compares the recorded steps; the episodes are the device's"
-        ref = Reference(feeds, {graph: dict(want)}, {}, {}, seed=0, episodes=0, skipped_episodes=skipped)
-        device = RecordedRuntime(source, graph, chunk, batched)
-        report = check_runtime(label, {graph: device}, view, ref, Inputs(recorded=feeds.obs), tolerances, preset,
-                               False, checkpoint_matches)  # fmt: skip
         self.info = self.info or dict(report.info)
         finite = feeds.finite
         steps = offset + np.arange(len(chunk))
@@ -241,18 +174,98 @@ class _Accumulated:
                 self.others.setdefault(c.name, dataclasses.replace(c, summary=f"{c.summary} ({chunk_label})"))
         if observation is None:
             return False
+        tolerances = task.tolerances
         decision = contract.action.distribution_output
         pooled = feeds.ordinary & finite
         abs_err, ratio = decision_errors(want[decision], chunk.outputs[decision], tolerances[decision], pooled, finite)
         graph_noise = feeds.noise.get(graph) if contract.takes_noise else None
-        bad = self.actions.add(chunk, want, tolerances, feeds.ordinary, graph_noise, offset)
+        bad = self.actions.add(chunk, want, dict(tolerances), feeds.ordinary, graph_noise, offset)
         obs_by_name = {f.name: x for f, x in zip(contract.observations, chunk.inputs, strict=False)}
-        odd = self.nonfinite.add(chunk, obs_by_name, want, tolerances, bad, offset)
+        odd = self.nonfinite.add(chunk, obs_by_name, want, dict(tolerances), bad, offset)
         ood = self.ranges.add(chunk.inputs[0]) if not contract.obs_dict else np.zeros(len(chunk), bool)
         self.timeline.add(offset, chunk.time_ns, {"abs": abs_err, "ratio": ratio, "beyond": ratio > 1, "action": bad,
                                                   "nonfinite": odd, "ood": ood})  # fmt: skip
         self.worst_rows.add(abs_err, pooled, feeds.graph_inputs(view, graph), offset)
         return True
+
+
+class RecordingAudit:
+    """One recording's audit as three steps, so the chunks can be judged elsewhere (a fleet's workers) and folded
+    here in order: ``task`` (what judging a chunk needs), ``fold`` (a judged chunk into the totals), ``finish`` (the
+    merged checks, the localisation, the result). ``audit`` runs them in one process."""
+
+    def __init__(
+        self, bundle: Bundle, index: RecordingIndex, *, cells: Any = None, checkpoint: Path | None = None,
+        windows: int = 10, training_returns: tuple[Sequence[float], str] = ((), ""), tolerance: str | None = None,
+        overrides: Mapping[str, Tolerance] | None = None,
+    ) -> None:  # fmt: skip
+        self.bundle, self.index, self.cells, self.tolerance = bundle, index, cells, tolerance
+        self.overrides, self.training_returns = dict(overrides or {}), training_returns
+        graph = index.graph
+        self.view = view = only_graph(bundle, graph)
+        contract = view.contract(graph)
+        self.preset_name = tolerance or bundle.precision
+        if self.preset_name not in TOLERANCE_PRESETS:
+            raise UsageError(f"unknown tolerance preset {self.preset_name!r}; choose {', '.join(TOLERANCE_PRESETS)}")
+        preset = PRESETS[self.preset_name]
+        self.label = f"{FIELD}:{'+'.join(index.runtimes)}"
+        self.outputs = [o["name"] for o in view.graph(graph)["outputs"]]
+        self.checks: list[Check] = []
+        self.checkpoint_matches = _provenance(view, checkpoint, self.checks)
+        self.acc = _Accumulated(
+            ObservationMerge(graph, contract, preset), Actions(contract, preset), NonFinite(contract, self.outputs),
+            Ranges(view, graph), Returns(), Windows(index.steps, windows),
+        )  # fmt: skip
+        self.recordings = {str(r["path"]): k for k, r in enumerate(index.recordings)}
+        self.offset = 0
+
+    def task(self, info: Any) -> ChunkTask:
+        """What judging the chunk ``info`` (one of ``index.chunks``) needs: its tolerances follow the runtime that
+        recorded it."""
+        runtime = info.meta["runtime"]
+        tol = tolerance_for(self.preset_name, {"lite-isolated": "lite"}.get(runtime, runtime))
+        tolerances = {o: self.overrides.get(o, tol) for o in self.outputs}
+        return ChunkTask(self.view, self.index.graph, self.index.layout.batched, tolerances, PRESETS[self.preset_name],
+                         self.label, self.checkpoint_matches)  # fmt: skip
+
+    def fold(self, info: Any, chunk: Chunk, want: Mapping[str, np.ndarray], report: RuntimeReport) -> None:
+        """The chunk ``info`` (the next in ``index.chunks``), judged (``report``), into the totals."""
+        label = f"{info.path.parent.name}/{info.path.name}"
+        if self.acc.fold(self.task(info), chunk, want, report, self.offset, label):
+            rec_dir = str(info.recording) if info.recording else None
+            self.acc.returns.add(self.recordings.get(rec_dir, -1) if rec_dir else -1, chunk)
+        self.offset += len(chunk)
+
+    def finish(self, localizer: Localizer | None = None, localize: str = "auto") -> tuple[VerifyResult, AuditFacts]:
+        index, acc, label, graph = self.index, self.acc, self.label, self.index.graph
+        observations = acc.merged.check(label)
+        info = acc.info
+        info["nan_propagation"] = acc.merged.nan_facts()
+        info["versions"] = {"recorded_by": "+".join(index.runtimes), "chunks": len(index.chunks)}
+        facts = AuditFacts(index.steps, len(index.chunks), "+".join(index.runtimes), index.dropped_steps,
+                           index.sessions, index.recordings, index.lost, [w for w in acc.timeline.windows if w.steps],
+                           acc.actions.facts(), acc.nonfinite.facts(index.steps), acc.ranges.facts(),
+                           acc.returns.facts(*self.training_returns))  # fmt: skip
+        checks = [*self.checks, observations, *acc.others.values(), recording_check(label, index),
+                  acc.actions.check(label, observations), acc.nonfinite.check(label, index.steps),
+                  acc.timeline.check(label), acc.ranges.check(label)]  # fmt: skip
+        returned = acc.returns.check(label, facts.returns)
+        checks += [returned] if returned else []
+        localizations = {}
+        stages = {c.diagnosis["stage"] for c in checks if c.status == "fail" and c.diagnosis and c.runtime == label}
+        wanted = localize == "always" or (localize == "auto" and (stages & LOCALIZE_STAGES or (
+            self.bundle.precision == "fp16" and "lite" in label)))  # fmt: skip
+        if localizer is not None and wanted:
+            tol = tolerance_for(self.preset_name, index.runtimes[0])
+            localizations[label] = _localize(localizer, index, graph, acc.worst_rows, tol)
+        options = VerifyOptions(observations=max(16, index.steps), runtimes=(REFERENCE,), tolerance=self.tolerance,
+                                overrides=self.overrides)  # fmt: skip
+        reference_facts = Reference(StepCount(index.steps), {}, {}, {}, seed=0, episodes=0,  # type: ignore[arg-type]
+                                    skipped_episodes="an audit compares the recorded steps")  # fmt: skip
+        inputs = {"env": None, "recorded_observations": f"field recording: {index.steps} steps in "
+                  f"{len(index.chunks)} chunks"}  # fmt: skip
+        result = VerifyResult(self.view, options, checks, {label: info}, reference_facts, {}, inputs, localizations)
+        return result, facts
 
 
 def audit(
@@ -264,76 +277,15 @@ def audit(
 ) -> tuple[VerifyResult, AuditFacts]:  # fmt: skip
     """Verify the indexed recording against ``reference`` (the training path's outputs on a chunk's recorded
     inputs), one chunk at a time (see the module docstring)."""
-    graph = index.graph
-    view = only_graph(bundle, graph)
-    contract = view.contract(graph)
-    preset_name = tolerance or bundle.precision
-    if preset_name not in TOLERANCE_PRESETS:
-        raise UsageError(f"unknown tolerance preset {preset_name!r}; choose {', '.join(TOLERANCE_PRESETS)}")
-    preset = PRESETS[preset_name]
-    label = f"{FIELD}:{'+'.join(index.runtimes)}"
-    outputs = [o["name"] for o in view.graph(graph)["outputs"]]
-    checks: list[Check] = []
-    checkpoint_matches = _provenance(view, checkpoint, checks)
-    acc = _Accumulated(
-        ObservationMerge(graph, contract, preset), Actions(contract, preset), NonFinite(contract, outputs),
-        Ranges(view, graph), Returns(), Windows(index.steps, windows),
-    )  # fmt: skip
-    recordings = {str(r["path"]): k for k, r in enumerate(index.recordings)}
-    offset = 0
-    for info_chunk in index.chunks:
+    run = RecordingAudit(bundle, index, cells=cells, checkpoint=checkpoint, windows=windows,
+                         training_returns=training_returns, tolerance=tolerance, overrides=overrides)  # fmt: skip
+    for info in index.chunks:
         INTERRUPTS.check()
-        chunk = read_chunk(info_chunk, index.layout)
-        tol = tolerance_for(preset_name, {"lite-isolated": "lite"}.get(info_chunk.meta["runtime"],
-                                                                        info_chunk.meta["runtime"]))  # fmt: skip
-        tolerances = {o: (overrides or {}).get(o, tol) for o in outputs}
-        compared = acc.compare_chunk(view, graph, chunk, reference, RuntimeSource(view, cells), index.layout.batched,
-                                     tolerances, preset, label, checkpoint_matches, offset,
-                                     f"{info_chunk.path.parent.name}/{info_chunk.path.name}")  # fmt: skip
-        if not compared:
-            offset += len(chunk)
-            continue
-        rec_dir = str(info_chunk.recording) if info_chunk.recording else None
-        acc.returns.add(recordings.get(rec_dir, -1) if rec_dir else -1, chunk)
-        offset += len(chunk)
-        progress(f"audit: {offset}/{index.steps} steps compared ({info_chunk.path.name})")
-    merged, actions, nonfinite, ranges, returns, timeline = (acc.merged, acc.actions, acc.nonfinite, acc.ranges,
-                                                             acc.returns, acc.timeline)  # fmt: skip
-    others, info, worst_rows = acc.others, acc.info, acc.worst_rows
-    observations = merged.check(label)
-    info["nan_propagation"] = merged.nan_facts()
-    info["versions"] = {"recorded_by": "+".join(index.runtimes), "chunks": len(index.chunks)}
-    facts = AuditFacts(index.steps, len(index.chunks), "+".join(index.runtimes), index.dropped_steps, index.sessions,
-                       index.recordings, index.lost, [w for w in timeline.windows if w.steps], actions.facts(),
-                       nonfinite.facts(index.steps), ranges.facts(),
-                       returns.facts(*training_returns))  # fmt: skip
-    checks += [
-        observations,
-        *others.values(),
-        recording_check(label, index),
-        actions.check(label, observations),
-        nonfinite.check(label, index.steps),
-        timeline.check(label),
-        ranges.check(label),
-    ]
-    returned = returns.check(label, facts.returns)
-    checks += [returned] if returned else []
-    localizations = {}
-    stages = {c.diagnosis["stage"] for c in checks if c.status == "fail" and c.diagnosis and c.runtime == label}
-    wanted = localize == "always" or (localize == "auto" and (stages & LOCALIZE_STAGES or (
-        bundle.precision == "fp16" and "lite" in label)))  # fmt: skip
-    if localizer is not None and wanted:
-        localizations[label] = _localize(
-            localizer, index, graph, worst_rows, tolerance_for(preset_name, index.runtimes[0])
-        )
-    options = VerifyOptions(observations=max(16, index.steps), runtimes=(REFERENCE,), tolerance=tolerance,
-                            overrides=dict(overrides or {}))  # fmt: skip
-    reference_facts = Reference(StepCount(index.steps), {}, {}, {}, seed=0, episodes=0,  # type: ignore[arg-type]
-                                skipped_episodes="an audit compares the recorded steps")  # fmt: skip
-    inputs = {"env": None, "recorded_observations": f"field recording: {index.steps} steps in {len(index.chunks)} "
-              "chunks"}  # fmt: skip
-    result = VerifyResult(view, options, checks, {label: info}, reference_facts, {}, inputs, localizations)
-    return result, facts
+        chunk = read_chunk(info, index.layout)
+        want = reference(chunk)
+        run.fold(info, chunk, want, run.task(info).judge(chunk, want, cells))
+        progress(f"audit: {run.offset}/{index.steps} steps compared ({info.path.name})")
+    return run.finish(localizer, localize)
 
 
 def recording_check(runtime: str, index: RecordingIndex) -> Check:
