@@ -22,7 +22,7 @@ from inference.bundle.recording import Chunk, index_recording
 from inference.compare.audit import AuditFacts, audit, only_graph, plot_timeline
 from inference.compare.checks import VerifyResult
 from inference.compare.judge.stats import Tolerance
-from inference.runtimes.base import RuntimeSource
+from inference.runtimes.base import Runtime, RuntimeSource
 from inference.runtimes.registry import create
 
 BATCH = 8192  # rows per reference call: PyNative's cost is per call, memory per row
@@ -42,14 +42,16 @@ def audit_recordings(
              f"{', '.join(index.runtimes)})")  # fmt: skip
     view = only_graph(bundle, index.graph)
     with create("ms-cell", RuntimeSource(view, cells, device), index.graph) as reference:
+        return audit(bundle, index, lambda chunk: reference_outputs(reference, chunk), cells=cells,
+                     checkpoint=checkpoint, windows=windows, training_returns=training_returns(checkpoint),
+                     tolerance=tolerance, overrides=overrides, localizer=CellLocalizer(view, cells, device),
+                     localize=localize, progress=progress)  # fmt: skip
 
-        def outputs(chunk: Chunk) -> dict[str, np.ndarray]:
-            parts = [reference.infer(*(x[lo : lo + BATCH] for x in chunk.inputs)) for lo in range(0, len(chunk), BATCH)]
-            return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
-        return audit(bundle, index, outputs, cells=cells, checkpoint=checkpoint, windows=windows,
-                     training_returns=training_returns(checkpoint), tolerance=tolerance, overrides=overrides,
-                     localizer=CellLocalizer(view, cells, device), localize=localize, progress=progress)  # fmt: skip
+def reference_outputs(reference: Runtime, chunk: Chunk) -> dict[str, np.ndarray]:
+    """The training path's outputs on the chunk's recorded inputs, ``BATCH`` rows per call."""
+    parts = [reference.infer(*(x[lo : lo + BATCH] for x in chunk.inputs)) for lo in range(0, len(chunk), BATCH)]
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
 def training_returns(checkpoint: Path | None) -> tuple[list[float], str]:

@@ -36,6 +36,7 @@ from inference.errors import EXIT_CODES, UsageError, run_cli
 from inference.lite.emulation import add_arm_cpu, apply_arm_cpu
 from inference.report.provenance import invocation
 from msrl_consistency.artifacts import run_dir as rd
+from msrl_consistency.fleet.command import add_fleet_args, check_fleet_args
 
 if TYPE_CHECKING:
     from inference.bundle import Bundle
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="audit what a device recorded (inference.field: play --record, inference.load(record=)) "
                    "against the training path, instead of seeded observations; with --bundle")  # fmt: skip
     p.add_argument("--audit-windows", type=int, default=10, help="time windows an audit reports the error in")
+    add_fleet_args(p)
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     return p
 
@@ -124,6 +126,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("--golden-layers records layer outputs into --save-golden (from the training path)")
     if args.audit and (args.golden or args.save_golden or args.bundle is None):
         raise UsageError("--audit compares a recording with the training path of a --bundle (no golden files)")
+    check_fleet_args(args)
     if args.audit_windows < 1:
         raise UsageError(f"--audit-windows must be >= 1, got {args.audit_windows}")
     if args.ckpt is not None:
@@ -131,7 +134,8 @@ def _check_args(args: argparse.Namespace) -> None:
     for path in (args.contract, args.golden, args.baseline, args.observations_file):
         if path is not None and not path.is_file():
             raise UsageError(f"file not found: {path}")
-    prepare_out(args.out)
+    if args.fleet is None:
+        prepare_out(args.out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet:
             print(f"  {message}", file=sys.stderr, flush=True)
 
+    if args.fleet is not None:
+        with _gc_frozen_unless_golden(args):
+            return _fleet(args, options, progress, argv)
     start = time.perf_counter()
     with _gc_frozen_unless_golden(args):
         result, against, localizer, facts = _run(args, options, progress)
@@ -229,6 +236,24 @@ def _run(
     localizer = _localizer(bundle, cells, options)
     result = verify(bundle, options, inputs, cells, checkpoint, progress=progress, localizer=localizer)
     return result, described, localizer, None
+
+
+def _fleet(args: argparse.Namespace, options: VerifyOptions, progress: Callable[[str], None],
+           argv: list[str] | None) -> int:  # fmt: skip
+    """--fleet: every device's recording audited (``msrl_consistency.fleet``)."""
+    from msrl_consistency import compat
+    from msrl_consistency.fleet.command import run_fleet
+
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    compat.select_device(args.device, args.device_id)
+    if args.ckpt is not None:
+        args.ckpt = args.ckpt.resolve()  # the workers of a Ray cluster load it by this path
+    if args.cell:
+        bundle, cells, checkpoint = _user_model(args, say)
+    else:
+        bundle = _bundle(args)
+        cells, checkpoint = _bundle_reference(args, bundle, say)
+    return run_fleet(args, bundle, cells, checkpoint, options, progress, invocation("msrl_consistency.verify", argv))
 
 
 def _user_model(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[Bundle, UserCells, Path | None]:
