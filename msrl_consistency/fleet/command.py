@@ -12,7 +12,7 @@ from typing import Any
 from inference.bundle import Bundle
 from inference.errors import UsageError
 from inference.report.writers import REPORT_FILES
-from msrl_consistency.fleet import ENGINES, audit_fleet, exit_code, make_engine
+from msrl_consistency.fleet import ENGINES, audit_fleet, devices_in, exit_code, make_engine
 from msrl_consistency.fleet.report import FLEET_FILES, fleet_dict, write_fleet
 
 
@@ -20,7 +20,8 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("a fleet (one recording per device)")
     group.add_argument("--fleet", type=Path, metavar="DIR",
                        help="audit every device's recording: DIR's sub-directories, each named after its device "
-                       "(as --audit audits one); with --bundle")  # fmt: skip
+                       "(as --audit audits one); with --bundle. Exit 1: a device inconsistent or recorded with another "
+                       "bundle; 3: a device (or all) could not be audited")  # fmt: skip
     group.add_argument("--engine", choices=ENGINES, default="local",
                        help="where the chunks are judged: this process, or Ray workers (one per CPU)")  # fmt: skip
     group.add_argument(
@@ -39,8 +40,7 @@ def check_fleet_args(args: argparse.Namespace) -> None:
         raise UsageError("--fleet audits recordings against the training path of a --bundle (no --audit, no golden)")
     if args.ray_address and args.engine != "ray":
         raise UsageError("--ray-address joins a Ray cluster: pass --engine ray")
-    if not args.fleet.is_dir():
-        raise UsageError(f"--fleet {args.fleet} is not a directory (one sub-directory of recordings per device)")
+    devices_in(args.fleet)  # a directory with at least one device
     out = args.out
     if out.is_dir() and (foreign := sorted(p.name for p in out.iterdir() if p.name not in FLEET_FILES)):
         raise UsageError(f"--out {out} holds other files ({', '.join(foreign[:3])}); choose a new or empty one")
