@@ -98,8 +98,10 @@ if handoff == "1":  # a process started with MSRL_LITE_INLINE=0: the graph on Li
     calls_of["lite in this process, infer_into"] = model.infer_into
 else:
     runner = LiteRunner(ms_path)
+    import inference
+    policy = inference.load(os.path.dirname(onnx_path))
     calls_of.update({"lite in this process": model.infer, "lite in this process, infer_into": model.infer_into,
-                     "lite runner process": runner.infer})
+                     "inference.load(bundle).act": policy.act, "lite runner process": runner.infer})
 rows = {}
 for label, infer in calls_of.items():
     for i in range(200):

@@ -43,6 +43,8 @@ from inference.errors import UsageError
 from inference.field import DEFAULT_CHUNK_STEPS, Recorder
 from inference.runtimes.serving import RUNTIMES, OnnxModel, open_graph  # noqa: F401 - OnnxModel: part of this API
 
+LAYOUTS_KEPT = 16  # observation array layouts whose check is kept (a caller alternates a few batch sizes at most)
+
 
 class Policy:
     """A bundle's acting graph on one runtime (see the module docstring)."""
@@ -72,6 +74,12 @@ class Policy:
         a = self.contract.action
         # The graph returns the env action itself: its buffer is the answer, no host arithmetic.
         self._direct = a.action if a.action is not None and (a.kind != "deterministic" or a.discrete) else None
+        c = self.contract
+        one_array = not c.obs_dict and c.observations[0].discrete is None
+        self._layouts: dict[tuple, bool] | None = {} if one_array else None  # array layouts accepted before
+        # a call whose answer is the graph's own action output, with nothing else fed or recorded
+        self._plain = one_array and mode == "deterministic" and not c.takes_noise and not c.states
+        self._plain = self._plain and self._direct is not None and record is None
         self.recorder = None
         if record is not None:
             try:
@@ -85,8 +93,10 @@ class Policy:
         """The env action(s) for one observation or a batch: an array the caller keeps (see the module docstring)."""
         with self._lock:
             action, _, single = self._act(obs, noise, state)
-            action = np.array(action)  # never a view of the runtime's buffers
-        return action[0] if single else action
+            if not single:
+                return action.copy()  # never a view of the runtime's buffers
+            row = action[0]  # one row of a 1-D output is a NumPy scalar of its own; of more dimensions, a view
+            return row.copy() if isinstance(row, np.ndarray) else row
 
     def act_view(self, obs: Any, noise: Any = None, state: np.ndarray | None = None) -> np.ndarray:
         """``act`` without the copy: where the graph computes the env action itself, the answer is a view of the
@@ -108,10 +118,15 @@ class Policy:
     def _act(self, obs: Any, noise: Any, state: np.ndarray | None) -> tuple[np.ndarray, Mapping[str, np.ndarray], bool]:
         """One call, under the lock: the batch's actions and outputs (the runtime's own buffers, where it reuses
         them) and whether ``obs`` was a single observation."""
+        if self._plain and noise is None and state is None and type(obs) is np.ndarray and not self._closed:
+            single = self._layouts.get((obs.dtype, obs.shape, obs.strides))  # type: ignore[union-attr]
+            if single is not None:  # the common control step, kept short: checked before at this layout
+                outputs = self.model.infer_into(obs[None] if single else obs)
+                return outputs[self._direct], outputs, single
         if self._closed:
             raise UsageError("the policy is closed")
         c = self.contract
-        obs_inputs, single = observation_inputs(c, obs)
+        obs_inputs, single = self._observation_inputs(obs)
         n = len(obs_inputs[0])
         host_noise = None
         if self.mode == "stochastic":
@@ -134,6 +149,21 @@ class Policy:
         if self.recorder is not None:
             self.recorder.record(feeds, outputs, action, host_noise=host_noise)
         return action, outputs, single
+
+    def _observation_inputs(self, obs: Any) -> tuple[list[np.ndarray], bool]:
+        """``observation_inputs``, its verdict kept per array layout: an array with the dtype, shape and strides of
+        one accepted before is fed as it was then (a float array's values are never checked, so the layout decides
+        everything); any other layout, a Discrete index or a Dict goes through every check."""
+        if type(obs) is np.ndarray and self._layouts is not None:
+            single = self._layouts.get((obs.dtype, obs.shape, obs.strides))
+            if single is not None:
+                return [obs[None]] if single else [obs], single
+            inputs, single = observation_inputs(self.contract, obs)
+            if len(self._layouts) >= LAYOUTS_KEPT:
+                self._layouts.clear()
+            self._layouts[(obs.dtype, obs.shape, obs.strides)] = single
+            return inputs, single
+        return observation_inputs(self.contract, obs)
 
     def _noise(self, noise: Any, n: int) -> np.ndarray:
         """This call's sampling noise: the caller's (float32, one row per observation) or the seeded stream's."""

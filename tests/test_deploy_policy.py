@@ -162,6 +162,31 @@ def test_act_takes_a_vector_envs_dict_batch(dict_bundle):
         policy.act({"vec": batch["vec"], "img": batch["img"][:2]})
 
 
+@pytest.mark.parametrize("runtime", ["lite", "onnxruntime"])
+def test_a_layout_accepted_once_is_fed_again_and_any_other_is_checked(cartpole_bundle, runtime):
+    """The check's verdict is kept per dtype, shape and strides: the same layout again gets the same answer as a
+    fresh policy, the answer stays the caller's, and every other layout is checked as the first one was."""
+    policy, fresh = Policy(cartpole_bundle, runtime=runtime), Policy(cartpole_bundle, runtime=runtime)
+    rng = np.random.default_rng(3)
+    rows = (rng.standard_normal((6, 4)) * 0.3).astype(np.float32)
+    kept = [policy.act(r) for r in rows]  # the first call checks, the others take the short path
+    assert [int(k) for k in kept] == [int(fresh.act(r)) for r in rows]
+    batch = policy.act(rows)
+    assert batch.tolist() == [int(k) for k in kept] and batch.base is None  # a copy, not the runtime's buffer
+    strided = np.asfortranarray(rows)  # the same shape and dtype, other strides: checked, then fed as it is
+    assert policy.act(strided).tolist() == batch.tolist()
+    assert policy.act(rows[::2]).tolist() == batch[::2].tolist()  # a strided view of three rows
+    for wrong, message in ((rows[0].astype(np.float64), "float64"), (rows[0, :3], "shape \\[3\\]"),
+                           (rows.astype(np.float16), "float16")):  # fmt: skip
+        with pytest.raises(FeedError, match=message):
+            policy.act(wrong)
+    assert int(policy.act(rows[0])) == int(kept[0])  # a refused call leaves the kept layouts as they were
+    policy.close()
+    with pytest.raises(UsageError, match="the policy is closed"):
+        policy.act(rows[0])  # the short path too
+    fresh.close()
+
+
 def test_act_takes_python_numbers_only_when_nothing_is_lost(cartpole_bundle):
     policy = Policy(cartpole_bundle, runtime="onnxruntime")
     row = [0.01, -0.2, 0.03, 0.1]
