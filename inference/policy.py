@@ -92,7 +92,11 @@ class Policy:
     def act(self, obs: Any, noise: Any = None, state: np.ndarray | None = None) -> np.ndarray:
         """The env action(s) for one observation or a batch: an array the caller keeps (see the module docstring)."""
         with self._lock:
-            action, _, single = self._act(obs, noise, state)
+            single = self._short_path(obs, noise, state)
+            if single is not None:  # the common control step, kept short: checked before at this layout
+                action = self.model.infer_into(obs[None] if single else obs)[self._direct]
+            else:
+                action, _, single = self._act(obs, noise, state)
             if not single:
                 return action.copy()  # never a view of the runtime's buffers
             row = action[0]  # one row of a 1-D output is a NumPy scalar of its own; of more dimensions, a view
@@ -118,11 +122,10 @@ class Policy:
     def _act(self, obs: Any, noise: Any, state: np.ndarray | None) -> tuple[np.ndarray, Mapping[str, np.ndarray], bool]:
         """One call, under the lock: the batch's actions and outputs (the runtime's own buffers, where it reuses
         them) and whether ``obs`` was a single observation."""
-        if self._plain and noise is None and state is None and type(obs) is np.ndarray and not self._closed:
-            single = self._layouts.get((obs.dtype, obs.shape, obs.strides))  # type: ignore[union-attr]
-            if single is not None:  # the common control step, kept short: checked before at this layout
-                outputs = self.model.infer_into(obs[None] if single else obs)
-                return outputs[self._direct], outputs, single
+        single = self._short_path(obs, noise, state)
+        if single is not None:
+            outputs = self.model.infer_into(obs[None] if single else obs)
+            return outputs[self._direct], outputs, single
         if self._closed:
             raise UsageError("the policy is closed")
         c = self.contract
@@ -149,6 +152,13 @@ class Policy:
         if self.recorder is not None:
             self.recorder.record(feeds, outputs, action, host_noise=host_noise)
         return action, outputs, single
+
+    def _short_path(self, obs: Any, noise: Any, state: Any) -> bool | None:
+        """Whether ``obs`` is a single observation, for a call that can skip every check: an array of a layout
+        accepted before, nothing else fed, the answer the graph's own action output; None otherwise."""
+        if self._plain and noise is None and state is None and type(obs) is np.ndarray and not self._closed:
+            return self._layouts.get((obs.dtype, obs.shape, obs.strides))  # type: ignore[union-attr]
+        return None
 
     def _observation_inputs(self, obs: Any) -> tuple[list[np.ndarray], bool]:
         """``observation_inputs``, its verdict kept per array layout: an array with the dtype, shape and strides of
