@@ -95,6 +95,7 @@ def run_worker(env_id: str, num_envs: int, adv_scope: str, iterations: int, out:
     from msrl_consistency.artifacts import run_dir as rd
     from msrl_consistency.config import parse_config
     from msrl_consistency.training import distributed as dist
+    from msrl_consistency.training.learner import UPDATE_KEYS
     from msrl_consistency.training.loop import Trainer, build_learner
 
     cfg = parse_config(["--env-id", env_id, "--num-envs", str(num_envs), "--adv-norm-scope", adv_scope])
@@ -137,8 +138,7 @@ def run_worker(env_id: str, num_envs: int, adv_scope: str, iterations: int, out:
                          "exchange": t3 - t2, "iteration": t3 - t0})  # fmt: skip
 
         # The same train-step call without any collective (a local learner), and AllReduce alone, ranks in lockstep.
-        flat = [Tensor(buf[k].reshape(cfg.batch_size, *buf[k].shape[2:]))
-                for k in ("obs", "actions", "logp", "advantages", "returns", "values")]  # fmt: skip
+        flat = [Tensor(buf[k].reshape(cfg.batch_size, *buf[k].shape[2:])) for k in UPDATE_KEYS]
         k = trainer.train_step.updates_per_call
         idx = Tensor(np.stack([np.arange(cfg.minibatch_size) for _ in range(k)]).astype(np.int32))
         local = compat.CompiledCall(build_learner(cfg, trainer.spec, world_size=1).train_step)

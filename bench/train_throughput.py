@@ -62,9 +62,13 @@ TORCH_BEST: dict[str, dict[str, Any]] = {
 WINDOW = 10
 # ours and ours-gym load their graphs from a compile cache warmed before the first measured run (what every run of
 # a config after its first gets); ours-cold compiles them, from a fresh cache dir per run (a config's first run).
-FRAMEWORKS = ("ours", "ours-cold", "ours-gym", "ours-envpool", "torch", "torch-best", "sb3")
-WARM_CACHE = ("ours", "ours-gym", "ours-envpool")
-BACKENDS = {"ours": "auto", "ours-cold": "auto", "ours-gym": "gymnasium", "ours-envpool": "envpool"}
+FRAMEWORKS = ("ours", "ours-mindspore", "ours-cold", "ours-gym", "ours-envpool", "torch", "torch-best", "sb3")
+WARM_CACHE = ("ours", "ours-mindspore", "ours-gym", "ours-envpool")
+BACKENDS = {"ours": "auto", "ours-mindspore": "auto", "ours-cold": "auto", "ours-gym": "gymnasium",
+            "ours-envpool": "envpool"}  # fmt: skip
+# ours acts through the run's default rollout engine (ONNX Runtime where it can); ours-mindspore through the
+# learner's own compiled graph (--rollout-engine mindspore)
+ROLLOUT_ENGINES = {"ours-mindspore": "mindspore"}
 EVAL_EVERY_EPISODES = 5  # deterministic episodes per periodic evaluation (the final one uses --eval-episodes)
 # rl-zoo3's tuned PPO settings (hyperparams/ppo.yml); Pendulum without gSDE so all three use a plain Gaussian.
 SB3_ZOO: dict[str, dict[str, Any]] = {
@@ -232,7 +236,7 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
         if give_up_after_s is not None:
             raise SystemExit("--race: ours has no wall budget; list it first in --frameworks")
         result = run_ours(env_id, steps, seed, eval_episodes, eval_every_steps, out.parent, BACKENDS[framework],
-                          stop_at, give_up_at)  # fmt: skip
+                          stop_at, give_up_at, ROLLOUT_ENGINES.get(framework, "auto"))  # fmt: skip
     elif framework.startswith("torch"):
         import torch_ppo
 
@@ -255,7 +259,7 @@ def worker(framework: str, env_id: str, steps: int, seed: int, eval_episodes: in
 
 def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_steps: int,
              run_dir: Path, backend: str = "auto", stop_at: float | None = None,
-             give_up_at: int | None = None) -> dict[str, Any]:  # fmt: skip
+             give_up_at: int | None = None, rollout_engine: str = "auto") -> dict[str, Any]:  # fmt: skip
     """What ``python -m msrl_consistency.train`` does, through the Trainer API so the loop's CPU time is visible."""
     t_import = time.perf_counter()
     from msrl_consistency.artifacts import run_dir as rd
@@ -263,7 +267,8 @@ def run_ours(env_id: str, steps: int, seed: int, eval_episodes: int, eval_every_
 
     import_time = time.perf_counter() - t_import
     argv = ["--env-id", env_id, "--run-dir", str(run_dir), "--total-steps", str(steps), "--seed", str(seed),
-            "--progress", "false", "--eval-episodes", str(EVAL_EVERY_EPISODES), "--env-backend", backend]  # fmt: skip
+            "--progress", "false", "--eval-episodes", str(EVAL_EVERY_EPISODES), "--env-backend", backend,
+            "--rollout-engine", rollout_engine]  # fmt: skip
     cfg = parse_config(argv)
     cfg.eval_every = iterations_between(eval_every_steps, cfg.batch_size)
     cfg.stop_at_return = "" if stop_at is None else repr(stop_at)
@@ -478,6 +483,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     colours = {
         "ours": "tab:red",
         "ours-cold": "tab:pink",
+        "ours-mindspore": "tab:olive",
         "ours-gym": "tab:orange",
         "torch": "tab:blue",
         "torch-best": "tab:cyan",

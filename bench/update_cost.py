@@ -64,7 +64,7 @@ def synthetic_rollout(rng: np.random.Generator, batch: int, obs_dim: int, act_sh
     actions = (rng.integers(0, 2, batch) if discrete else rng.standard_normal((batch, *act_shape))).astype(np.float32)
     logp = np.full(batch, -0.7, np.float32)
     adv, returns, values = (rng.standard_normal(batch).astype(np.float32) for _ in range(3))
-    return obs, actions, logp, adv, returns, values
+    return obs, actions, logp, adv, returns, values, np.ones(batch, np.float32)  # is_weights: the learner acted
 
 
 def ours_on_synthetic_data(env_id: str, precision: str = "fp32") -> tuple[Any, Any, Any, np.random.Generator, list]:

@@ -67,6 +67,10 @@ class TrainConfig:
     env_threads: int = 0
     """Env steppers working at once: EnvPool's threads, or on gymnasium the processes that step its envs (this one
     and spawned helpers). 0: one per core (up to num_envs) for Box2D and MuJoCo, whose steps are costly; else 1."""
+    rollout_engine: str = "auto"
+    """What the rollouts act through: mindspore (the learner's compiled graph), onnxruntime (the policy's exported
+    ONNX graph, the learner's weights pushed after each update, the mismatch corrected by truncated importance
+    weights), or auto (onnxruntime for an fp32 actor on the CPU). A run records the engine it resolved to."""
     cpu_pin: str = "auto"
     """Keep the training process's threads on one CPU: auto (where every thread works in turn: the CPU device, one op
     thread, an env engine stepping in at most one thread), off, or a CPU index. On a VM this saves waking another
@@ -269,6 +273,11 @@ class TrainConfig:
                              "actor as the rollouts do)")  # fmt: skip
         if self.update_precision not in ("fp32", "fp16", "bf16"):
             raise UsageError(f"--update-precision must be fp32, fp16 or bf16, got {self.update_precision!r}")
+        if self.rollout_engine not in ("auto", "mindspore", "onnxruntime"):
+            raise UsageError(f"--rollout-engine must be auto, mindspore or onnxruntime, got {self.rollout_engine!r}")
+        if self.rollout_engine == "onnxruntime" and (self.lower != "fp32" or self.device.lower() != "cpu"):
+            raise UsageError("--rollout-engine onnxruntime acts for an fp32 actor on the CPU (a --lower actor acts "
+                             "in its own Cell)")  # fmt: skip
         if self.update_graphs not in ("fused", "split"):
             raise UsageError(f"--update-graphs must be fused or split, got {self.update_graphs!r}")
         if self.update_graphs == "split" and (self.update_precision != "fp32" or self.workers > 1):

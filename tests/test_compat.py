@@ -60,6 +60,7 @@ def test_train_step_through_compiled_call_updates_weights_bitwise_like_cell_call
         Tensor(rng.standard_normal(batch).astype(np.float32)),
         Tensor(rng.standard_normal(batch).astype(np.float32)),
         Tensor(rng.standard_normal(batch).astype(np.float32)),
+        Tensor(np.ones(batch, np.float32)),  # importance weights: the learner acted
     )
     idx = [Tensor(rng.permutation(batch).reshape(4, minibatch)[:2].astype(np.int32)) for _ in range(3)]
 

@@ -364,7 +364,8 @@ def test_split_update_trains_like_the_fused_one(tmp_path, env_id):
     train(fused, tmp_path / "fused")
     assert train(split, tmp_path / "split").iteration == 2
     train(split, tmp_path / "split-again")
-    # Compiled graphs: act and the train step, or act and the split update's three (prepare, gradients, apply).
+    # Compiled graphs: the learner's log-probabilities (ONNX Runtime acts) and the train step, or the split update's
+    # three (prepare, gradients, apply).
     compiles = [json.loads((tmp_path / run / "profile.json").read_text())["sections"]["compile"]["calls"]
                 for run in ("fused", "split")]  # fmt: skip
     assert compiles == [2, 4]

@@ -115,7 +115,7 @@ def test_an_overflowing_fp16_update_is_skipped_without_a_trace():
     loss = PPOLoss(policy, 0.2, 0.5, 0.01, True, mp.compute_dtype("fp16"))
     step = PPOTrainStep(loss, opt, 0.5, updates_per_call=2, loss_scale=LossScale(init=2.0**100))
     rng = np.random.default_rng(0)
-    data = [Tensor(rng.standard_normal(16).astype(np.float32)) for _ in range(4)]
+    data = [Tensor(rng.standard_normal(16).astype(np.float32)) for _ in range(4)] + [Tensor(np.ones(16, np.float32))]
     obs, actions = Tensor(rng.standard_normal((16, 4)).astype(np.float32)), Tensor(np.zeros(16, np.float32))
     before = {p.name: p.asnumpy() for p in step.get_parameters()}
     step(obs, actions, *data, Tensor(np.arange(16, dtype=np.int32).reshape(2, 8)))

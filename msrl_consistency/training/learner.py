@@ -30,7 +30,7 @@ from msrl_consistency.training.ppo import STEP_METRICS, PPOLoss, PPOTrainStep, S
 from msrl_consistency.training.profile import Profile
 
 # The rollout arrays the update reads, in the train step's argument order.
-UPDATE_KEYS = ("obs", "actions", "logp", "advantages", "returns", "values")
+UPDATE_KEYS = ("obs", "actions", "logp", "advantages", "returns", "values", "is_weights")
 
 
 def build_spec(cfg: TrainConfig, info: EnvInfo) -> PolicySpec:
@@ -73,6 +73,7 @@ def build_learner(cfg: TrainConfig, spec: PolicySpec, world_size: int = 1) -> Le
         grad_reducer=compat.grad_reducer(optimizer.parameters, world_size) if world_size > 1 else None,
         adv_world_size=world_size if cfg.adv_norm_scope == "global" else 1,
         loss_scale=mp.LossScale() if mp.needs_loss_scale(cfg.update_precision) else None,
+        corrects=cfg.rollout_engine == "onnxruntime",
     )
     split = SplitUpdate(train_step) if cfg.update_graphs == "split" else None
     return Learner(policy, RolloutPolicy(policy), optimizer, train_step, DeterministicPolicy(policy), split)
@@ -192,10 +193,10 @@ class Updater:
     def _split_update(self, flat: list[Tensor], idx: np.ndarray) -> dict[str, float]:
         """``update`` as ``SplitUpdate``'s graphs: one prepare call, then gradients and apply per minibatch."""
         prepare, gradients, apply = self._split_calls
-        obs, actions, logp, adv, returns, values = flat
+        obs, actions, logp, adv, returns, values, is_weights = flat
         idx_t = Tensor(idx)
         t0 = time.perf_counter()
-        x, actions, mb_adv = prepare(obs, actions, adv, idx_t)
+        x, actions, mb_adv = prepare(obs, actions, adv, idx_t, is_weights)
         sums = np.zeros(len(STEP_METRICS))
         for u in range(len(idx)):
             aux, *grads = gradients(x, actions, logp, mb_adv, returns, values, idx_t, self._minibatch[u])
@@ -209,14 +210,14 @@ class Updater:
         cfg = self.cfg
         rows, per_call = cfg.batch_size, self.train_step.updates_per_call
         act_shape = () if spec.discrete else (spec.action_dim,)
-        shapes = [(rows, spec.obs_dim), (rows, *act_shape), (rows,), (rows,), (rows,), (rows,)]  # as in ``update``
+        shapes = [(rows, spec.obs_dim), (rows, *act_shape), (rows,), (rows,), (rows,), (rows,), (rows,)]  # ``update``
         zeros = [Tensor(np.zeros(shape, np.float32)) for shape in shapes]
         if self.split is None:
             self.train_step.compile(*zeros, Tensor(np.zeros((per_call, cfg.minibatch_size), np.int32)))
             return 1
-        obs, actions, logp, adv, returns, values = zeros
+        obs, actions, logp, adv, returns, values, is_weights = zeros
         idx = Tensor(np.zeros((cfg.iteration_updates, cfg.minibatch_size), np.int32))
-        x, acts, mb_adv = self._split_calls[0](obs, actions, adv, idx)  # stateless: running it is harmless
+        x, acts, mb_adv = self._split_calls[0](obs, actions, adv, idx, is_weights)  # stateless: harmless to run
         self.split.gradients.compile(x, acts, logp, mb_adv, returns, values, idx, self._minibatch[0])
         self.split.apply.compile(*(Tensor(np.zeros(p.shape, np.float32)) for p in self.learner.optimizer.parameters))
         return 3

@@ -15,6 +15,7 @@ checkpoint takes and ``--resume`` gives back (``training/run_state.py``).
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +41,7 @@ from msrl_consistency.training.gae import compute_gae
 from msrl_consistency.training.learner import Updater, build_spec, learner_for_run, release
 from msrl_consistency.training.ppo import STEP_METRICS
 from msrl_consistency.training.profile import Profile, format_table, write_report
-from msrl_consistency.training.rollout import Rollout, reward_factor
+from msrl_consistency.training.rollout import Rollout, engines, reward_factor
 from msrl_consistency.training.run_state import RunState
 from msrl_consistency.training.seeds import env_seed, seed_streams
 
@@ -84,6 +85,8 @@ class Trainer(RunState):
         compat.set_threads(cfg.threads)
         compat.use_graph_mode()
 
+        # Resolved before the learner: its train step weights the rows when another engine acts.
+        cfg.rollout_engine, self.rollout_engine_reason = engines.resolve(cfg.rollout_engine, cfg.lower, cfg.device)
         self.learner = learner = learner_for_run(cfg, self.spec, self.world_size)
         self._released = False
         self.policy, self.optimizer, self.train_step = learner.policy, learner.optimizer, learner.train_step
@@ -91,8 +94,13 @@ class Trainer(RunState):
         self.updater = Updater(cfg, learner, shuffle_rng, self.profile)
         self.rms = RunningMeanStd.zeros(self.spec.obs_dim)
         self.ret_rms = RunningMeanStd.zeros(1)  # --normalize-reward: statistics of every env's discounted return
-        self.rollout = Rollout(cfg, self.spec, learner.rollout_net, noise_rng, env_seed(cfg, self.rank),
-                               self.backend.name, self.world_size, self.profile)  # fmt: skip
+        cache = engines.export_cache(cfg.to_dict(), self.spec.to_dict(), self.world_size)
+        acting = engines.make_engine(cfg.rollout_engine, learner.rollout_net, self.spec, cfg.num_envs, cache)
+        self.correction = engines.Correction(self.policy, self.profile) if acting.corrects else None
+        self.mismatch: dict[str, float] = {}  # the last rollout's, when another engine acted (log fields)
+        self.mismatch_worst: dict[str, float] = {}
+        self.rollout = Rollout(cfg, self.spec, acting, noise_rng, env_seed(cfg, self.rank), self.backend.name,
+                               self.world_size, self.profile)  # fmt: skip
         self.evaluator = Evaluator(cfg.env_id, cfg.seed, self.spec, learner.evaluation, self.comm, self.profile)
         self.iteration, self.global_step, self.episodes = 0, 0, 0
         self.resume_exact = True
@@ -113,7 +121,8 @@ class Trainer(RunState):
         else:
             self.restore(resume_state)
             keep = self.global_step
-        fields = {**LOG_FIELDS, "metrics": METRIC_FIELDS + list(lowering.LOG_FIELDS if cfg.lower != "fp32" else [])}
+        extra = list(lowering.LOG_FIELDS if cfg.lower != "fp32" else []) + (engines.MISMATCH_FIELDS * acting.corrects)
+        fields = {**LOG_FIELDS, "metrics": METRIC_FIELDS + extra}
         self.recorder: rd.RunRecorder | rd.NullRecorder = (
             rd.RunRecorder(run_dir, fields, keep, evals=cfg.eval_every > 0) if self.rank == 0 else rd.NullRecorder()
         )
@@ -148,6 +157,7 @@ class Trainer(RunState):
         start_time, start_step = time.perf_counter(), self.global_step
         eval_time = 0.0  # periodic evaluations are not training time: excluded from SPS and wall_time
         self.compile_graphs()  # training time, like the first calls that compiled them before
+        self.push_weights()
         last = cfg.num_iterations if stop_at is None else min(stop_at, cfg.num_iterations)
         if cfg.lower == "int8" and self.iteration == 0:  # ranges from the states the policy visits before it trains
             lowering.calibrate(self.policy, self.rollout.collect(reward_factor(cfg, self.ret_rms))["obs"])
@@ -163,6 +173,7 @@ class Trainer(RunState):
                 self.lowered_cost = lowering.shadow_mismatch(self.policy, self.shadow, buf["obs"], buf["actions"])
             merged = self.merge_ranks(buf, stats)
             self.update_statistics(merged)
+            self.push_weights()
             if cfg.lower == "int8":
                 lowering.calibrate(self.policy, buf["obs"])
             self.iteration += 1
@@ -188,8 +199,27 @@ class Trainer(RunState):
         cfg = self.cfg
         buf = self.rollout.collect(reward_factor(cfg, self.ret_rms))
         self.global_step += cfg.num_steps * cfg.num_envs * self.world_size
+        self.correct(buf)
         self.advantages(buf)
         return buf
+
+    def correct(self, buf: dict[str, np.ndarray]) -> None:
+        """Another engine acted: the learner's own log-probabilities and the truncated importance weights
+        (``rollout.engines``), the mismatch logged and warned about; else every weight is 1."""
+        if self.correction is None:
+            buf["is_weights"] = np.ones_like(buf["logp"])
+            return
+        self.mismatch = self.correction.apply(buf)
+        engines.keep_worst(self.mismatch_worst, self.mismatch)
+        why = engines.unhealthy(self.mismatch)
+        if why and self.rank == 0:
+            print(f"warning: iteration {self.iteration + 1}: the {self.cfg.rollout_engine} rollouts act as another "
+                  f"policy than the learner's ({why})", file=sys.stderr)  # fmt: skip
+
+    def push_weights(self) -> None:
+        """The learner's Parameters (weights and observation statistics) to the engine that acts."""
+        with self.profile.section("weight push"):
+            self.rollout.engine.push()
 
     def advantages(self, buf: dict[str, np.ndarray]) -> None:
         """GAE advantages and returns, bootstrapped from the value of the observations the rollout ended on."""
@@ -238,6 +268,7 @@ class Trainer(RunState):
             "sps": round(sps, 1),
             "wall_time": round(elapsed, 3),
             **self.lowered_cost,
+            **self.mismatch,
         }
         n, world = self.cfg.num_envs, self.world_size
         episodes = [
@@ -318,9 +349,11 @@ class Trainer(RunState):
                 raise UsageError(f"--graph-kernel true: {blocker}")  # checked first: a compile's errors stay theirs
             with compat.graph_kernel_fusion() if self.cfg.graph_kernel else contextlib.nullcontext():
                 graphs = self.rollout.compile() + self.updater.compile(self.spec)
+                if self.correction is not None:
+                    graphs += self.correction.compile(self.cfg.batch_size, self.spec)
             if self.cfg.eval_episodes > 0 and not self.evaluator.compiled:
                 graphs += self.evaluator.compile()
-        self.profile.compiled.update({"act", "train"})
+        self.profile.compiled.update({"act", "train", "learner_logp"})
         self.learner.compiled = True
         self.profile.add("compile", time.perf_counter() - t0, graphs)
         self.profile.mark_rss("after compile")
@@ -335,6 +368,8 @@ class Trainer(RunState):
             "num_steps": cfg.num_steps, "hidden_sizes": list(cfg.hidden_sizes), "world_size": self.world_size,
             "iterations": self.iteration, "act_calls_per_env_step": round(1 / cfg.num_envs, 4),
             "compile_cache": self.compile_cache["state"], "cpu_pin": self.pinning.describe(),
+            "rollout_engine": {**self.rollout.engine.describe(), "reason": self.rollout_engine_reason,
+                               "mismatch_worst": dict(self.mismatch_worst)},
         })  # fmt: skip
 
     def write_profile(self) -> str:

@@ -209,9 +209,11 @@ class PPOTrainStep(nn.Cell):
         grad_reducer: nn.Cell | None = None,
         adv_world_size: int = 1,
         loss_scale: LossScale | None = None,
+        corrects: bool = False,
     ) -> None:
         super().__init__()
         self.loss_net = loss_net
+        self.corrects = corrects  # another engine acted: each row's advantage is weighted by its importance weight
         self.normalizer = loss_net.policy.normalizer
         self.norm_adv = norm_adv
         self.optimizer = optimizer
@@ -236,16 +238,23 @@ class PPOTrainStep(nn.Cell):
         adv: Tensor,
         returns: Tensor,
         values: Tensor,
+        is_weights: Tensor,
         idx: Tensor,
     ) -> Tensor:
-        x, actions, mb_adv = self.prepare(obs, actions, adv, idx)
+        x, actions, mb_adv = self.prepare(obs, actions, adv, idx, is_weights)
         rows = [self.update(x, actions, logp, mb_adv[0], returns, values, idx[0])]
         for i in range(1, self.updates_per_call):
             rows.append(self.update(x, actions, logp, mb_adv[i], returns, values, ops.depend(idx[i], rows[-1])))
         return ops.stack(rows)
 
-    def prepare(self, obs: Tensor, actions: Tensor, adv: Tensor, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(normalised observations, prepared actions, per-minibatch normalised advantages ``[updates, minibatch]``)."""
+    def prepare(
+        self, obs: Tensor, actions: Tensor, adv: Tensor, idx: Tensor, is_weights: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(normalised observations, prepared actions, per-minibatch normalised advantages ``[updates, minibatch]``).
+
+        With ``corrects``, each row's normalised advantage is multiplied by its truncated importance weight (never
+        negative): the clipped surrogate ``max(-wA r, -wA clip(r))`` is then ``w`` times the row's PPO term, the
+        decoupled PPO objective, with the heads' hand-written gradients unchanged."""
         x = ops.stop_gradient(self.normalizer(obs))
         actions = self.loss_net.policy.prepare_actions(actions)
         mb_adv = ops.gather(adv, idx, 0)  # [updates, minibatch]
@@ -253,6 +262,8 @@ class PPOTrainStep(nn.Cell):
             mb_adv = (mb_adv - mb_adv.mean(axis=1, keep_dims=True)) / (mb_adv.std(axis=1, ddof=1, keepdims=True) + 1e-8)
         elif self.norm_adv:
             mb_adv = self.normalize_across_ranks(mb_adv)
+        if self.corrects:
+            mb_adv = mb_adv * ops.gather(is_weights, idx, 0)
         return x, actions, mb_adv
 
     def normalize_across_ranks(self, mb_adv: Tensor) -> Tensor:
@@ -337,8 +348,10 @@ class _Prepare(nn.Cell):
         super().__init__(auto_prefix=False)  # wrapping must not rename the step's Parameters (checkpoints use names)
         self.step = step
 
-    def construct(self, obs: Tensor, actions: Tensor, adv: Tensor, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.step.prepare(obs, actions, adv, idx)
+    def construct(
+        self, obs: Tensor, actions: Tensor, adv: Tensor, idx: Tensor, is_weights: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        return self.step.prepare(obs, actions, adv, idx, is_weights)
 
 
 class _Gradients(nn.Cell):

@@ -26,6 +26,9 @@ SECTIONS = {
     "env stepping": "vector env steps, including EnvPool's resets of the envs that ended",
     "acting": "rollout act calls and critic values for bootstraps and GAE",
     "rollout bookkeeping": "noise sampling, buffer writes, reward scaling, episode counters",
+    "mismatch correction": "the learner's log-probabilities of the rollout's actions and the importance weights "
+    "(--rollout-engine onnxruntime)",
+    "weight push": "the learner's Parameters copied into the engine that acts (--rollout-engine onnxruntime)",
     "GAE": "advantages and returns",
     "update": "PPO train-step calls (epochs x minibatches, several updates per call)",
     "normaliser statistics": "observation moments, their merge and the copy into the graph",

@@ -11,10 +11,8 @@ import time
 from typing import Any
 
 import numpy as np
-from mindspore import Tensor
 
-from msrl_consistency import compat
-from msrl_consistency.agent import PolicySpec, RolloutPolicy
+from msrl_consistency.agent import PolicySpec
 from msrl_consistency.agent.policy import unpack_rollout
 from msrl_consistency.agent.preprocess import NORM_EPS, RunningMeanStd
 from msrl_consistency.config import TrainConfig
@@ -37,13 +35,13 @@ class Rollout:
     episodes' returns and lengths, and (--normalize-reward) each env's discounted return."""
 
     def __init__(
-        self, cfg: TrainConfig, spec: PolicySpec, rollout_net: RolloutPolicy, noise_rng: np.random.Generator,
+        self, cfg: TrainConfig, spec: PolicySpec, engine: Any, noise_rng: np.random.Generator,
         env_seed: int, backend: str, world_size: int, profile: Profile,
     ) -> None:  # fmt: skip
+        """``engine``: what acts (``rollout_engine``: the learner's compiled graph, or ONNX Runtime)."""
         self.cfg, self.spec, self.backend, self.profile = cfg, spec, backend, profile
         self.noise_rng, self.env_seed = noise_rng, env_seed  # env i resets with env_seed + i
-        # Hot-path calls skip Cell.__call__'s per-call bookkeeping (see compat.CompiledCall).
-        self._rollout_call = compat.CompiledCall(rollout_net)
+        self.engine = engine
         self.disc_return = np.zeros(cfg.num_envs)
         self.envs = make_training_envs(cfg.env_id, cfg.num_envs, backend, cfg.async_envs, cfg.env_threads,
                                        world_size)  # fmt: skip
@@ -114,7 +112,7 @@ class Rollout:
     def act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """The rollout graph's packed output for ``obs`` (see ``unpack_rollout``)."""
         t0 = time.perf_counter()
-        out = self._rollout_call(Tensor(obs.astype(np.float32, copy=False)), Tensor(noise)).asnumpy()
+        out = self.engine.act(obs, noise)
         self.profile.graph_call("act", "acting", time.perf_counter() - t0)
         return out
 
@@ -124,11 +122,12 @@ class Rollout:
         return unpack_rollout(self.act(obs, noise), self.spec)[3]
 
     def compile(self) -> int:
-        """Compile the rollout graph on dummy inputs (nothing stateful runs); how many graphs."""
+        """Compile the rollout graph on dummy inputs (nothing stateful runs); how many MindSpore graphs (none when
+        ONNX Runtime acts: its graph was exported as the run was set up)."""
         cfg, spec = self.cfg, self.spec
-        self._rollout_call(Tensor(np.zeros((cfg.num_envs, spec.obs_dim), np.float32)),
-                           Tensor(np.full((cfg.num_envs, spec.noise_dim), 0.5, np.float32)))  # fmt: skip
-        return 1
+        self.engine.act(np.zeros((cfg.num_envs, spec.obs_dim), np.float32),
+                        np.full((cfg.num_envs, spec.noise_dim), 0.5, np.float32))  # fmt: skip
+        return int(self.engine.name == "mindspore")
 
     def steppers(self) -> dict[str, Any]:
         """How the envs step: EnvPool threads, or gymnasium processes (this one and helpers, with the helpers' peak
