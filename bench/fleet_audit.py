@@ -5,9 +5,10 @@ MindSpore, batch-64 calls on seeded observations, chunks of 16,384 steps; two re
 fleet once per engine, each in a process of its own. Per engine: the wall time of the audit (the command's own
 start-up excluded: Python, MindSpore and the bundle load the same on both), the driver's peak resident set and each
 Ray worker's (``VmHWM``), and whether the device rows equal the local engine's. The local run also splits its time
-into judging (the training path's rerun and verify's comparison: what Ray's workers take over) and folding (what
-stays on the driver), from which the time on N machines of C cores follows:
-``start-up + max(judging / (N x C), folding)``.
+into judging (the training path's rerun and verify's comparison) and folding (each judged chunk into its device's
+totals), both of which Ray's workers take over, and times reading every chunk (what the driver still does before it
+ships them), from which the time on N machines of C cores follows: ``start-up + max((judging + folding) / (N x C),
+reading)``.
 
     python bench/fleet_audit.py [--devices 50] [--steps 100000] [--out reports/bench/fleet_audit]
 """
@@ -57,12 +58,19 @@ def child(engine_name: str, bundle_dir: Path, ckpt: Path, fleet: Path) -> None:
     """One engine's audit in this process; prints its measurements as JSON."""
     import msrl_consistency.runtimes  # noqa: F401
     from inference.bundle import load_bundle
+    from inference.bundle.recording import index_recording, read_chunk
     from msrl_consistency.artifacts.cells import TrainerCells
     from msrl_consistency.fleet import audit_fleet, make_engine
     from msrl_consistency.fleet.report import device_row
 
     bundle = load_bundle(bundle_dir)
     cells = TrainerCells(ckpt, bundle.policy_spec)
+    t = time.perf_counter()  # what stays on the driver with Ray: reading every chunk (then shipping it)
+    for device in sorted(p for p in fleet.iterdir() if p.is_dir()):
+        index = index_recording([device], bundle)
+        for info in index.chunks:
+            read_chunk(info, index.layout)
+    reading = time.perf_counter() - t
     started = time.perf_counter()
     engine = make_engine(engine_name, cells, "cpu", None)
     judging = [0.0]
@@ -88,7 +96,8 @@ def child(engine_name: str, bundle_dir: Path, ckpt: Path, fleet: Path) -> None:
     chunks = sum(d.facts.chunks for d in devices if d.facts)
     steps = sum(d.facts.steps for d in devices if d.facts)
     print(json.dumps({
-        "wall": wall, "engine_start": workers_ready - started, "judging": judging[0], "chunks": chunks, "steps": steps,
+        "wall": wall, "engine_start": workers_ready - started, "judging": judging[0], "reading": reading,
+        "chunks": chunks, "steps": steps,
         "driver_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "worker_mb": worker_mb,
         "workers": len(pids) or 1, "rows": [json.dumps(device_row(d), sort_keys=True, default=str) for d in devices],
         "consistent": sum(d.status == "consistent" for d in devices), "devices": len(devices),
@@ -141,16 +150,17 @@ def main() -> None:
         print(f"| {name} | {r['workers']} | {r['consistent']}/{r['devices']} | {r['steps']:,} | {r['wall']:.1f} | "
               f"{local['wall'] / r['wall']:.2f}x | {r['engine_start']:.1f} | {r['driver_mb']:.0f} | {workers} | "
               f"{r['rows'] == local['rows']} |")  # fmt: skip
-    judge, fold = local["judging"], local["wall"] - local["judging"] - local["engine_start"]
-    per_chunk = judge / max(1, local["chunks"])
+    judge, reading = local["judging"], local["reading"]
+    fold = local["wall"] - judge - reading - local["engine_start"]
     chunks = max(1, local["chunks"])
-    print(f"\nPer chunk (local engine, {chunks} chunks of up to 16,384 steps): judging {per_chunk * 1e3:.0f} ms "
-          f"({judge:.1f} s in all), folding and the rest on the driver {fold:.1f} s ({fold / chunks * 1e3:.0f} ms per "
-          "chunk).\n")  # fmt: skip
-    print("| machines x cores | estimated wall s after start-up (judging / workers, at least the folding) |")
+    print(f"\nPer chunk (local engine, {chunks} chunks of up to 16,384 steps): judging {judge / chunks * 1e3:.0f} ms "
+          f"({judge:.1f} s in all), folding and the rest {fold / chunks * 1e3:.0f} ms ({fold:.1f} s), reading "
+          f"{reading / chunks * 1e3:.1f} ms ({reading:.1f} s). With Ray the workers judge and fold; the driver reads "
+          "and ships.\n")  # fmt: skip
+    print("| machines x cores | estimated wall s after start-up ((judging + folding) / workers, at least reading) |")
     print("|---|---:|")
     for machines, cores in ((1, 2), (4, 8), (16, 32), (64, 32)):
-        print(f"| {machines} x {cores} | {max(judge / (machines * cores), fold):.1f} |")
+        print(f"| {machines} x {cores} | {max((judge + fold) / (machines * cores), reading):.1f} |")
 
 
 if __name__ == "__main__":

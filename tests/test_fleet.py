@@ -194,8 +194,8 @@ def test_a_killed_worker_has_its_chunks_judged_again(cartpole_bundle, cartpole_c
         retries = engine.facts()["retries"]
     finally:
         engine.close()
-    assert killed and retries
-    assert {r["worker"] for r in retries} == {0} and all(r["why"] for r in retries)  # the victim's chunks
+    assert killed and retries and all(r["why"] and r["chunks"] >= 1 for r in retries)
+    assert {r["device"] for r in retries} <= {"dev-b", "dev-c"}  # devices still in flight when the worker died
 
 
 @pytest.mark.slow

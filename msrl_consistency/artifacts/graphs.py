@@ -238,11 +238,15 @@ def write_mindir(cell: nn.Cell, graph: GraphIO, path: Path, substitutes: list[st
     return path
 
 
-def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path, substitutes: list[str] | None = None) -> Path:
+def write_onnx(
+    cell: nn.Cell, graph: GraphIO, path: Path, substitutes: list[str] | None = None, fixed_batch: int | None = None
+) -> Path:
     """Export at two of ``EXPORT_BATCHES`` (all three where they differ), make the batch symbolic (frozen constants,
     inputs, batched outputs), then give inputs and outputs the contract's names. Layers the exporter cannot write are
     written as their substitutes (``substitutes.py``; one line each appended to ``substitutes``).
-    ``ConversionError`` when a constant cannot be made symbolic or a layer has no exact substitute."""
+    ``fixed_batch``: one export at that batch, which the graph keeps (a caller that only ever runs that batch: the
+    training rollout). ``ConversionError`` when a constant cannot be made symbolic or a layer has no exact
+    substitute."""
     cell = compat.exportable(cell, [Tensor(example(t, 2)) for t in graph.inputs])
 
     def export_at(batch: int) -> onnx.ModelProto:
@@ -253,9 +257,9 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path, substitutes: list[str]
 
     try:
         with substituted(cell, [Tensor(example(t, 2)) for t in graph.inputs]) as used:
-            batches = EXPORT_BATCHES[:2]
+            batches = EXPORT_BATCHES[:2] if fixed_batch is None else (fixed_batch,)
             exports = [export_at(batch) for batch in batches]
-            if batch_dependent(exports):  # each compile costs ~0.25 s: the third only checks a rewrite
+            if fixed_batch is None and batch_dependent(exports):  # a compile each: the third only checks a rewrite
                 batches = EXPORT_BATCHES
                 exports.append(export_at(batches[2]))
     except SubstituteError as exc:
@@ -263,7 +267,7 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path, substitutes: list[str]
     if substitutes is not None:
         substitutes += used
     try:
-        model = symbolic_batch(exports, batches)
+        model = exports[0] if fixed_batch is not None else symbolic_batch(exports, batches)
     except BatchDependent as exc:
         path.unlink()
         raise ConversionError(f"ONNX: {exc}") from None
@@ -279,7 +283,7 @@ def write_onnx(cell: nn.Cell, graph: GraphIO, path: Path, substitutes: list[str]
     hoist_input_transposes(model)
     _name_io(model, graph)
     outputs = zip(model.graph.output, graph.outputs, strict=True)
-    for value in [*model.graph.input, *(v for v, meta in outputs if meta.shape[:1] == (-1,))]:
+    for value in [*model.graph.input, *(v for v, meta in outputs if meta.shape[:1] == (-1,))] * (fixed_batch is None):
         value.type.tensor_type.shape.dim[0].dim_param = "batch"
     del model.graph.value_info[:]  # stale batch-1 shapes; runtimes re-infer them
     onnx.checker.check_model(model)

@@ -2,15 +2,15 @@
 
 ``DIR`` holds one recording per device, in a sub-directory named after the device. Every recording is indexed and
 checked first, as ``--audit`` checks one (a malformed recording, or one made with another bundle, is that device's
-verdict; the others are still audited). Then every chunk of every device goes to an engine (``engines``: this
-process, or Ray workers), and each judged chunk is folded into its device's audit in recording order
+verdict; the others are still audited). Then an engine (``engines``: this process, or Ray workers) judges every
+chunk of every device and folds each into its device's audit in recording order
 (``inference.compare.audit.RecordingAudit``), so a device's verdict is the one ``--audit`` gives its recording,
-whichever engine judged it. A device whose audit fails is localised here, on the training box.
+whichever engine ran it. A device whose audit fails is localised here, on the training box.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from inference.compare.judge.localize import Localizer
 from inference.compare.judge.stats import Tolerance
 from inference.errors import EXIT_INCONSISTENT, EXIT_OK, EXIT_RUNTIME_UNAVAILABLE, UsageError, first_line
 from msrl_consistency.audit import training_returns
-from msrl_consistency.fleet.engines import Item, LocalEngine, RayEngine
+from msrl_consistency.fleet.engines import LocalEngine, RayEngine
 
 CONSISTENT, INCONSISTENT, NOT_VERIFIED = "consistent", "inconsistent", "not verified"
 OTHER_BUNDLE, UNREADABLE = "another bundle", "unreadable"
@@ -81,34 +81,14 @@ def audit_fleet(
         )  # fmt: skip
     total = sum(len(a.index.chunks) for a in audits.values())
     progress(f"fleet: {len(audits)} device recordings to audit, {total} chunks, engine {engine.name}")
-    left = {name: len(a.index.chunks) for name, a in audits.items()}
-    judged_chunks = 0
-    for judged in engine.run(_items(audits, done)):
-        name = judged.item.device
-        if name in done:
-            continue
-        judged_chunks += 1
-        if judged.error is not None:
-            done[name] = Device(name, NOT_VERIFIED, f"{judged.item.info.path.name}: {judged.error}")
-            audits.pop(name)
-            continue
-        audits[name].fold(judged.item.info, judged.chunk, judged.want, judged.report)
-        left[name] -= 1
-        if left[name] == 0:
-            done[name] = _finished(name, audits.pop(name), localizer, localize)
-            progress(f"fleet: {name}: {done[name].status} ({judged_chunks}/{total} chunks, {len(done)} devices)")
-    for name, run in audits.items():  # a recording without a chunk to compare
-        done[name] = _finished(name, run, localizer, localize)
+    for audited in engine.audit(audits):
+        name = audited.device
+        if audited.run is None:
+            done[name] = Device(name, NOT_VERIFIED, audited.error or "not audited")
+        else:
+            done[name] = _finished(name, audited.run, localizer, localize)
+        progress(f"fleet: {name}: {done[name].status} ({len(done)} devices)")
     return sorted(done.values(), key=lambda d: (d.status == CONSISTENT, d.status == NOT_VERIFIED, d.name))
-
-
-def _items(audits: dict[str, RecordingAudit], done: dict[str, Device]) -> Iterator[Item]:
-    """Every chunk of every device, in recording order; a device already decided (an error) sends no more."""
-    for name, run in list(audits.items()):
-        for info in run.index.chunks:
-            if name in done:
-                break
-            yield Item(name, info, run.index.layout, run.task(info))
 
 
 def _finished(name: str, run: RecordingAudit, localizer: Localizer | None, localize: str) -> Device:

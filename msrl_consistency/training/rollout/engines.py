@@ -83,7 +83,7 @@ class OnnxRuntimeEngine:
         import onnxruntime as ort
 
         t0 = time.perf_counter()
-        model, self.params, self.export = cached_export(rollout_net, spec, cache)
+        model, self.params, self.export = cached_export(rollout_net, spec, batch, cache)
         self.export_s = time.perf_counter() - t0
         options = ort.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = 1
@@ -102,9 +102,8 @@ class OnnxRuntimeEngine:
         self.pushes, self.push_s = 0, 0.0
 
     def act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        if obs.shape != self.obs.shape:  # not the rollout's batch: an unbound call
-            feeds = {"obs": obs.astype(np.float32, copy=False), "noise": noise, **self.weights}
-            return self.session.run(None, feeds)[0]
+        if obs.shape != self.obs.shape:  # the graph was exported at the rollout's batch
+            raise ValueError(f"the rollout engine acts on {self.obs.shape}, got observations {obs.shape}")
         np.copyto(self.obs, obs, casting="same_kind")
         np.copyto(self.noise, noise)
         self.session.run_with_iobinding(self.binding)
@@ -127,7 +126,9 @@ class OnnxRuntimeEngine:
 _exports: dict[Path, bytes] = {}  # this process's exports by cache file (a seed sweep in one process)
 
 
-def cached_export(rollout_net: RolloutPolicy, spec: PolicySpec, cache: Path | None) -> tuple[Any, list, str]:
+def cached_export(
+    rollout_net: RolloutPolicy, spec: PolicySpec, batch: int, cache: Path | None
+) -> tuple[Any, list, str]:
     """``_exported``, kept in ``cache`` (a file named by the run's graph key: the config, the policy spec, MindSpore's
     version and this package's sources, so a graph is only reused where it would be exported the same), and in this
     process; and whether it was exported, loaded or taken from this process. The weights are graph inputs, so the
@@ -148,7 +149,7 @@ def cached_export(rollout_net: RolloutPolicy, spec: PolicySpec, cache: Path | No
             if lifted and {i.name for i in model.graph.input} == {"obs", "noise", *lifted}:
                 _exports[cache] = data
                 return model, [(n, names[n]) for n in lifted], how
-    model, params = _exported(rollout_net, spec)
+    model, params = _exported(rollout_net, spec, batch)
     if cache is not None:
         data = model.SerializeToString()
         _exports[cache] = data
@@ -158,7 +159,7 @@ def cached_export(rollout_net: RolloutPolicy, spec: PolicySpec, cache: Path | No
     return model, params, "exported"
 
 
-def _exported(rollout_net: RolloutPolicy, spec: PolicySpec) -> tuple[Any, list[tuple[str, Any]]]:
+def _exported(rollout_net: RolloutPolicy, spec: PolicySpec, batch: int) -> tuple[Any, list[tuple[str, Any]]]:
     """The ONNX model of ``rollout_net`` with every Parameter it reads lifted from an initializer to a graph input,
     and those Parameters by name. A Parameter the exporter folded into a constant could not be pushed: refused."""
     import onnx
@@ -173,7 +174,8 @@ def _exported(rollout_net: RolloutPolicy, spec: PolicySpec) -> tuple[Any, list[t
     work = Path(tempfile.mkdtemp(prefix="msrl-rollout-"))
     try:  # a fresh wrapper of the same policy: MindSpore 2.10 fails exporting one Cell instance a second time (a run
         # that took over an earlier run's Cells in this process) with "i: 3 out of range"
-        model = onnx.load(str(write_onnx(RolloutPolicy(rollout_net.policy), graph, work / "rollout.onnx")))
+        path = write_onnx(RolloutPolicy(rollout_net.policy), graph, work / "rollout.onnx", fixed_batch=batch)
+        model = onnx.load(str(path))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     params = dict(rollout_net.parameters_and_names())
