@@ -130,9 +130,10 @@ def main() -> None:
     record_fleet(bundle, fleet, args.devices, args.steps)
     recorded = time.perf_counter() - t
     size = sum(f.stat().st_size for f in fleet.rglob("chunk-*.npz")) / 2**20
+    how = f"recorded in {recorded:.0f} s" if recorded > 1 else "recorded before"
     print(f"{dt.date.today().isoformat()}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
           f"`python bench/fleet_audit.py {' '.join(sys.argv[1:])}`; {args.devices} devices x {args.steps:,} steps "
-          f"({size:.0f} MB of recordings, recorded in {recorded:.0f} s)\n")  # fmt: skip
+          f"({size:.0f} MB of recordings, {how})\n")  # fmt: skip
     runs = {}
     for engine in ("local", "ray"):
         proc = subprocess.run([sys.executable, __file__, "--child", engine, "--bundle", str(bundle), "--ckpt",
