@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,7 +59,9 @@ def tamper(recording: Path) -> None:
 def fleet(cartpole_bundle, tmp_path_factory) -> Path:
     """Two genuine devices, one whose answers changed, one with a truncated chunk."""
     root = tmp_path_factory.mktemp("fleet") / "fleet"
-    record(cartpole_bundle.root, {"dev-a": 1, "dev-b": 2, "dev-c": 3, "dev-d": 4}, root)
+    record(cartpole_bundle.root, {"dev-a": 1, "dev-b": 2}, root)
+    shutil.copytree(root / "dev-b", root / "dev-c")  # the same device's recording, its answers then moved
+    shutil.copytree(root / "dev-a", root / "dev-d")
     tamper(root / "dev-c")
     chunk = root / "dev-d" / "chunk-000001.npz"
     chunk.write_bytes(chunk.read_bytes()[:200])

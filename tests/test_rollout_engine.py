@@ -41,7 +41,7 @@ def test_auto_acts_through_onnxruntime_and_says_why(tmp_path):
         TrainConfig(env_id="CartPole-v1", rollout_engine="vllm").validate()
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("env_id", ["CartPole-v1", pytest.param("Pendulum-v1", marks=pytest.mark.slow)])
 def test_the_engine_holds_the_learners_weights_bit_for_bit_after_each_update(tmp_path, env_id):
     t = trainer(tmp_path, "run", env_id=env_id)
     try:
