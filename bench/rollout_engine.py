@@ -79,13 +79,9 @@ def measure(env_id: str, calls: int) -> list[tuple[str, float, float | None]]:
     feeds = {"obs": obs, "noise": noise, **bound.weights}
     work = Path(tempfile.mkdtemp())
     try:
-        from inference.bundle.contract import TensorMeta
-        from msrl_consistency.artifacts.graphs import GraphIO, write_onnx
+        from msrl_consistency.artifacts.graphs import write_onnx
 
-        f32 = np.dtype("float32")
-        width = 2 * (1 if spec.discrete else spec.action_dim) + 2
-        inputs = (TensorMeta("obs", f32, (-1, spec.obs_dim)), TensorMeta("noise", f32, (-1, spec.noise_dim)))
-        graph = GraphIO("rollout", "stochastic", inputs, (TensorMeta("packed", f32, (-1, width)),))
+        graph = engines.rollout_graph(spec)
         path = write_onnx(RolloutPolicy(learner.policy), graph, work / "rollout.onnx")
         model = onnx.load(str(path))
         plain = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

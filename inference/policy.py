@@ -96,7 +96,7 @@ class Policy:
             if single is not None:  # the common control step, kept short: checked before at this layout
                 action = self.model.infer_into(obs[None] if single else obs)[self._direct]
             else:
-                action, _, single = self._act(obs, noise, state)
+                action, _, single = self._checked_act(obs, noise, state)
             if not single:
                 return action.copy()  # never a view of the runtime's buffers
             row = action[0]  # one row of a 1-D output is a NumPy scalar of its own; of more dimensions, a view
@@ -126,6 +126,12 @@ class Policy:
         if single is not None:
             outputs = self.model.infer_into(obs[None] if single else obs)
             return outputs[self._direct], outputs, single
+        return self._checked_act(obs, noise, state)
+
+    def _checked_act(
+        self, obs: Any, noise: Any, state: np.ndarray | None
+    ) -> tuple[np.ndarray, Mapping[str, np.ndarray], bool]:
+        """``_act`` past its short path: every input checked against the contract."""
         if self._closed:
             raise UsageError("the policy is closed")
         c = self.contract

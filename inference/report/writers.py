@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -298,13 +298,13 @@ REPORT_FILES = {"json": "report.json", "md": "report.md", "junit": "junit.xml", 
 ExtraWriter = Callable[[Path], bool]
 
 
-def check_report_dir(out: Path) -> None:
-    """Before any work: ``out`` can receive a report set (``UsageError`` otherwise). Nothing is created yet, so a
-    run that ends without a verdict (exit 2/3/130 before the reports) leaves no empty directory behind."""
+def check_report_dir(out: Path, files: Collection[str] = tuple(REPORT_FILES.values())) -> None:
+    """Before any work: ``out`` can receive a report set of ``files`` (``UsageError`` otherwise). Nothing is created
+    yet, so a run that ends without a verdict (exit 2/3/130 before the reports) leaves no empty directory behind."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a report directory")
     if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_FILES.values())
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in files)
         if foreign:
             raise UsageError(f"--out {out} holds other files ({', '.join(foreign[:3])}); reports replace the "
                              "directory as a whole: choose a new or empty one")  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 
 from inference.bundle import Bundle
 from inference.errors import UsageError
-from inference.report.writers import REPORT_FILES
+from inference.report.writers import check_report_dir
 from msrl_consistency.fleet import ENGINES, audit_fleet, devices_in, exit_code, make_engine
 from msrl_consistency.fleet.report import FLEET_FILES, fleet_dict, write_fleet
 
@@ -41,11 +41,7 @@ def check_fleet_args(args: argparse.Namespace) -> None:
     if args.ray_address and args.engine != "ray":
         raise UsageError("--ray-address joins a Ray cluster: pass --engine ray")
     devices_in(args.fleet)  # a directory with at least one device
-    out = args.out
-    if out.is_dir() and (foreign := sorted(p.name for p in out.iterdir() if p.name not in FLEET_FILES)):
-        raise UsageError(f"--out {out} holds other files ({', '.join(foreign[:3])}); choose a new or empty one")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a report directory")
+    check_report_dir(args.out, FLEET_FILES)
 
 
 def run_fleet(
@@ -73,5 +69,5 @@ def run_fleet(
     failing = [d.name for d in devices if d.status != "consistent"]
     named = f" ({', '.join(failing[:5])}{', ...' if len(failing) > 5 else ''})" if failing else ""
     print(f"{data['verdict'].lower()}: {len(devices)} devices: {counts}{named}; reports in {args.out}/ "
-          f"({', '.join(f for f in FLEET_FILES if f != REPORT_FILES['plot'])}); {run['wall_s']:.1f} s")  # fmt: skip
+          f"({', '.join(FLEET_FILES)}); {run['wall_s']:.1f} s")  # fmt: skip
     return exit_code(devices)

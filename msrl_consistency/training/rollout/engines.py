@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 from inference.bundle.files import write_atomic
 from inference.errors import UsageError
@@ -90,10 +90,9 @@ class OnnxRuntimeEngine:
         self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         # buffers of their own: asnumpy() may hand back a view of the Parameter's memory, which the update rewrites
         self.weights = {name: np.array(p.asnumpy(), dtype=np.float32, order="C", copy=True) for name, p in self.params}
-        width = 2 * (1 if spec.discrete else spec.action_dim) + 2
         self.obs = np.zeros((batch, spec.obs_dim), np.float32)
         self.noise = np.zeros((batch, spec.noise_dim), np.float32)
-        self.out = np.zeros((batch, width), np.float32)
+        self.out = np.zeros((batch, rollout_graph(spec).outputs[0].shape[1]), np.float32)
         self.binding = self.session.io_binding()
         for name, buf in (*self.weights.items(), ("obs", self.obs), ("noise", self.noise)):
             self.binding.bind_cpu_input(name, buf)  # read in place: a copy into the buffer is what the call sees
@@ -159,18 +158,25 @@ def cached_export(
     return model, params, "exported"
 
 
+def rollout_graph(spec: PolicySpec) -> Any:
+    """``RolloutPolicy``'s inputs and its one packed output (``agent.policy.unpack_rollout``), as export names them."""
+    from inference.bundle.contract import TensorMeta
+    from msrl_consistency.artifacts.graphs import GraphIO
+
+    f32 = np.dtype("float32")
+    width = 2 * (1 if spec.discrete else spec.action_dim) + 2
+    inputs = (TensorMeta("obs", f32, (-1, spec.obs_dim)), TensorMeta("noise", f32, (-1, spec.noise_dim)))
+    return GraphIO("rollout", "stochastic", inputs, (TensorMeta("packed", f32, (-1, width)),))
+
+
 def _exported(rollout_net: RolloutPolicy, spec: PolicySpec, batch: int) -> tuple[Any, list[tuple[str, Any]]]:
     """The ONNX model of ``rollout_net`` with every Parameter it reads lifted from an initializer to a graph input,
     and those Parameters by name. A Parameter the exporter folded into a constant could not be pushed: refused."""
     import onnx
 
-    from inference.bundle.contract import TensorMeta
-    from msrl_consistency.artifacts.graphs import GraphIO, write_onnx
+    from msrl_consistency.artifacts.graphs import write_onnx
 
-    f32 = np.dtype("float32")
-    width = 2 * (1 if spec.discrete else spec.action_dim) + 2
-    inputs = (TensorMeta("obs", f32, (-1, spec.obs_dim)), TensorMeta("noise", f32, (-1, spec.noise_dim)))
-    graph = GraphIO("rollout", "stochastic", inputs, (TensorMeta("packed", f32, (-1, width)),))
+    graph = rollout_graph(spec)
     work = Path(tempfile.mkdtemp(prefix="msrl-rollout-"))
     try:  # a fresh wrapper of the same policy: MindSpore 2.10 fails exporting one Cell instance a second time (a run
         # that took over an earlier run's Cells in this process) with "i: 3 out of range"
@@ -224,8 +230,7 @@ class LearnerLogProb(nn.Cell):
     def construct(self, obs: Tensor, actions: Tensor) -> Tensor:
         param = self.policy.dist_param(obs)
         if self.policy.discrete:
-            one_hot = ops.one_hot(actions.astype("int32"), self.policy.action_dim, 1.0, 0.0)
-            return D.categorical_log_prob(param, one_hot)
+            return D.categorical_log_prob(param, self.policy.prepare_actions(actions))
         return D.gaussian_log_prob(param, self.policy.log_std + 0.0 * param, actions)
 
 
