@@ -210,22 +210,17 @@ def _run(
     from inference.compare.verifier import verify
     from msrl_consistency import envs  # noqa: F401 - registers our own env ids with gymnasium, where inputs look
 
-    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    say = _say(args)
     observation_args = {"env_id": args.env_id, "env": args.env, "observations": args.observations_file}
-    if not args.golden:
-        from msrl_consistency import compat
-
-        compat.select_device(args.device, args.device_id)  # before the first kernel (the Cell probe) runs
+    if args.golden:  # no --cell (``_check_args``): the bundle against the golden file, no MindSpore
+        bundle = _bundle(args)
+        say(f"verifying {bundle.root} against {args.golden} ...")
+        result = check_golden(bundle, args.golden, options, observation_args, progress)
+        return result, f"golden {args.golden.name}", None, None
+    bundle, cells, checkpoint = _model_and_reference(args, say)
     if args.cell:
-        bundle, cells, checkpoint = _user_model(args, say)
         model, against = args.bundle or args.mindir, args.cell
     else:
-        bundle = _bundle(args)
-        if args.golden:
-            say(f"verifying {bundle.root} against {args.golden} ...")
-            result = check_golden(bundle, args.golden, options, observation_args, progress)
-            return result, f"golden {args.golden.name}", None, None
-        cells, checkpoint = _bundle_reference(args, bundle, say)
         model, against = bundle.root, checkpoint or (bundle.manifest.get("source") or {}).get("cell")
     described = f"{model} vs {against}"
     if args.audit:
@@ -241,19 +236,28 @@ def _run(
 def _fleet(args: argparse.Namespace, options: VerifyOptions, progress: Callable[[str], None],
            argv: list[str] | None) -> int:  # fmt: skip
     """--fleet: every device's recording audited (``msrl_consistency.fleet``)."""
-    from msrl_consistency import compat
     from msrl_consistency.fleet.command import run_fleet
 
-    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    compat.select_device(args.device, args.device_id)
     if args.ckpt is not None:
         args.ckpt = args.ckpt.resolve()  # the workers of a Ray cluster load it by this path
-    if args.cell:
-        bundle, cells, checkpoint = _user_model(args, say)
-    else:
-        bundle = _bundle(args)
-        cells, checkpoint = _bundle_reference(args, bundle, say)
+    bundle, cells, checkpoint = _model_and_reference(args, _say(args))
     return run_fleet(args, bundle, cells, checkpoint, options, progress, invocation("msrl_consistency.verify", argv))
+
+
+def _say(args: argparse.Namespace) -> Callable[[str], None]:
+    return (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+
+
+def _model_and_reference(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[Bundle, object, Path | None]:
+    """The bundle, the training path's Cells and its checkpoint (``--cell``: the user's; else the bundle's), on the
+    device chosen before the first kernel (the Cell probe) runs."""
+    from msrl_consistency import compat
+
+    compat.select_device(args.device, args.device_id)
+    if args.cell:
+        return _user_model(args, say)
+    bundle = _bundle(args)
+    return bundle, *_bundle_reference(args, bundle, say)
 
 
 def _user_model(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[Bundle, UserCells, Path | None]:
