@@ -189,6 +189,19 @@ def replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def staged_dir(out: Path) -> Iterator[Path]:
+    """A temporary directory beside ``out`` that a whole set is written into, swapped into place (``replace_dir``)
+    when the block ends without an error and removed in any case: ``out`` holds a whole set or its earlier one."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def json_default(obj: Any) -> Any:
     import numpy as np
 

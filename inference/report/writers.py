@@ -20,8 +20,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from xml.sax.saxutils import escape, quoteattr
 import numpy as np
 
 from inference.bundle import sha256_file
-from inference.bundle.files import json_default, replace_dir, write_atomic
+from inference.bundle.files import json_default, staged_dir, write_atomic
 from inference.compare.checks import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VerifyResult
 from inference.compare.judge.batch_invariance import describe as describe_invariance
 from inference.errors import UsageError
@@ -320,9 +318,7 @@ def write_reports(
     whole set (an earlier one replaced) or, after an interruption, the earlier set untouched. ``extra``: more files
     of the set, by their ``REPORT_FILES`` key."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_dir(out_dir) as tmp:
         paths = {k: tmp / v for k, v in REPORT_FILES.items() if k not in ("audit", "timeline") or k in (extra or {})}
         data = json.loads(json.dumps(report_dict(result), default=json_default))  # the page reads what the file says
         paths["json"].write_text(json.dumps(data, indent=2) + "\n")
@@ -336,7 +332,4 @@ def write_reports(
             if not writer(paths[key]):
                 paths.pop(key)
         write_page(paths["html"], data, paths.get("audit"))
-        replace_dir(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return {k: out_dir / p.name for k, p in paths.items()}

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import html
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
-from inference.bundle.files import json_default, replace_dir, write_json_atomic
+from inference.bundle.files import json_default, staged_dir, write_json_atomic
 from inference.report.writers import REPORT_FILES, report_dict, write_reports
 from msrl_consistency.audit import audit_files
 from msrl_consistency.fleet import CONSISTENT, FAILING, Device, exit_code
@@ -165,17 +163,14 @@ def junit(data: dict[str, Any]) -> str:
 
 def write_fleet(devices: list[Device], data: dict[str, Any], out: Path) -> None:
     """The fleet's report set and every audited device's own, swapped into ``out`` at once."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_dir(out) as tmp:
         for device in devices:
             if device.result is None or device.facts is None:
                 continue
             where = tmp / "devices" / device.name
             if device.status == CONSISTENT:  # the evidence of a pass, without a page per device
                 where.mkdir(parents=True)
-                report = json.loads(json.dumps(report_dict(device.result), default=json_default))
-                write_json_atomic(where / REPORT_FILES["json"], report)
+                write_json_atomic(where / REPORT_FILES["json"], report_dict(device.result))
                 write_json_atomic(where / REPORT_FILES["audit"], device.facts.to_dict())
             else:
                 write_reports(device.result, where, audit_files(device.facts))
@@ -183,6 +178,3 @@ def write_fleet(devices: list[Device], data: dict[str, Any], out: Path) -> None:
         (tmp / "report.md").write_text(markdown(data))
         (tmp / "report.html").write_text(page(data))
         (tmp / "junit.xml").write_text(junit(data))
-        replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from mindspore import Tensor, nn
 
-from inference.bundle.files import write_atomic
+from inference.bundle.files import write_bytes_atomic
 from inference.errors import UsageError
 from msrl_consistency import compat
 from msrl_consistency.agent import PolicySpec, RolloutPolicy
@@ -154,7 +154,7 @@ def cached_export(
         _exports[cache] = data
         with contextlib.suppress(OSError):  # a cache that cannot be written costs the next run an export
             cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            write_atomic(cache, lambda tmp: tmp.write_bytes(data))
+            write_bytes_atomic(cache, data)
     return model, params, "exported"
 
 
