@@ -14,7 +14,6 @@ run: ``verify`` of the same bundle on 10,000 seeded observations against the com
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from inference_latency import prepare
 
-from inference.machine.facts import host_cpu
+from inference.machine.facts import measured_here
 
 DEVICE = """
 import sys
@@ -66,8 +65,7 @@ def main() -> None:
     bundle, ckpt = (args.bundle, args.ckpt) if args.bundle else prepare(args.out)
     py = sys.executable
     verify = [py, "-m", "msrl_consistency.verify", "--bundle", str(bundle), "--ckpt", str(ckpt), "--quiet"]
-    print(f"{dt.date.today().isoformat()}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
-          f"`python bench/audit_memory.py {' '.join(sys.argv[1:])}`\n")  # fmt: skip
+    print(measured_here(f"python bench/audit_memory.py {' '.join(sys.argv[1:])}") + "\n")
     shutil.rmtree(args.out / "r-base", ignore_errors=True)
     base_wall, base_rss, _ = measured([*verify, "--runtimes", "ms-graph", "--observations", "10000", "--episodes", "1",
                                        "--out", str(args.out / "r-base")])  # fmt: skip

@@ -16,9 +16,7 @@ reading)``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -27,7 +25,7 @@ from pathlib import Path
 
 from inference_latency import prepare
 
-from inference.machine.facts import host_cpu
+from inference.machine.facts import measured_here
 
 RECORD = """
 import sys
@@ -131,9 +129,8 @@ def main() -> None:
     recorded = time.perf_counter() - t
     size = sum(f.stat().st_size for f in fleet.rglob("chunk-*.npz")) / 2**20
     how = f"recorded in {recorded:.0f} s" if recorded > 1 else "recorded before"
-    print(f"{dt.date.today().isoformat()}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
-          f"`python bench/fleet_audit.py {' '.join(sys.argv[1:])}`; {args.devices} devices x {args.steps:,} steps "
-          f"({size:.0f} MB of recordings, {how})\n")  # fmt: skip
+    print(measured_here(f"python bench/fleet_audit.py {' '.join(sys.argv[1:])}") + f"; {args.devices} devices x "
+          f"{args.steps:,} steps ({size:.0f} MB of recordings, {how})\n")  # fmt: skip
     runs = {}
     for engine in ("local", "ray"):
         proc = subprocess.run([sys.executable, __file__, "--child", engine, "--bundle", str(bundle), "--ckpt",

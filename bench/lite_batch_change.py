@@ -11,14 +11,13 @@ on every call, and their ratio, for each ``.ms`` given.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from inference.lite.client import LiteRunner
-from inference.machine.facts import host_cpu
+from inference.machine.facts import measured_here
 
 
 def per_call(runner: LiteRunner, feeds: list[list[np.ndarray]], calls: int) -> float:
@@ -33,8 +32,8 @@ def main() -> None:
     parser.add_argument("models", nargs="+", type=Path)
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
-    print(f"{time.strftime('%Y-%m-%d')}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
-          f"`python bench/lite_batch_change.py {' '.join(map(str, args.models))} --calls {args.calls}`\n")  # fmt: skip
+    models = " ".join(map(str, args.models))
+    print(measured_here(f"python bench/lite_batch_change.py {models} --calls {args.calls}") + "\n")
     print("| model | KB | one batch (µs/call) | batch 1 and 8 alternating (µs/call) | ratio |")
     print("|---|---:|---:|---:|---:|")
     for path in args.models:

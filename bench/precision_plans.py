@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inference.machine.facts import host_cpu
+from inference.machine.facts import measured_here
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -289,8 +289,8 @@ def main() -> None:
                       f"ESS {v.get('ess', 1):.6f}, p99 |Δ mean| / std {v.get('mean_shift_in_std', 0):.1e}"
                       for k, v in fp32.items())  # fmt: skip
     header = (
-        f"{time.strftime('%Y-%m-%d')}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
-        f"`python bench/precision_plans.py {' '.join(sys.argv[1:])}`, {time.perf_counter() - started:.0f} s\n\n"
+        measured_here(f"python bench/precision_plans.py {' '.join(sys.argv[1:])}")
+        + f", {time.perf_counter() - started:.0f} s\n\n"
     )
     (args.out / "precision_plans.md").write_text(header + text + "\n")
     (args.out / "precision_plans.json").write_text(json.dumps(rows, default=str, indent=1))

@@ -20,8 +20,6 @@ one iteration's acting at the preset's ``num_steps``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import shutil
 import sys
 import tempfile
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inference.machine.facts import host_cpu
+from inference.machine.facts import measured_here
 
 
 def p50_us(fn, calls: int) -> float:  # noqa: ANN001
@@ -118,8 +116,7 @@ def main() -> None:
     p.add_argument("--envs", default="CartPole-v1,Pendulum-v1")
     p.add_argument("--calls", type=int, default=5000)
     args = p.parse_args()
-    print(f"{dt.date.today().isoformat()}, {host_cpu()[0]} ({os.cpu_count()} CPUs), "
-          f"`python bench/rollout_engine.py {' '.join(sys.argv[1:])}`\n")  # fmt: skip
+    print(measured_here(f"python bench/rollout_engine.py {' '.join(sys.argv[1:])}") + "\n")
     print("| env | way | act p50 (µs) | vs mindspore | push (ms) | acting + push per iteration (ms) |")
     print("|---|---|---:|---:|---:|---:|")
     for env_id in args.envs.split(","):

@@ -5,6 +5,7 @@ put it in their provenance."""
 
 from __future__ import annotations
 
+import datetime as dt
 import glob
 import importlib.metadata as md
 import os
@@ -66,6 +67,11 @@ def host_cpu() -> tuple[str, str]:
     except OSError:
         model, flags = "unknown", set()
     return model, simd_level(flags, platform.machine())
+
+
+def measured_here(command: str) -> str:
+    """How a measurement is labelled: the date, this host's CPU model and core count, and the command that made it."""
+    return f"{dt.date.today().isoformat()}, {host_cpu()[0]} ({os.cpu_count()} CPUs), `{command}`"
 
 
 def cpu_summary() -> str:
