@@ -122,12 +122,11 @@ class Rollout:
         return unpack_rollout(self.act(obs, noise), self.spec)[3]
 
     def compile(self) -> int:
-        """Compile the rollout graph on dummy inputs (nothing stateful runs); how many MindSpore graphs (none when
-        ONNX Runtime acts: its graph was exported as the run was set up)."""
+        """Compile the rollout graph on dummy inputs (nothing stateful runs); how many MindSpore graphs that was."""
         cfg, spec = self.cfg, self.spec
         self.engine.act(np.zeros((cfg.num_envs, spec.obs_dim), np.float32),
                         np.full((cfg.num_envs, spec.noise_dim), 0.5, np.float32))  # fmt: skip
-        return int(self.engine.name == "mindspore")
+        return self.engine.graphs
 
     def steppers(self) -> dict[str, Any]:
         """How the envs step: EnvPool threads, or gymnasium processes (this one and helpers, with the helpers' peak

@@ -58,6 +58,7 @@ class MindSporeEngine:
 
     name = "mindspore"
     corrects = False
+    graphs = 1  # the MindSpore graphs its first act compiles
 
     def __init__(self, rollout_net: RolloutPolicy) -> None:
         self._call = compat.CompiledCall(rollout_net)  # hot path: skips Cell.__call__'s bookkeeping
@@ -77,6 +78,7 @@ class OnnxRuntimeEngine:
 
     name = "onnxruntime"
     corrects = True
+    graphs = 0  # its graph was exported as the run was set up
 
     def __init__(self, rollout_net: RolloutPolicy, spec: PolicySpec, batch: int, cache: Path | None = None) -> None:
         """``cache``: where the exported graph of this graph key is kept (``cached_export``), or None."""
